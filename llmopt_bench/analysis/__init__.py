@@ -1,0 +1,1 @@
+"""Statistics, metrics, roofline and quality: computed from raw samples, in one place."""

@@ -1,0 +1,48 @@
+"""Command-line entry: one module per command; one exit path with documented codes."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import traceback
+
+from llmopt_bench.errors import ExitCode, LlmoptError
+
+
+def _on_sigterm(signum, frame):  # a kill ends the run like Ctrl-C: run.json keeps what finished
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    import click
+
+    from llmopt_bench.cli import bench, stages  # noqa: F401 - commands register on import
+    from llmopt_bench.cli.app import app
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        app(args=argv, standalone_mode=False)
+        code = ExitCode.OK
+    except LlmoptError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        if e.fix:
+            print(f"  fix: {e.fix}", file=sys.stderr)
+        code = e.code
+    except click.exceptions.Exit as e:
+        code = e.exit_code
+    except click.ClickException as e:
+        e.show()
+        code = ExitCode.USAGE
+    except click.exceptions.Abort:
+        print("interrupted", file=sys.stderr)
+        code = ExitCode.INTERRUPTED
+    except KeyboardInterrupt:
+        print("interrupted: run.json holds what finished; continue with --resume DIR", file=sys.stderr)
+        code = ExitCode.INTERRUPTED
+    except Exception:  # noqa: BLE001 - a bug in llmopt, not the user's fault
+        traceback.print_exc()
+        print("internal error: please report it with the traceback above", file=sys.stderr)
+        code = ExitCode.INTERNAL
+    if argv is None:
+        sys.exit(int(code))
+    return int(code)

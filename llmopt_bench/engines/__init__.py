@@ -1,0 +1,1 @@
+"""Thin adapters over the engines (transformers, vLLM) that the stages share."""

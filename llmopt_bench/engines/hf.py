@@ -1,0 +1,155 @@
+"""transformers: load a checkpoint, and generate with a timestamp for every token.
+
+Per-token times come from a streamer: generate() hands it each step's tokens after copying
+them to the host, which waits for the step's kernels, so each timestamp is a synced clock."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from llmopt_bench.measure.timing import make_sync, now
+from llmopt_bench.stage import LoadInfo, RequestSample
+from llmopt_bench.workload import Request
+
+
+def best_cpu_dtype() -> str:
+    """bfloat16 where the CPU has native bf16 (AVX512-BF16 / AMX), else float32."""
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return "float32"
+    return "bfloat16" if (" avx512_bf16" in flags or " amx_bf16" in flags) else "float32"
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    if dtype != "auto":
+        return dtype
+    return "float16" if device == "cuda" else best_cpu_dtype()
+
+
+class TokenClock:
+    """A generate() streamer that records when each step's tokens reached the host."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._prompt_seen = False
+
+    def put(self, value: Any) -> None:
+        if not self._prompt_seen:  # the first put is the prompt itself
+            self._prompt_seen = True
+            return
+        self.times.append(now())
+
+    def end(self) -> None:
+        pass
+
+
+def load_model(path: str, device: str, dtype: str, attn_implementation: str | None = None,
+               quantization_config: Any = None) -> tuple[Any, Any, LoadInfo]:
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sync = make_sync(device)
+    t0 = now()
+    tok = AutoTokenizer.from_pretrained(path)
+    kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    if quantization_config is not None:
+        kwargs.update(quantization_config=quantization_config, device_map=device if device == "cuda" else "cpu")
+    else:
+        kwargs["device_map"] = device
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    model.eval()
+    sync()
+    t1 = now()
+    # Output length is forced: nothing stops generation but max_new_tokens.
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token or tok.unk_token
+    tok.padding_side = "left"
+    info = LoadInfo(
+        phases_s={"tokenizer_and_weights_s": round(t1 - t0, 4)},
+        implementation={"engine": "transformers", "dtype": dtype, "device": device,
+                        "attn_implementation": getattr(model.config, "_attn_implementation", attn_implementation)},
+        versions={"transformers": transformers.__version__, "torch": torch.__version__},
+        weights_bytes=int(model.get_memory_footprint()),
+    )
+    return model, tok, info
+
+
+def generate_batch(model: Any, pad_id: int, requests: Sequence[Request], max_new_tokens: int, device: str,
+                   repeat: int = 0, batch: int = 0, streamer: bool = True) -> list[RequestSample]:
+    """Generate for requests together (left-padded); every request shares the step times."""
+    import torch
+
+    sync = make_sync(device)
+    width = max(len(r.token_ids) for r in requests)
+    ids = torch.full((len(requests), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(requests), width), dtype=torch.long)
+    for i, r in enumerate(requests):
+        ids[i, width - len(r.token_ids):] = torch.tensor(r.token_ids)
+        mask[i, width - len(r.token_ids):] = 1
+    ids, mask = ids.to(model.device), mask.to(model.device)
+    clock = TokenClock() if streamer else None
+    sync()
+    t_submit = now()
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                             min_new_tokens=None, do_sample=False, streamer=clock, use_cache=True)
+    sync()
+    t_done = now()
+    produced = int(out.shape[1] - width)
+    times = clock.times if clock else []
+    if clock and len(times) != produced:
+        raise RuntimeError(f"streamer saw {len(times)} steps but generate produced {produced} tokens")
+    first = times[0] if times else t_done
+    return [RequestSample(request_id=r.id, prompt_id=r.prompt_id, repeat=repeat, batch=batch,
+                          prompt_tokens=len(r.token_ids), output_tokens=produced, t_submit=t_submit,
+                          t_first=first, t_done=times[-1] if times else t_done, token_times=list(times))
+            for r in requests]
+
+
+def instrumentation_overhead(model: Any, pad_id: int, request: Request, max_new_tokens: int, device: str,
+                             trials: int = 3) -> dict[str, float]:
+    """Decode time per token with and without the per-token clock, best of `trials` each."""
+    def per_token(streamer: bool) -> float:
+        best = float("inf")
+        for _ in range(trials):
+            s = generate_batch(model, pad_id, [request], max_new_tokens, device, streamer=streamer)[0]
+            best = min(best, (s.t_done - s.t_submit) / max(1, s.output_tokens))
+        return best
+
+    without, with_clock = per_token(False), per_token(True)
+    return {"per_token_s_without": without, "per_token_s_with": with_clock,
+            "overhead_pct": 100.0 * (with_clock - without) / without if without > 0 else 0.0}
+
+
+def run_sequential(gen: Callable[[Sequence[Request], int, int], list[RequestSample]], requests: Sequence[Request],
+                   batch_size: int, repeats: int, progress: Callable[..., None]) -> list[RequestSample]:
+    """The fixed workload: every repeat walks the requests in batches of batch_size."""
+    samples: list[RequestSample] = []
+    batches = [requests[i:i + batch_size] for i in range(0, len(requests), batch_size)]
+    total = repeats * len(batches)
+    for rep in range(repeats):
+        for b, chunk in enumerate(batches):
+            samples.extend(gen(chunk, rep, b))
+            progress(f"repeat {rep + 1}/{repeats}", rep * len(batches) + b + 1, total)
+    return samples
+
+
+def unload(model: Any) -> None:
+    import gc
+
+    del model
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:
+        pass
+

@@ -1,0 +1,45 @@
+"""One exit path: user errors carry an exit code and the fix, never a traceback."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    INTERNAL = 1  # a bug in llmopt: the traceback is in the run's log
+    USAGE = 2  # bad option, unknown stage, bad prompt file, missing model
+    STAGE_UNAVAILABLE = 3  # a stage named on the command line cannot run here
+    STAGE_FAILED = 4  # a stage ended in error, oom or timeout
+    REGRESSION = 5  # compare found a regression, or a stage failed its quality gate
+    INTERRUPTED = 130  # Ctrl-C: run.json holds what finished
+
+
+class LlmoptError(Exception):
+    """An error the user can fix: printed as one message plus its fix."""
+
+    code: ExitCode = ExitCode.USAGE
+
+    def __init__(self, message: str, fix: str | None = None, code: ExitCode | None = None):
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+        if code is not None:
+            self.code = code
+
+    def __str__(self) -> str:
+        return self.message if not self.fix else f"{self.message}\n  fix: {self.fix}"
+
+
+class UsageError(LlmoptError):
+    code = ExitCode.USAGE
+
+
+class MissingDependency(LlmoptError):
+    """An optional engine is not installed; the fix is the pip command."""
+
+    code = ExitCode.STAGE_UNAVAILABLE
+
+
+def extra_fix(extra: str) -> str:
+    return f"pip install 'llmopt-bench[{extra}]'"

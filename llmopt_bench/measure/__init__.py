@@ -1,0 +1,1 @@
+"""Measurement primitives: clocks, memory, energy. No torch at import time."""

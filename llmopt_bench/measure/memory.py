@@ -1,0 +1,111 @@
+"""GPU memory seen from outside the stage: an NVML sampler thread in the parent process that
+follows every process of a stage's session (vLLM starts engine processes of its own), and the
+check that the card is free again before the next stage starts."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+from llmopt_bench.measure import nvml
+
+GIB = 1024**3
+
+
+def session_pids(sid: int) -> set[int]:
+    """Every live process whose session id is `sid` (the stage child starts a new session)."""
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # fields after the parenthesised command name: state ppid pgrp session ...
+        rest = stat.rsplit(")", 1)[-1].split()
+        if len(rest) > 3 and rest[3] == str(sid) and rest[0] != "Z":
+            pids.add(int(entry))
+    return pids
+
+
+@dataclass
+class MemoryPeaks:
+    nvml: bool
+    device_baseline_bytes: dict[int, int] = field(default_factory=dict)
+    device_peak_bytes: dict[int, int] = field(default_factory=dict)
+    process_peak_bytes: int | None = None  # sum over the stage's processes, all devices
+
+    def as_dict(self) -> dict:
+        if not self.nvml:
+            return {"nvml": False, "note": "NVML not available: no GPU memory sampled from outside"}
+        delta = {
+            str(i): self.device_peak_bytes.get(i, 0) - self.device_baseline_bytes.get(i, 0)
+            for i in self.device_peak_bytes
+        }
+        return {
+            "nvml": True,
+            "device_baseline_bytes": {str(k): v for k, v in self.device_baseline_bytes.items()},
+            "device_peak_bytes": {str(k): v for k, v in self.device_peak_bytes.items()},
+            "device_peak_delta_bytes": delta,
+            "process_peak_bytes": self.process_peak_bytes,
+        }
+
+
+class MemorySampler:
+    """Samples device memory and the stage's processes' memory every `interval` seconds."""
+
+    def __init__(self, sid: int, interval: float = 0.1):
+        self.sid = sid
+        self.interval = interval
+        self.devices = nvml.device_indices()
+        self.peaks = MemoryPeaks(nvml=bool(self.devices))
+        for i in self.devices:
+            used = nvml.used_bytes(i) or 0
+            self.peaks.device_baseline_bytes[i] = used
+            self.peaks.device_peak_bytes[i] = used
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="llmopt-nvml")
+
+    def __enter__(self) -> "MemorySampler":
+        if self.devices:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            pids = session_pids(self.sid)
+            total = 0
+            for i in self.devices:
+                used = nvml.used_bytes(i)
+                if used is not None and used > self.peaks.device_peak_bytes.get(i, 0):
+                    self.peaks.device_peak_bytes[i] = used
+                total += sum(b for pid, b in nvml.process_bytes(i).items() if pid in pids)
+            if total and total > (self.peaks.process_peak_bytes or 0):
+                self.peaks.process_peak_bytes = total
+
+
+def wait_until_free(sid: int, baseline: dict[int, int], timeout: float = 120.0,
+                    tolerance: int = GIB // 2) -> dict:
+    """Block until the stage's processes are gone and each GPU is back near its baseline.
+    Returns what was seen, so the run records whether the next stage started on a free card."""
+    start = time.monotonic()
+    while True:
+        alive = session_pids(sid)
+        used = {i: nvml.used_bytes(i) or 0 for i in baseline}
+        busy = {i: u for i, u in used.items() if u > baseline[i] + tolerance}
+        waited = time.monotonic() - start
+        if not alive and not busy:
+            return {"free": True, "waited_s": round(waited, 2)}
+        if waited > timeout:
+            return {"free": False, "waited_s": round(waited, 2), "processes_left": sorted(alive),
+                    "used_bytes": {str(i): u for i, u in used.items()}}
+        time.sleep(0.25)

@@ -1,0 +1,159 @@
+"""Stages arrive through the entry-point group "llmopt.stages" (the built-ins too); journeys
+are TOML files in stages/ that name stages in order, with their params."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from llmopt_bench.errors import UsageError
+from llmopt_bench.measure import nvml
+from llmopt_bench.stage import Stage
+
+GROUP = "llmopt.stages"
+JOURNEY_DIR = Path(__file__).resolve().parent.parent / "stages"
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+@lru_cache(maxsize=1)
+def _entry_points() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def stage_names() -> list[str]:
+    return sorted(_entry_points())
+
+
+def load_stage(name: str) -> type[Stage]:
+    eps = _entry_points()
+    if name not in eps:
+        raise UsageError(f"unknown stage {name!r}", f"known stages: {', '.join(stage_names()) or 'none (is llmopt installed with pip install -e .?)'}")
+    cls = eps[name].load()
+    if getattr(cls, "name", None) != name:
+        raise UsageError(f"entry point {name!r} loads {cls!r}, whose name is {getattr(cls, 'name', None)!r}")
+    return cls
+
+
+@dataclass
+class StagePlan:
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+
+def validate_params(cls: type[Stage], params: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return cls.Params(**params).model_dump(mode="json")
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise UsageError(f"stage {cls.name}: bad param {where!r}: {first['msg']}",
+                         f"valid params: {', '.join(cls.Params.model_fields) or 'none'}") from None
+
+
+def journey_path(name: str = "journey") -> Path:
+    return JOURNEY_DIR / f"{name}.toml"
+
+
+def parse_journey(path: Path) -> list[StagePlan]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"journey file not found: {path}", "pass --stages a,b or a TOML file with [[stage]] tables") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"{path}: not valid TOML ({e})") from None
+    plans = []
+    for i, entry in enumerate(data.get("stage", [])):
+        if "name" not in entry:
+            raise UsageError(f"{path}: [[stage]] #{i + 1} has no name")
+        unknown = set(entry) - {"name", "params", "timeout_s"}
+        if unknown:
+            raise UsageError(f"{path}: [[stage]] {entry['name']} has unknown keys {sorted(unknown)}", "allowed: name, params, timeout_s")
+        plans.append(StagePlan(entry["name"], dict(entry.get("params", {})), float(entry.get("timeout_s", DEFAULT_TIMEOUT_S))))
+    if not plans:
+        raise UsageError(f"{path}: no [[stage]] entries")
+    return plans
+
+
+def resolve_stages(arg: str) -> tuple[list[StagePlan], bool]:
+    """--stages all | a,b | path.toml -> plans, and whether the user named the stages one by one."""
+    if arg == "all":
+        plans, named = parse_journey(journey_path()), False
+    elif arg.endswith(".toml"):
+        plans, named = parse_journey(Path(arg)), False
+    else:
+        journey = {}
+        if journey_path().is_file():
+            journey = {p.name: p for p in parse_journey(journey_path())}
+        names = [n.strip() for n in arg.split(",") if n.strip()]
+        if not names:
+            raise UsageError("--stages is empty", "pass all, a comma list like hf-fp16,vllm, or a journey .toml")
+        plans, named = [journey.get(n, StagePlan(n)) for n in names], True
+    for p in plans:
+        p.params = validate_params(load_stage(p.name), p.params)
+    return plans, named
+
+
+# --- can this stage run here? (never imports torch) -------------------------------------------
+
+def engine_python(engine: str | None) -> str:
+    """The interpreter a stage's child runs in: LLMOPT_<ENGINE>_PYTHON, else this one."""
+    if engine:
+        override = os.environ.get(f"LLMOPT_{engine.upper()}_PYTHON")
+        if override:
+            return override
+    return sys.executable
+
+
+@lru_cache(maxsize=32)
+def _find_in(python: str, modules: tuple[str, ...]) -> frozenset[str]:
+    code = "import importlib.util as u,sys\nfor m in sys.argv[1:]:\n  print(m if u.find_spec(m) else '')"
+    try:
+        out = subprocess.run([python, "-c", code, *modules], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return frozenset()
+    return frozenset(line for line in out.stdout.split() if line)
+
+
+def cuda_devices() -> list[dict[str, Any]]:
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+        return []
+    return [d for i in nvml.device_indices() if (d := nvml.device_info(i))]
+
+
+def unavailable(cls: type[Stage]) -> tuple[str, str] | None:
+    """(reason, fix) when the stage cannot run on this machine, else None."""
+    req = cls.requires
+    python = engine_python(req.engine)
+    if python == sys.executable:
+        missing = req.missing_imports()
+    else:
+        found = _find_in(python, tuple(req.imports))
+        missing = req.missing_imports(lambda m: m if m in found else None)
+    if missing:
+        reason, fix = missing[0]
+        if req.engine:
+            fix += f" (or point LLMOPT_{req.engine.upper()}_PYTHON at a python that has it)"
+        return reason, fix
+    if req.cuda or req.min_compute_capability:
+        gpus = cuda_devices()
+        if not gpus:
+            return "needs CUDA", "run on a machine with an NVIDIA GPU and its driver"
+        if req.min_compute_capability:
+            have = tuple(int(x) for x in gpus[0]["compute_capability"].split("."))
+            if have < req.min_compute_capability:
+                want = ".".join(map(str, req.min_compute_capability))
+                return (f"needs compute capability {want}+ ({gpus[0]['name']} is {gpus[0]['compute_capability']})",
+                        "run on a newer GPU (Hopper or Ada for FP8)")
+    return None
+
+

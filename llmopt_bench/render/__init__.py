@@ -1,0 +1,1 @@
+"""Renderers: they only read results (terminal table, progress, markdown, charts)."""

