@@ -50,6 +50,20 @@ class StagePlan:
     timeout_s: float = DEFAULT_TIMEOUT_S
 
 
+def entry_value(name: str) -> str:
+    """"module:Class" of a stage: handed to its child, which may run in an interpreter where
+    llmopt is not installed (and so has no entry points) but is importable from the checkout."""
+    load_stage(name)
+    return _entry_points()[name].value
+
+
+def import_entry(value: str) -> type[Stage]:
+    import importlib
+
+    module, _, attr = value.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def validate_params(cls: type[Stage], params: dict[str, Any]) -> dict[str, Any]:
     try:
         return cls.Params(**params).model_dump(mode="json")

@@ -20,7 +20,7 @@ from llmopt_bench.errors import ExitCode, LlmoptError, UsageError
 from llmopt_bench.events import FD_ENV, start_reader
 from llmopt_bench.measure.memory import MemorySampler, session_pids, wait_until_free
 from llmopt_bench.models import ModelInfo, ModelSpec
-from llmopt_bench.registry import StagePlan, engine_python, load_stage, unavailable
+from llmopt_bench.registry import StagePlan, engine_python, entry_value, load_stage, unavailable
 from llmopt_bench.results import (FAILED, RunResult, Samples, StageResult, append_requests, drop_requests,
                                   host_fingerprint, save_run, utcnow)
 from llmopt_bench.stage import RequestSample, StageRun
@@ -111,7 +111,7 @@ def run_stage(plan: StagePlan, run: RunResult, opts: RunOptions, reporter: Repor
     log_path = opts.out_dir / "logs" / f"{plan.name}.log"
     job = stage_dir / "job.json"
     spawned = time.time()
-    job.write_text(json.dumps({"stage": plan.name, "params": plan.params, "model": run.model.model_dump(mode="json"),
+    job.write_text(json.dumps({"stage": plan.name, "entry": entry_value(plan.name), "params": plan.params, "model": run.model.model_dump(mode="json"),
                                "workload": run.workload.model_dump(mode="json"), "run_dir": str(opts.out_dir),
                                "stage_dir": str(stage_dir), "spawned_at": spawned}))
     timeout = opts.timeout_s or plan.timeout_s

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from llmopt_bench.events import EventWriter
 from llmopt_bench.models import ModelInfo
-from llmopt_bench.registry import load_stage
+from llmopt_bench.registry import import_entry
 from llmopt_bench.stage import StageContext, StageSkipped
 from llmopt_bench.workload import WorkloadConfig
 
@@ -55,7 +55,7 @@ def main(job_path: str) -> int:
     stage = None
     device = "cpu"
     try:
-        cls = load_stage(job["stage"])
+        cls = import_entry(job["entry"])
         params = cls.Params(**job["params"])
         model = ModelInfo(**job["model"])
         workload = WorkloadConfig(**job["workload"])
