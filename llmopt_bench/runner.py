@@ -113,7 +113,7 @@ def run_stage(plan: StagePlan, run: RunResult, opts: RunOptions, reporter: Repor
     spawned = time.time()
     job.write_text(json.dumps({"stage": plan.name, "entry": entry_value(plan.name), "params": plan.params, "model": run.model.model_dump(mode="json"),
                                "workload": run.workload.model_dump(mode="json"), "run_dir": str(opts.out_dir),
-                               "stage_dir": str(stage_dir), "spawned_at": spawned}))
+                               "stage_dir": str(stage_dir), "log": str(log_path), "spawned_at": spawned}))
     timeout = opts.timeout_s or plan.timeout_s
     rfd, wfd = os.pipe()
     with open(log_path, "w") as log:

@@ -88,6 +88,7 @@ class StageContext:
     run_dir: Path
     stage_dir: Path
     device: str  # "cuda" or "cpu"
+    log_path: Path | None = None  # this process's stdout/stderr: engines log what they chose there
     progress: Callable[[str, int | None, int | None], None] = lambda msg, done=None, total=None: None
     shared: dict[str, Any] = field(default_factory=dict)
 

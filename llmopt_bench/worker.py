@@ -61,6 +61,7 @@ def main(job_path: str) -> int:
         workload = WorkloadConfig(**job["workload"])
         device = _pick_device()
         ctx = StageContext(run_dir=Path(job["run_dir"]), stage_dir=Path(job["stage_dir"]), device=device,
+                           log_path=Path(job["log"]) if job.get("log") else None,
                            progress=lambda msg, done=None, total=None: events.send("progress", msg=msg, done=done, total=total))
         stage = cls()
         info = stage.load(model, params, ctx)

@@ -25,6 +25,7 @@ def stages_cmd(as_json: bool = typer.Option(False, "--json", help="Print the lis
         typer.echo(json.dumps(rows, indent=1))
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="llmopt stages")
@@ -33,5 +34,5 @@ def stages_cmd(as_json: bool = typer.Option(False, "--json", help="Print the lis
     for r in rows:
         status = "[green]yes[/]" if r["available"] else "[red]no[/]"
         detail = r["description"] if r["available"] else f"{r['reason']}: {r['fix']}"
-        table.add_row(r["name"], status, detail)
+        table.add_row(r["name"], status, escape(detail))
     Console().print(table)

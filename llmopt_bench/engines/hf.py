@@ -81,8 +81,10 @@ def load_model(path: str, device: str, dtype: str, attn_implementation: str | No
 
 
 def generate_batch(model: Any, pad_id: int, requests: Sequence[Request], max_new_tokens: int, device: str,
-                   repeat: int = 0, batch: int = 0, streamer: bool = True) -> list[RequestSample]:
-    """Generate for requests together (left-padded); every request shares the step times."""
+                   repeat: int = 0, batch: int = 0, streamer: bool = True,
+                   tokens_out: dict[str, list[int]] | None = None) -> list[RequestSample]:
+    """Generate for requests together (left-padded); every request shares the step times.
+    tokens_out, when given, receives each request's generated token ids."""
     import torch
 
     sync = make_sync(device)
@@ -106,6 +108,9 @@ def generate_batch(model: Any, pad_id: int, requests: Sequence[Request], max_new
     if clock and len(times) != produced:
         raise RuntimeError(f"streamer saw {len(times)} steps but generate produced {produced} tokens")
     first = times[0] if times else t_done
+    if tokens_out is not None:
+        for i, r in enumerate(requests):
+            tokens_out[r.id] = out[i, width:].tolist()
     return [RequestSample(request_id=r.id, prompt_id=r.prompt_id, repeat=repeat, batch=batch,
                           prompt_tokens=len(r.token_ids), output_tokens=produced, t_submit=t_submit,
                           t_first=first, t_done=times[-1] if times else t_done, token_times=list(times))

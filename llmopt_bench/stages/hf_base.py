@@ -36,9 +36,10 @@ class HFStage(Stage):
     def _encode(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
-    def _gen(self, workload: WorkloadConfig):
+    def _gen(self, workload: WorkloadConfig, tokens: dict | None = None):
         return lambda reqs, rep, b: hf.generate_batch(self.model, self.pad_id, reqs, workload.max_new_tokens,
-                                                      self.device, repeat=rep, batch=b)
+                                                      self.device, repeat=rep, batch=b,
+                                                      tokens_out=tokens if rep == 0 else None)
 
     def warmup(self, workload: WorkloadConfig, ctx: StageContext) -> None:
         if workload.warmup:
@@ -48,8 +49,9 @@ class HFStage(Stage):
 
     def run(self, workload: WorkloadConfig, ctx: StageContext) -> StageRun:
         reqs = build_requests(workload, self._encode)
-        samples = hf.run_sequential(self._gen(workload), reqs, workload.batch_size, workload.repeats, ctx.progress)
-        extra: dict[str, Any] = {}
+        tokens: dict[str, list[int]] = {}
+        samples = hf.run_sequential(self._gen(workload, tokens), reqs, workload.batch_size, workload.repeats, ctx.progress)
+        extra: dict[str, Any] = {"greedy_tokens": tokens}
         if self.params.measure_overhead:
             ctx.progress("measuring the per-token clock's own cost", None, None)
             extra["instrumentation"] = hf.instrumentation_overhead(self.model, self.pad_id, reqs[0],

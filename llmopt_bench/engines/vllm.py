@@ -1,0 +1,193 @@
+"""vLLM: build the offline engine, and drive it step by step with a timestamp per token.
+
+One loop serves every traffic shape: requests join the engine when their arrival time comes
+(Poisson), when a slot frees (closed loop at a concurrency), or one after another (batch 1).
+Each engine.step() returns the tokens of that step; the clock is read when they arrive, which
+is what a client of the engine sees."""
+
+from __future__ import annotations
+
+import gc
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from llmopt_bench.measure.timing import now
+from llmopt_bench.stage import LoadInfo, RequestSample
+from llmopt_bench.workload import Request
+
+# What vLLM logs about the choices it made (the engine core runs in its own process, so its
+# decisions reach us only through the log). Patterns cover 0.26 and 0.32.
+LOG_PATTERNS = {
+    "attention_backend": r"Using (?:AttentionBackendEnum\.)?([A-Z_0-9]+) (?:attention )?backend",
+    "linear_kernel": r"Using ([A-Za-z0-9_]+(?:Linear|Kernel)[A-Za-z0-9_]*) for ([A-Za-z0-9_]+)",
+    "kv_cache_tokens": r"KV cache size: ([\d,]+) tokens",
+    "max_concurrency": r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x",
+    "weights_load_s": r"Loading weights took ([\d.]+) s",
+    "model_load_gib_s": r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) s",
+    "compile_s": r"torch\.compile takes ([\d.]+) s in total",
+    "graph_capture_s": r"Graph capturing finished in ([\d.]+) secs?",
+    "engine_init_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
+    "quant_method": r"quantization=([a-z0-9_\-]+)",
+}
+
+
+def parse_log(text: str) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key, pat in LOG_PATTERNS.items():
+        matches = re.findall(pat, text)
+        if matches:
+            found[key] = matches[-1] if key != "linear_kernel" else sorted({m[0] for m in matches})
+    return found
+
+
+@dataclass
+class EngineConfig:
+    dtype: str
+    quantization: str | None = None
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False
+    tensor_parallel_size: int = 1
+    attention_backend: str | None = None
+    load_format: str = "auto"
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def build_engine(model_path: str, cfg: EngineConfig, log_path: Path | None) -> tuple[Any, LoadInfo]:
+    t0 = now()
+    import vllm
+    from vllm import LLM
+
+    t_import = now()
+    kwargs: dict[str, Any] = dict(model=model_path, dtype=cfg.dtype, seed=cfg.seed, enforce_eager=cfg.enforce_eager,
+                                  tensor_parallel_size=cfg.tensor_parallel_size, load_format=cfg.load_format,
+                                  gpu_memory_utilization=cfg.gpu_memory_utilization, **cfg.extra)
+    for key in ("quantization", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "attention_backend"):
+        if getattr(cfg, key) is not None:
+            kwargs[key] = getattr(cfg, key)
+    llm = LLM(**kwargs)
+    ready = now()
+    seen = parse_log(log_path.read_text(errors="replace")) if log_path and log_path.is_file() else {}
+    cache = llm.llm_engine.vllm_config.cache_config
+    phases = {"import_s": round(t_import - t0, 3), "engine_total_s": round(ready - t_import, 3)}
+    if "model_load_gib_s" in seen:
+        phases["weights_s"] = float(seen["model_load_gib_s"][1])
+    elif "weights_load_s" in seen:
+        phases["weights_s"] = float(seen["weights_load_s"])
+    for key in ("compile_s", "graph_capture_s", "engine_init_s"):
+        if key in seen:
+            phases[key] = float(seen[key])
+    kv = {"num_blocks": cache.num_gpu_blocks, "block_size": cache.block_size,
+          "tokens": int(seen["kv_cache_tokens"].replace(",", "")) if "kv_cache_tokens" in seen else None}
+    if "max_concurrency" in seen:
+        kv["max_concurrency"] = float(seen["max_concurrency"][1])
+        kv["max_concurrency_at_tokens"] = int(seen["max_concurrency"][0].replace(",", ""))
+    impl = {"engine": "vllm", "dtype": cfg.dtype, "quantization": cfg.quantization, "load_format": cfg.load_format,
+            "attention_backend": seen.get("attention_backend", cfg.attention_backend),
+            "attention_backend_requested": cfg.attention_backend, "linear_kernels": seen.get("linear_kernel"),
+            "enforce_eager": cfg.enforce_eager, "tensor_parallel_size": cfg.tensor_parallel_size,
+            "max_model_len": llm.llm_engine.vllm_config.model_config.max_model_len, "kv_cache": kv}
+    weights = None
+    if "model_load_gib_s" in seen:
+        weights = int(float(seen["model_load_gib_s"][0]) * 1024**3)
+    return llm, LoadInfo(phases_s=phases, implementation=impl, versions={"vllm": vllm.__version__}, weights_bytes=weights)
+
+
+def sampling(max_new_tokens: int) -> Any:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(temperature=0.0, max_tokens=max_new_tokens, min_tokens=max_new_tokens, ignore_eos=True,
+                          output_kind=RequestOutputKind.DELTA, detokenize=False)
+
+
+@dataclass
+class _Live:
+    request: Request
+    repeat: int
+    t_submit: float
+    times: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+
+
+def serve(llm: Any, requests: Sequence[Request], max_new_tokens: int, *, arrivals: Sequence[float] | None = None,
+          concurrency: int | None = None, repeat: int = 0, on_done: Callable[[int], None] | None = None,
+          tokens_out: dict[str, list[int]] | None = None) -> list[RequestSample]:
+    """Run requests through the engine. arrivals: offsets in s (open loop); concurrency: at
+    most this many in flight (closed loop; 1 = one request at a time). Returns one sample each;
+    tokens_out, when given, receives each request's generated token ids."""
+    from vllm.inputs import TokensPrompt
+
+    engine = llm.llm_engine
+    params = sampling(max_new_tokens)
+    pending = list(range(len(requests)))
+    live: dict[str, _Live] = {}
+    done: list[RequestSample] = []
+    t0 = now()
+    limit = concurrency or len(requests)
+
+    def admit() -> None:
+        while pending and len(live) < limit:
+            i = pending[0]
+            if arrivals is not None and now() - t0 < arrivals[i]:
+                return
+            pending.pop(0)
+            r = requests[i]
+            rid = f"{r.id}-{repeat}"
+            live[rid] = _Live(r, repeat, now())
+            engine.add_request(rid, TokensPrompt(prompt_token_ids=list(r.token_ids)), params)
+
+    while pending or live:
+        admit()
+        if not live:
+            time.sleep(max(0.0, min(0.01, arrivals[pending[0]] - (now() - t0))) if arrivals else 0)
+            continue
+        outputs = engine.step()
+        t = now()
+        for out in outputs:
+            state = live.get(out.request_id)
+            if state is None:  # some versions suffix the id
+                state = next((v for k, v in live.items() if out.request_id.startswith(k)), None)
+                if state is None:
+                    continue
+            new = list(out.outputs[0].token_ids) if out.outputs else []
+            state.times.extend([t] * len(new))
+            state.tokens.extend(new)
+            if out.finished:
+                key = next(k for k, v in live.items() if v is state)
+                del live[key]
+                s = RequestSample(request_id=state.request.id, prompt_id=state.request.prompt_id, repeat=state.repeat,
+                                  prompt_tokens=len(state.request.token_ids), output_tokens=len(state.times),
+                                  t_submit=state.t_submit, t_first=state.times[0] if state.times else t,
+                                  t_done=state.times[-1] if state.times else t, token_times=state.times,
+                                  ok=bool(state.times))
+                if tokens_out is not None:
+                    tokens_out[state.request.id] = state.tokens
+                done.append(s)
+                if on_done:
+                    on_done(len(done))
+    return done
+
+
+def shutdown(llm: Any) -> None:
+    """End the engine's processes; the runner then checks that the memory is back."""
+    if llm is None:
+        return
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+    del llm
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:
+        pass

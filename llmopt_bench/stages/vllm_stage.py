@@ -1,0 +1,107 @@
+"""vLLM's offline engine on the fixed workload, one request at a time, so that its latency
+compares directly with hf-fp16 (PagedAttention, CUDA graphs, fused kernels). vllm-fp8 is the
+same engine with dynamic FP8 weights (Hopper and Ada)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from llmopt_bench.engines import vllm as V
+from llmopt_bench.engines.hf import resolve_dtype
+from llmopt_bench.stage import LoadInfo, Requirements, Stage, StageContext, StageRun, StageSkipped, StrictModel
+from llmopt_bench.workload import WorkloadConfig, build_requests
+
+
+class VLLMParams(StrictModel):
+    dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
+    quantization: str | None = None
+    max_model_len: int | None = 4096
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False
+    tensor_parallel_size: int = 1
+    attention_backend: str | None = None
+    load_format: Literal["auto", "safetensors", "dummy"] = "auto"
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    cpu_kvcache_space_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE on the CPU build
+
+
+def engine_config(params: Any, device: str, max_len_cap: int | None) -> V.EngineConfig:
+    dtype = resolve_dtype(params.dtype, device)
+    max_len = params.max_model_len
+    if max_len and max_len_cap:
+        max_len = min(max_len, max_len_cap)
+    return V.EngineConfig(dtype=dtype, quantization=params.quantization, max_model_len=max_len,
+                          gpu_memory_utilization=params.gpu_memory_utilization, enforce_eager=params.enforce_eager,
+                          tensor_parallel_size=params.tensor_parallel_size, attention_backend=params.attention_backend,
+                          load_format=params.load_format, max_num_seqs=params.max_num_seqs,
+                          max_num_batched_tokens=params.max_num_batched_tokens)
+
+
+def set_cpu_env(params: Any, device: str) -> None:
+    import os
+
+    if device == "cpu":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(params.cpu_kvcache_space_gib))
+
+
+class VLLMStage(Stage):
+    name = "vllm"
+    description = "vLLM offline engine (PagedAttention, CUDA graphs), one request at a time"
+    changes = "the engine: vLLM instead of transformers generate"
+    requires = Requirements(imports={"vllm": "vllm"}, engine="vllm")
+    Params = VLLMParams
+
+    def load(self, model, params, ctx: StageContext) -> LoadInfo:
+        self.llm = None
+        self.params = params
+        set_cpu_env(params, ctx.device)
+        cfg = engine_config(params, ctx.device, model.max_position_embeddings)
+        if params.tensor_parallel_size > 1 and ctx.device == "cuda":
+            import torch
+
+            if torch.cuda.device_count() < params.tensor_parallel_size:
+                raise StageSkipped(f"tensor_parallel_size={params.tensor_parallel_size} needs that many GPUs "
+                                   f"({torch.cuda.device_count()} visible)", "run on a machine with more GPUs")
+        ctx.progress(f"starting vLLM ({cfg.dtype}{', ' + cfg.quantization if cfg.quantization else ''}): compile and graph capture take a while", None, None)
+        self.llm, info = V.build_engine(model.path, cfg, ctx.log_path)
+        if params.load_format == "dummy":
+            info.notes.append("load_format=dummy: random weights generated in place; speed only, no quality")
+        self.tok = self.llm.get_tokenizer()
+        return info
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def warmup(self, workload: WorkloadConfig, ctx: StageContext) -> None:
+        if workload.warmup:
+            reqs = build_requests(workload, self._encode, count=workload.warmup, tag="w")
+            V.serve(self.llm, reqs, workload.max_new_tokens, concurrency=workload.batch_size)
+
+    def run(self, workload: WorkloadConfig, ctx: StageContext) -> StageRun:
+        reqs = build_requests(workload, self._encode)
+        samples, tokens = [], {}
+        for rep in range(workload.repeats):
+            samples += V.serve(self.llm, reqs, workload.max_new_tokens, concurrency=workload.batch_size, repeat=rep,
+                               tokens_out=tokens if rep == 0 else None,
+                               on_done=lambda n, rep=rep: ctx.progress(f"repeat {rep + 1}/{workload.repeats}", n, len(reqs)))
+        extra: dict[str, Any] = {"kv_cache": self.llm.llm_engine.vllm_config.cache_config.num_gpu_blocks and
+                                 {"num_blocks": self.llm.llm_engine.vllm_config.cache_config.num_gpu_blocks,
+                                  "block_size": self.llm.llm_engine.vllm_config.cache_config.block_size},
+                                 "greedy_tokens": {r.id: tokens.get(r.id, []) for r in reqs}}
+        return StageRun(samples=samples, extra=extra)
+
+    def teardown(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        V.shutdown(llm)
+
+
+class VLLMFP8Stage(VLLMStage):
+    name = "vllm-fp8"
+    description = "vLLM with dynamic FP8 weights (W8A8 on Hopper/Ada), one request at a time"
+    changes = "weights and matmuls in FP8 (beyond the story)"
+    requires = Requirements(imports={"vllm": "vllm"}, engine="vllm", cuda=True, min_compute_capability=(8, 9))
+
+    def load(self, model, params, ctx: StageContext) -> LoadInfo:
+        params = params.model_copy(update={"quantization": params.quantization or "fp8"})
+        return super().load(model, params, ctx)
