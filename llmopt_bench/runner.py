@@ -232,7 +232,9 @@ def run_journey(opts: RunOptions, reporter: Reporter) -> RunResult:
         if run.status != "interrupted":
             run.status = "complete"
         run.finished_at = utcnow()
-        order = {p.name: i for i, p in enumerate(opts.plans)}
-        run.stages.sort(key=lambda s: order.get(s.name, len(order)))
+        # Journey order: stages kept from a resumed run first, then this call's, as planned.
+        names = [s.name for s in previous.stages] if previous else []
+        names += [p.name for p in opts.plans if p.name not in names]
+        run.stages.sort(key=lambda s: names.index(s.name) if s.name in names else len(names))
         save_run(run, out)
     return run

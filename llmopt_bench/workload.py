@@ -32,6 +32,7 @@ class WorkloadConfig(StrictModel):
     num_prompts: int = Field(8, ge=1)
     max_new_tokens: int = Field(100, ge=1)
     input_len: int | None = Field(None, ge=1, description="force every prompt to exactly N tokens")
+    max_prompt_len: int = Field(2048, ge=1, description="longer prompts keep their last N tokens")
     warmup: int = Field(2, ge=0)
     repeats: int = Field(3, ge=1)
     seed: int = 0
@@ -119,6 +120,8 @@ def build_requests(cfg: WorkloadConfig, encode, count: int | None = None, tag: s
         ids = list(encode(p.text))
         if cfg.input_len:
             ids = fit_length(ids, cfg.input_len)
+        elif len(ids) > cfg.max_prompt_len:
+            ids = ids[-cfg.max_prompt_len:]  # keep the instruction, which ends the long documents
         out.append(Request(id=f"{tag}{i:04d}", prompt_id=p.id, token_ids=tuple(ids)))
     return out
 

@@ -32,6 +32,7 @@ def bench_cmd(
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Output length, forced (EOS ignored) so every stage does the same work. [default: 100]"),
     num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Requests per repeat, chosen from the prompt set with --seed. [default: 8]"),
     input_len: Optional[int] = typer.Option(None, "--input-len", help="Force every prompt to exactly N tokens (truncate or repeat)."),
+    max_prompt_len: Optional[int] = typer.Option(None, "--max-prompt-len", help="Longer prompts keep their last N tokens. [default: 2048]"),
     warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed requests before measuring. [default: 2]"),
     repeats: Optional[int] = typer.Option(None, "--repeats", help="Times the workload is measured; the spread is reported. [default: 3]"),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed for prompt choice and arrivals. [default: 0]"),
@@ -63,7 +64,7 @@ def bench_cmd(
     if workload_kind not in (None, "fixed", "mixed"):
         raise UsageError(f"--workload {workload_kind!r}: unknown", "use fixed or mixed")
     cfg = _workload(previous, prompts=prompts, max_new_tokens=max_new_tokens, num_prompts=num_prompts,
-                    input_len=input_len, warmup=warmup, repeats=repeats, seed=seed, batch_size=batch_size,
+                    input_len=input_len, max_prompt_len=max_prompt_len, warmup=warmup, repeats=repeats, seed=seed, batch_size=batch_size,
                     kind=workload_kind)
     out = output or Path("results") / "runs" / datetime.now().strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
@@ -71,7 +72,11 @@ def bench_cmd(
                       resume=previous is not None, command=shlex.join(["llmopt", *sys.argv[1:]]))
     reporter = make_reporter()
     reporter.phase(f"run directory {out}")
-    run = run_journey(opts, reporter)
+    try:
+        run = run_journey(opts, reporter)
+    except KeyboardInterrupt:  # typer would turn it into an exit code that main() never sees
+        raise LlmoptError(f"interrupted: {out / 'run.json'} holds what finished",
+                          f"continue with llmopt bench --resume {out}", code=ExitCode.INTERRUPTED) from None
     if report:
         try:
             from llmopt_bench.render.report import write_report

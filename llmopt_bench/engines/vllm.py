@@ -140,7 +140,8 @@ def serve(llm: Any, requests: Sequence[Request], max_new_tokens: int, *, arrival
             pending.pop(0)
             r = requests[i]
             rid = f"{r.id}-{repeat}"
-            live[rid] = _Live(r, repeat, now())
+            # open loop: the request was submitted when it arrived, even if a step delayed its admission
+            live[rid] = _Live(r, repeat, t0 + arrivals[i] if arrivals is not None else now())
             engine.add_request(rid, TokensPrompt(prompt_token_ids=list(r.token_ids)), params)
 
     while pending or live:

@@ -7,18 +7,20 @@ from typing import Any, Literal
 
 from llmopt_bench.engines import hf
 from llmopt_bench.stage import LoadInfo, Requirements, Stage, StageContext, StageRun, StrictModel
-from llmopt_bench.workload import WorkloadConfig, build_requests
+from llmopt_bench.workload import Request, WorkloadConfig, build_requests
 
 
 class HFParams(StrictModel):
     dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = "eager"
     measure_overhead: bool = True
+    quality: bool = True  # perplexity (real weights) and agreement with the FP16 reference
 
 
 class HFStage(Stage):
     requires = Requirements(imports={"transformers": "test", "torch": "test"})
     Params = HFParams
+    is_reference: bool = False  # the stage whose outputs the others are compared with
 
     def quantization_config(self, params: Any, dtype: str) -> Any:
         """Subclasses return a transformers quantization config (None: unquantized)."""
@@ -59,9 +61,22 @@ class HFStage(Stage):
         extra.update(self.after_run(workload, ctx))
         return StageRun(samples=samples, extra=extra)
 
+    def _greedy(self, prompt: list[int], n: int) -> list[int]:
+        tokens: dict[str, list[int]] = {}
+        hf.generate_batch(self.model, self.pad_id, [Request("q", "q", tuple(prompt))], n, self.device,
+                          streamer=False, tokens_out=tokens)
+        return tokens["q"]
+
     def after_run(self, workload: WorkloadConfig, ctx: StageContext) -> dict[str, Any]:
-        """Hook for stage-specific measurements after the timed workload (quality, ...)."""
-        return {}
+        """Measurements after the timed workload: output quality, untimed."""
+        if not self.params.quality:
+            return {}
+        from llmopt_bench.analysis import quality
+
+        reqs = build_requests(workload.model_copy(update={"input_len": None}), self._encode,
+                              count=quality.QUALITY_PROMPTS, tag="q")
+        return {"quality": quality.evaluate(self.model, self._encode, reqs, ctx.run_dir, ctx.stage_dir,
+                                            self.model_info.real_weights, self.is_reference, self._greedy, ctx.progress)}
 
     def teardown(self) -> None:
         model = getattr(self, "model", None)

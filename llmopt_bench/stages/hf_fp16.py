@@ -10,3 +10,4 @@ class HFFP16Stage(HFStage):
     name = "hf-fp16"
     description = "transformers FP16, eager attention, model.generate one request at a time"
     changes = "the baseline: plain transformers generate"
+    is_reference = True

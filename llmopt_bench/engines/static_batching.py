@@ -1,0 +1,338 @@
+"""Static batching over transformers generate, and probes isolated in their own process.
+
+static_serve() replays the arrivals a continuous-batching run saw against a static batcher: a
+batch forms when N requests wait or the oldest waiting one has waited `timeout_s`; it is
+left-padded to its longest prompt and generated to completion while later arrivals queue.
+t_submit is each request's arrival, so TTFT includes the wait behind a running batch.
+
+run_isolated() runs one probe (a capacity probe or a mixed-length configuration) in a fresh
+process of this interpreter, in the stage's session (so the runner's memory sampler sees it
+and a stage timeout kills it), so that a CUDA OOM, or the host OOM killer, ends that probe
+only: `python -m llmopt_bench.engines.static_batching PROBE JOB.json OUT.json`."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from llmopt_bench.measure.timing import now
+from llmopt_bench.stage import RequestSample
+from llmopt_bench.workload import Request
+
+GenFn = Callable[[Sequence[Request], int], list[RequestSample]]
+
+
+def is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError):
+        return True
+    return type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()[:300]
+
+
+# --- static batching ----------------------------------------------------------------------------
+
+def static_serve(gen: GenFn, requests: Sequence[Request], *, batch_size: int, timeout_s: float = 0.05,
+                 arrivals: Sequence[float] | None = None, concurrency: int | None = None,
+                 on_batch: Callable[[int], None] | None = None) -> list[RequestSample]:
+    """Serve requests in order with a static batcher.
+
+    arrivals (offsets in s, sorted): open loop, the same offsets a continuous run replayed.
+    Otherwise closed loop: `concurrency` clients each submit their next request the moment
+    their previous one is answered (with a static batcher that is when its whole batch ends).
+    gen(batch, batch_index) generates one padded batch to completion."""
+    n = len(requests)
+    t0 = now()
+    arrive: list[float | None] = [None] * n
+    if arrivals is not None:
+        arrive = [t0 + a for a in arrivals]
+    else:
+        for i in range(min(concurrency or batch_size, n)):
+            arrive[i] = t0
+    out: list[RequestSample] = []
+    nxt = 0  # first request not yet batched (served first come, first served)
+    batch_no = 0
+    while nxt < n:
+        first = arrive[nxt]
+        if first is None:  # cannot happen: a completion assigns the next arrivals
+            raise RuntimeError("closed loop lost track of its clients")
+        t = now()
+        if first > t:
+            time.sleep(first - t)
+            continue
+        waiting = [i for i in range(nxt, min(n, nxt + batch_size)) if arrive[i] is not None and arrive[i] <= t]
+        full = len(waiting) == batch_size
+        expired = t - first >= timeout_s
+        later = [arrive[i] for i in range(nxt + len(waiting), n) if arrive[i] is not None]
+        # closed loop: every client that can submit before this batch runs already has
+        no_more = arrivals is None or not later
+        if not (full or expired or no_more):
+            wake = min(first + timeout_s, later[0])
+            time.sleep(max(0.0, min(wake - now(), 0.05)))
+            continue
+        batch = [requests[i] for i in waiting]
+        samples = gen(batch, batch_no)
+        for i, s in zip(waiting, samples):
+            out.append(s.model_copy(update={"t_submit": arrive[i], "batch": batch_no}))
+        if arrivals is None:  # the clients of this batch submit again, at its end
+            done_t = max(s.t_done for s in samples) if samples else now()
+            j = next((k for k in range(nxt + len(waiting), n) if arrive[k] is None), n)
+            for k in range(j, min(n, j + len(waiting))):
+                arrive[k] = done_t
+        nxt += len(waiting)
+        batch_no += 1
+        if on_batch:
+            on_batch(len(out))
+    return out
+
+
+def pow2_bucket(length: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, length))))
+
+
+def plan_batches(lengths: Sequence[int], config: str, batch_size: int, cap_context: int,
+                 bucket_token_budget: int) -> list[list[int]]:
+    """Indices per batch for one mixed-length configuration.
+
+    static-mixed and cap-context: arrival order, batch_size at a time. bucketed: requests
+    grouped by power-of-two length bucket; a batch holds at most batch_size requests and at
+    most bucket_token_budget padded prompt tokens, so long documents go in small batches."""
+    order = list(range(len(lengths)))
+    if config in ("static-mixed", "cap-context"):
+        return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    if config != "bucketed":
+        raise ValueError(f"unknown configuration {config!r}")
+    buckets: dict[int, list[int]] = {}
+    for i in order:
+        buckets.setdefault(pow2_bucket(lengths[i]), []).append(i)
+    batches = []
+    for width in sorted(buckets):
+        per_batch = max(1, min(batch_size, bucket_token_budget // width))
+        idx = buckets[width]
+        batches += [idx[i:i + per_batch] for i in range(0, len(idx), per_batch)]
+    return batches
+
+
+# --- isolated probes ----------------------------------------------------------------------------
+
+def run_isolated(probe: str, job: dict[str, Any], timeout_s: float, workdir: Path) -> dict[str, Any]:
+    """Run PROBES[probe](job) in a fresh process of this interpreter; its answer, or why not.
+
+    The child inherits stdout/stderr (the stage's log) and the stage's session."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    fd, job_path = tempfile.mkstemp(prefix=f"{probe}-", suffix=".job.json", dir=workdir)
+    os.close(fd)
+    out_path = job_path.replace(".job.json", ".out.json")
+    Path(job_path).write_text(json.dumps(job))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    t0 = now()
+    proc = subprocess.Popen([sys.executable, "-m", "llmopt_bench.engines.static_batching", probe, job_path, out_path])
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return {"status": "timeout", "reason": f"probe exceeded {timeout_s:.0f} s", "wall_s": round(now() - t0, 3)}
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    wall = round(now() - t0, 3)
+    if Path(out_path).is_file():
+        answer = json.loads(Path(out_path).read_text())
+        answer.setdefault("wall_s", wall)
+        answer["exit_code"] = code
+        return answer
+    if code < 0 and -code == signal.SIGKILL:
+        return {"status": "oom", "reason": "probe killed by signal 9 (likely the host OOM killer)", "wall_s": wall,
+                "exit_code": code}
+    return {"status": "error", "reason": f"probe exited with code {code} without an answer (see the stage log)",
+            "wall_s": wall, "exit_code": code}
+
+
+def _rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _current_rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _memory(device: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"peak_rss_bytes": _rss_bytes()}
+    if device == "cuda":
+        import torch
+
+        out.update(peak_bytes=int(torch.cuda.max_memory_allocated()), allocated_bytes=int(torch.cuda.memory_allocated()),
+                   peak_reserved_bytes=int(torch.cuda.max_memory_reserved()))
+    else:
+        out["peak_bytes"] = out["peak_rss_bytes"]  # the host is the device: peak RSS of this probe
+    return out
+
+
+def _oom_details(exc: BaseException, device: str) -> dict[str, Any]:
+    """Memory when the allocation failed: taken inside the except block, while the failed
+    step's tensors are still referenced by the traceback."""
+    d: dict[str, Any] = {"status": "oom", "reason": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"}
+    m = re.search(r"Tried to allocate ([\d.]+) (GiB|MiB|KiB)", str(exc))
+    if m:
+        d["tried_to_allocate_bytes"] = int(float(m.group(1)) * {"GiB": 1024**3, "MiB": 1024**2, "KiB": 1024}[m.group(2)])
+    if device == "cuda":
+        import torch
+
+        d["memory_at_oom_bytes"] = int(torch.cuda.memory_allocated())
+        d["peak_bytes"] = int(torch.cuda.max_memory_allocated())
+        free, total = torch.cuda.mem_get_info()
+        d["device_free_at_oom_bytes"], d["device_total_bytes"] = int(free), int(total)
+    else:
+        d["memory_at_oom_bytes"] = _current_rss_bytes()
+        d["peak_bytes"] = _rss_bytes()
+    return d
+
+
+def load_model(path: str, device: str, dtype: str, attn: str | None) -> tuple[Any, Any]:
+    """engines.hf.load_model where accelerate is installed; else (vLLM's virtualenv has
+    transformers but not accelerate, which device_map needs) load, move, and apply the same
+    generation settings: EOS off, a pad id, left padding."""
+    import importlib.util
+
+    from llmopt_bench.engines import hf
+
+    if importlib.util.find_spec("accelerate") is not None:
+        model, tok, _ = hf.load_model(path, device, dtype, attn)
+        return model, tok
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
+    if attn:
+        kwargs["attn_implementation"] = attn
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device)
+    model.eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token or tok.unk_token
+    tok.padding_side = "left"
+    return model, tok
+
+
+def _load(job: dict[str, Any]) -> tuple[Any, Any, str]:
+    device = job["device"]
+    model, tok = load_model(job["model_path"], device, job["dtype"], job.get("attn_implementation"))
+    if device == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+    return model, tok, device
+
+
+def probe_capacity(job: dict[str, Any]) -> dict[str, Any]:
+    """A batch of `batch` sequences of `context` tokens: prefill context - decode_steps, then
+    decode_steps tokens. ok with the peak memory, or oom with the memory when it failed."""
+    from llmopt_bench.engines import hf
+
+    model, tok, device = _load(job)
+    batch, context, steps = int(job["batch"]), int(job["context"]), int(job["decode_steps"])
+    vocab = int(model.config.vocab_size)
+    reqs = [Request(id=f"c{i}", prompt_id="capacity",
+                    token_ids=tuple((7 + 31 * i + 13 * j) % (vocab - 1) + 1 for j in range(context - steps)))
+            for i in range(batch)]
+    base = {"batch": batch, "context": context, "rss_after_load_bytes": _current_rss_bytes()}
+    if device == "cuda":
+        import torch
+
+        base["weights_allocated_bytes"] = int(torch.cuda.memory_allocated())
+    t0 = now()
+    try:
+        samples = hf.generate_batch(model, tok.pad_token_id, reqs, steps, device, streamer=False)
+    except BaseException as e:  # noqa: BLE001 - an OOM is the answer, anything else is reported
+        if not is_oom(e):
+            raise
+        return {**base, **_oom_details(e, device)}
+    return {**base, "status": "ok", "seconds": round(now() - t0, 4), "output_tokens": samples[0].output_tokens,
+            **_memory(device)}
+
+
+def probe_mixed(job: dict[str, Any]) -> dict[str, Any]:
+    """One mixed-length configuration (static-mixed, cap-context, bucketed) through static
+    batches: padded widths, throughput, peak memory, or the OOM and the memory it hit."""
+    from llmopt_bench.engines import hf
+
+    model, tok, device = _load(job)
+    config = job["config"]
+    cap = int(job["cap_context"])
+    ids = [list(x) for x in job["requests"]]
+    if config == "cap-context":  # keep the last cap tokens: the question sits at the end
+        ids = [x[-cap:] for x in ids]
+    reqs = [Request(id=f"m{i:04d}", prompt_id=f"m{i}", token_ids=tuple(x)) for i, x in enumerate(ids)]
+    lengths = [len(x) for x in ids]
+    batches = plan_batches(lengths, config, int(job["batch_size"]), cap, int(job["bucket_token_budget"]))
+    widths = [max(lengths[i] for i in b) for b in batches]
+    info: dict[str, Any] = {
+        "config": config, "requests": len(reqs), "batches": len(batches), "batch_sizes": [len(b) for b in batches],
+        "max_padded_len": max(widths), "prompt_tokens": sum(lengths),
+        "padded_prompt_tokens": sum(w * len(b) for w, b in zip(widths, batches)),
+        "rss_after_load_bytes": _current_rss_bytes(), "attn_implementation": job.get("attn_implementation"),
+    }
+    info["padding_fraction"] = round(1 - info["prompt_tokens"] / info["padded_prompt_tokens"], 4)
+    if device == "cuda":
+        import torch
+
+        info["weights_allocated_bytes"] = int(torch.cuda.memory_allocated())
+    new = int(job["max_new_tokens"])
+    produced = 0
+    t0 = now()
+    try:
+        for b, idx in enumerate(batches):
+            samples = hf.generate_batch(model, tok.pad_token_id, [reqs[i] for i in idx], new, device, batch=b)
+            produced += sum(s.output_tokens for s in samples)
+            info["batches_done"] = b + 1
+    except BaseException as e:  # noqa: BLE001
+        if not is_oom(e):
+            raise
+        info.update(_oom_details(e, device))
+        info["failed_batch_width"] = widths[info.get("batches_done", 0)]
+        info["failed_batch_size"] = len(batches[info.get("batches_done", 0)])
+        return info
+    wall = now() - t0
+    info.update(status="ok", seconds=round(wall, 4), output_tokens=produced,
+                all_tokens_produced=produced == new * len(reqs),
+                output_tok_s=produced / wall if wall > 0 else None, memory_at_oom_bytes=None, **_memory(device))
+    return info
+
+
+PROBES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"capacity": probe_capacity, "mixed": probe_mixed}
+
+
+def main(argv: list[str]) -> int:
+    probe, job_path, out_path = argv
+    job = json.loads(Path(job_path).read_text())
+    try:
+        answer = PROBES[probe](job)
+    except BaseException as e:  # noqa: BLE001
+        traceback.print_exc()
+        answer = {"status": "oom" if is_oom(e) else "error", "reason": f"{type(e).__name__}: {str(e)[:300]}"}
+    tmp = out_path + ".tmp"
+    Path(tmp).write_text(json.dumps(answer))
+    os.replace(tmp, out_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

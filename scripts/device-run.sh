@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs ON a lent GPU machine that has no package registry (see docs/gpu-runs.md): installs
+# llmopt and its small CLI dependencies from .whl/, then runs `llmopt bench` into a run
+# directory that survives between calls while the machine stays warm (--resume), and packs the
+# run into $OUT. Usage: STAGES=hf-fp16,bnb-int8 [MODEL=...] [RUN=/tmp/run] bash scripts/device-run.sh [bench options]
+set -uo pipefail
+RUN=${RUN:-/tmp/llmopt-run}
+MODEL=${MODEL:-synthetic:llama2-7b}
+STAGES=${STAGES:-all}
+export LLMOPT_CACHE=${LLMOPT_CACHE:-/tmp/llmopt-cache} PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ ! -e /tmp/llmsite/.done ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/llmsite .whl/*.whl && touch /tmp/llmsite/.done
+fi
+export PYTHONPATH=/tmp/llmsite${PYTHONPATH:+:$PYTHONPATH}
+if [ -f "$RUN/run.json" ]; then where=(--resume "$RUN"); else where=(--output "$RUN"); fi
+start=$(date +%s)
+python3 -m llmopt_bench bench --stages "$STAGES" --model "$MODEL" "${where[@]}" --no-report "$@" 2>&1 | tee -a "$RUN.console.log"
+rc=${PIPESTATUS[0]}
+echo "llmopt exit $rc after $(( $(date +%s) - start )) s (stages: $STAGES)" | tee -a "$RUN.timing.log"
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee -a "$RUN.timing.log"
+if [ -n "${OUT:-}" ]; then
+  cp "$RUN.console.log" "$RUN.timing.log" "$OUT/" 2>/dev/null
+  cp "$RUN/run.json" "$OUT/" 2>/dev/null
+  tar czf "$OUT/run.tgz" -C "$(dirname "$RUN")" "$(basename "$RUN")"
+fi
+exit $rc

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The nightly regression job on any GPU machine, by hand (.github/workflows/nightly-gpu.yml runs
+# the same steps on a self-hosted GPU runner): benchmark every stage, compare with the baseline
+# for this GPU and model, add the run to the history, draw the history charts.
+#
+# usage: scripts/nightly.sh [--baseline FILE] [--output DIR] [--model SOURCE] [--stages LIST]
+#                           [--db FILE] [--gpu SLUG] [--max-regression SPEC]... [--init-baseline]
+#                           [-- more llmopt bench options]
+#   --baseline FILE   default results/baselines/<gpu-slug>-<model-slug>.json (docs/regression.md)
+#   --output DIR      the new run's directory, default results/runs/nightly-<timestamp>
+#   --model SOURCE    default synthetic:llama2-7b
+#   --db FILE         the history, default $LLMOPT_HISTORY_DB or results/history.sqlite
+#   --gpu SLUG        default: the first GPU's name from nvidia-smi, e.g. nvidia-h200
+#   --init-baseline   when the baseline file is missing, make this run the baseline
+# Exit: 0 nothing regressed; 5 a metric regressed or a stage failed that passed in the baseline;
+# 4 a stage failed (bench); 2 no baseline or runs not comparable; as llmopt otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+LLMOPT=${LLMOPT:-llmopt}
+command -v "$LLMOPT" >/dev/null 2>&1 || LLMOPT=.venv/bin/llmopt
+baseline="" out="" model="synthetic:llama2-7b" stages="all" db="" gpu="" init=0
+compare_args=() bench_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --baseline) baseline=$2; shift 2 ;;
+    --output) out=$2; shift 2 ;;
+    --model) model=$2; shift 2 ;;
+    --stages) stages=$2; shift 2 ;;
+    --db) db=$2; shift 2 ;;
+    --gpu) gpu=$2; shift 2 ;;
+    --max-regression) compare_args+=(--max-regression "$2"); shift 2 ;;
+    --init-baseline) init=1; shift ;;
+    --) shift; bench_args=("$@"); break ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "error: unknown argument $1" >&2; echo "  fix: see scripts/nightly.sh --help" >&2; exit 2 ;;
+  esac
+done
+
+# One GPU per stage: keep NVLink multicast (NVLS) off.
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
+[ -z "$db" ] || export LLMOPT_HISTORY_DB="$db"
+
+slug() { tr '[:upper:]' '[:lower:]' | sed -E 's/[^a-z0-9]+/-/g; s/^-+//; s/-+$//'; }
+if [ -z "$gpu" ]; then
+  if ! command -v nvidia-smi >/dev/null 2>&1; then
+    echo "error: nvidia-smi not found: the nightly job measures a GPU" >&2
+    echo "  fix: run it on a machine with an NVIDIA GPU, or name the baseline's device with --gpu SLUG" >&2
+    exit 2
+  fi
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1 | slug)
+fi
+baseline=${baseline:-results/baselines/${gpu}-$(printf '%s' "$model" | slug).json}
+out=${out:-results/runs/nightly-$(date +%Y%m%d-%H%M%S)}
+if [ -e "$out/run.json" ]; then
+  echo "error: $out already holds a run" >&2
+  echo "  fix: pass another --output, or remove $out" >&2
+  exit 2
+fi
+
+echo "nightly: $model on $gpu -> $out (baseline $baseline)" >&2
+bench_rc=0
+"$LLMOPT" bench --stages "$stages" --model "$model" --output "$out" ${bench_args[@]+"${bench_args[@]}"} || bench_rc=$?
+if [ ! -f "$out/run.json" ]; then
+  echo "error: the benchmark wrote no run.json (exit $bench_rc)" >&2
+  exit $(( bench_rc ? bench_rc : 1 ))
+fi
+
+"$LLMOPT" history add "$out"
+mkdir -p "$out/charts"
+for metric in tpot_p50 ttft_p50 output_tok_s; do
+  "$LLMOPT" history show --metric "$metric" --chart "$out/charts/history-$metric.png" \
+    || echo "warning: history chart for $metric not drawn" >&2
+done
+
+if [ ! -f "$baseline" ]; then
+  if [ "$init" = 1 ]; then
+    mkdir -p "$(dirname "$baseline")"
+    cp "$out/run.json" "$baseline"
+    echo "nightly: no baseline yet; this run is now the baseline: $baseline (commit it)" >&2
+    exit "$bench_rc"
+  fi
+  echo "error: no baseline at $baseline" >&2
+  echo "  fix: review $out, then: mkdir -p $(dirname "$baseline") && cp $out/run.json $baseline (or pass --init-baseline)" >&2
+  exit 2
+fi
+
+compare_rc=0
+"$LLMOPT" compare "$baseline" "$out" --output "$out/compare.md" ${compare_args[@]+"${compare_args[@]}"} || compare_rc=$?
+echo "nightly: comparison in $out/compare.md; report in $out/report.md" >&2
+if [ "$compare_rc" -ne 0 ]; then
+  exit "$compare_rc"
+fi
+exit "$bench_rc"

@@ -1,0 +1,195 @@
+"""The flash-attn stage through the real CLI on synthetic:tiny (CPU): eager, SDPA-math and
+SDPA-flash at 128 and 512 tokens, each kernel verified by the profiler, outputs agreeing to
+rounding; SDPA-efficient forced where it cannot run fails loudly as a row, flash_attention_2 is
+skipped with its fix, contexts over the CPU cap are measured at the cap and those over the model's positions dropped,
+with a note.
+The pure helpers (speedups, claims, kernel names, context plan) are checked on made-up rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import read_run, run_cli
+from llmopt_bench.stages import flash_attn as FA
+
+MEASURED = ["eager", "sdpa-math", "sdpa-flash"]
+CONTEXTS = [128, 512]
+JOURNEY = """
+[[stage]]
+name = "flash-attn"
+params = {{ implementations = {impls}, dtype = "float32", contexts = [128, 512, 2048, 99999], decode_tokens = 8, repeats = 2, cpu_max_context = 512 }}
+"""
+
+
+def _cuda() -> bool:
+    from llmopt_bench.registry import cuda_devices
+
+    return bool(cuda_devices())
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    if _cuda():
+        pytest.skip("the CPU flavour of this stage: on CUDA see tests/gpu/test_flash_attn_gpu.py")
+    tmp = tmp_path_factory.mktemp("flash-attn")
+    impls = '["eager", "sdpa-math", "sdpa-flash", "sdpa-efficient", "flash_attention_2"]'
+    (tmp / "fa.toml").write_text(JOURNEY.format(impls=impls))
+    r = run_cli("bench", "--stages", str(tmp / "fa.toml"), "--model", "synthetic:tiny", "--output", str(tmp / "out"),
+                "--no-report", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = read_run(tmp / "out")
+    stage = data["stages"][0]
+    assert stage["name"] == "flash-attn" and stage["status"] == "ok", (stage.get("reason"), (tmp / "out").as_posix())
+    return stage
+
+
+def rows(stage, impl):
+    return [r for r in stage["extra"]["sweep"] if r["impl"] == impl]
+
+
+def test_sweep_measures_each_kernel_at_each_context(run):
+    for impl in MEASURED:
+        got = rows(run, impl)
+        assert sorted(r["context"] for r in got) == CONTEXTS, impl
+        for r in got:
+            assert r["status"] == "ok" and r["reason"] is None, r
+            assert r["effective_impl"] == impl, r
+            assert r["batch"] == 1
+            for key in ("ttft_s", "tpot_s"):
+                d = r[key]
+                assert d["n"] == 2 and 0 < d["min"] <= d["p50"] <= d["max"], (impl, key, d)
+            assert r["peak_bytes"] is None  # CPU: no allocator peak, said in the notes
+
+
+def test_kernel_really_used(run):
+    k = {e["impl"]: e for e in run["extra"]["kernels"]}
+    assert k["sdpa-flash"]["effective"] == "sdpa-flash"
+    assert any("_scaled_dot_product_flash_attention" in op for op in k["sdpa-flash"]["ops"]), k["sdpa-flash"]
+    assert not any("attention_math" in op for op in k["sdpa-flash"]["ops"])
+    assert any("_scaled_dot_product_attention_math" in op for op in k["sdpa-math"]["ops"]), k["sdpa-math"]
+    assert not any("scaled_dot_product" in op for op in k["eager"]["ops"]), k["eager"]
+    assert k["eager"]["attn_implementation"] == "eager" and k["sdpa-flash"]["attn_implementation"] == "sdpa"
+
+
+def test_forced_backend_that_cannot_run_fails_loudly(run):
+    got = rows(run, "sdpa-efficient")  # no memory-efficient SDPA kernel on CPU
+    assert len(got) == len(CONTEXTS)
+    for r in got:
+        assert r["status"] == "failed" and r["ttft_s"] is None, r
+        assert "No viable backend" in r["reason"], r
+
+
+def test_flash_attention_2_skipped_with_fix(run):
+    got = rows(run, "flash_attention_2")
+    assert len(got) == len(CONTEXTS)
+    for r in got:
+        assert r["status"] == "skipped" and r["ttft_s"] is None and r["effective_impl"] is None
+        assert "CUDA" in r["reason"] and "pip install 'llmopt-bench[flash]'" in r["reason"], r
+
+
+def test_outputs_agree_to_rounding(run):
+    a = run["extra"]["agreement"]
+    assert a["reference"] == "eager" and a["context"] == 128 and a["dtype"] == "float32"
+    assert sorted(e["impl"] for e in a["impls"]) == ["sdpa-flash", "sdpa-math"]
+    for e in a["impls"]:
+        assert e["max_abs_logit_diff"] < 1e-4, e
+        assert e["tokens_match"] and e["token_match_fraction"] == 1.0 and e["first_mismatch"] is None, e
+        assert e["agree"] and e["same_argmax"]
+    assert a["all_agree"] is True
+
+
+def test_speedups_are_eager_over_impl(run):
+    sweep = run["extra"]["sweep"]
+    sp = run["extra"]["speedups"]
+    assert sorted((s["impl"], s["context"]) for s in sp) == sorted((i, c) for i in ("sdpa-math", "sdpa-flash") for c in CONTEXTS)
+    for s in sp:
+        base = next(r for r in sweep if r["impl"] == "eager" and r["context"] == s["context"])
+        mine = next(r for r in sweep if r["impl"] == s["impl"] and r["context"] == s["context"])
+        assert s["prefill_speedup"] == pytest.approx(base["ttft_s"]["p50"] / mine["ttft_s"]["p50"])
+        assert s["decode_speedup"] == pytest.approx(base["tpot_s"]["p50"] / mine["tpot_s"]["p50"])
+        for phase in ("prefill", "decode"):
+            lo, hi = s[f"{phase}_spread"]
+            assert lo <= s[f"{phase}_speedup"] <= hi, s
+
+
+def test_claims_not_measured_on_cpu(run):
+    c = {e["claim"]: e for e in run["extra"]["claims"]}
+    assert set(c) == {"2x at 2K", "4x at 8K"}
+    assert (c["2x at 2K"]["context"], c["2x at 2K"]["target"]) == (2048, 2.0)
+    assert (c["4x at 8K"]["context"], c["4x at 8K"]["target"]) == (8192, 4.0)
+    for e in c.values():  # 2048 is capped to 512 here and 8192 never asked for
+        assert e["prefill"] == e["decode"] == "not measured" and e["measured_prefill"] is None, e
+        assert e["impl"] == "sdpa-flash"  # flash_attention_2 did not run
+
+
+def test_dropped_contexts_and_samples(run):
+    notes = " | ".join(run["notes"])
+    assert "context 2048 capped to 512 on CPU (cpu_max_context=512)" in notes, notes
+    assert "context 99999 dropped" in notes and "max_position_embeddings (8192)" in notes, notes
+    assert "sdpa-flash, batch 1, context 512" in notes, notes
+    assert not any(r["context"] in (2048, 99999) for r in run["extra"]["sweep"])
+    assert len(run["samples"]["ttft_s"]) == 2  # 2 repeats x batch 1
+    assert run["samples"]["output_tokens"] == [9, 9]  # the first token plus decode_tokens=8
+    assert run["metrics"] is not None
+
+
+def test_unknown_param_is_a_usage_error(tmp_path: Path):
+    (tmp_path / "bad.toml").write_text('[[stage]]\nname = "flash-attn"\nparams = { context = [128] }\n')
+    r = run_cli("bench", "--stages", str(tmp_path / "bad.toml"), "--model", "synthetic:tiny",
+                "--output", str(tmp_path / "out"), timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "bad param 'context'" in r.stdout + r.stderr
+
+
+# --- helpers on made-up rows -------------------------------------------------------------------
+
+def _d(p50, lo=None, hi=None):
+    return {"n": 3, "mean": p50, "std": 0.0, "min": lo or p50, "p50": p50, "p90": p50, "p99": p50, "max": hi or p50}
+
+
+def _r(impl, context, ttft, tpot, status="ok"):
+    ok = status == "ok"
+    return {"impl": impl, "effective_impl": impl if ok else None, "context": context, "batch": 1,
+            "ttft_s": ttft if ok else None, "tpot_s": tpot if ok else None, "peak_bytes": None, "status": status,
+            "reason": None if ok else "x"}
+
+
+def test_speedups_and_claims_from_rows():
+    rows_ = [_r("eager", 2048, _d(0.114, 0.110, 0.120), _d(0.0228)), _r("eager", 8192, _d(0.837), _d(0.0291)),
+             _r("sdpa-flash", 2048, _d(0.063, 0.060, 0.066), _d(0.0552)), _r("sdpa-flash", 8192, _d(0.265), _d(0.075)),
+             _r("flash_attention_2", 2048, None, None, "skipped"), _r("flash_attention_2", 8192, None, None, "skipped")]
+    sp = FA.speedups(rows_, "eager")
+    assert [(s["impl"], s["context"]) for s in sp] == [("sdpa-flash", 2048), ("sdpa-flash", 8192)]
+    assert sp[0]["prefill_speedup"] == pytest.approx(0.114 / 0.063)
+    assert sp[0]["prefill_spread"] == pytest.approx([0.110 / 0.066, 0.120 / 0.060])
+    assert sp[0]["decode_speedup"] == pytest.approx(0.0228 / 0.0552)
+    c = {e["claim"]: e for e in FA.claims(sp, ["eager", "sdpa-flash", "flash_attention_2"], rows_)}
+    assert c["2x at 2K"]["impl"] == "sdpa-flash"  # flash_attention_2 skipped: the one that ran
+    assert c["2x at 2K"]["prefill"] == "not held" and c["2x at 2K"]["decode"] == "not held"  # 1.81x, 0.41x
+    assert c["4x at 8K"]["measured_prefill"] == pytest.approx(0.837 / 0.265)
+    assert c["4x at 8K"]["prefill"] == "not held"  # 3.16x < 4
+    sp2 = FA.speedups([_r("eager", 8192, _d(1.0), _d(1.0)), _r("flash_attention_2", 8192, _d(0.2), _d(0.9))], "eager")
+    c2 = {e["claim"]: e for e in FA.claims(sp2, ["eager", "flash_attention_2"], [])}
+    assert c2["4x at 8K"]["prefill"] == "held" and c2["4x at 8K"]["decode"] == "not held"
+    assert c2["2x at 2K"]["prefill"] == "not measured"
+
+
+def test_effective_from_profiler_names():
+    assert FA.effective_from_ops(["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention_for_cpu"]) == "sdpa-flash"
+    assert FA.effective_from_ops(["aten::_scaled_dot_product_flash_attention", "void pytorch_flash::flash_fwd_kernel<>"]) == "sdpa-flash"
+    assert FA.effective_from_ops(["aten::_scaled_dot_product_efficient_attention", "fmha_cutlassF_f16"]) == "sdpa-efficient"
+    assert FA.effective_from_ops(["aten::_scaled_dot_product_attention_math", "aten::_softmax"]) == "sdpa-math"
+    assert FA.effective_from_ops(["flash_attn::_flash_attn_forward", "void flash_fwd_kernel<>"]) == "flash_attention_2"
+    assert FA.effective_from_ops(["aten::matmul", "aten::_softmax"]) == "eager"
+    assert FA.effective_from_ops(["aten::matmul"]) == "unknown"
+    assert FA.effective_from_ops(["aten::_scaled_dot_product_attention_math", "aten::_scaled_dot_product_flash_attention"]).startswith("mixed:")
+
+
+def test_plan_contexts():
+    keep, notes = FA.plan_contexts([8192, 512, 512, 2048, 16384], 8192, "cpu", 1024)
+    assert keep == [512, 1024] and len(notes) == 3 and "context 2048 capped to 1024" in notes[0]
+    keep, notes = FA.plan_contexts([8192, 512, 2048, 16384], 8192, "cuda", 1024)
+    assert keep == [512, 2048, 8192] and "max_position_embeddings (8192)" in notes[0]
+    assert FA.plan_contexts([128, 4096], None, "cpu", None) == ([128, 4096], [])
