@@ -15,7 +15,7 @@ fi
 export PYTHONPATH=/tmp/llmsite${PYTHONPATH:+:$PYTHONPATH}
 if [ -f "$RUN/run.json" ]; then where=(--resume "$RUN"); else where=(--output "$RUN"); fi
 start=$(date +%s)
-python3 -m llmopt_bench bench --stages "$STAGES" --model "$MODEL" "${where[@]}" --no-report "$@" 2>&1 | tee -a "$RUN.console.log"
+timeout --signal=TERM "${LIMIT:-540}" python3 -m llmopt_bench bench --stages "$STAGES" --model "$MODEL" "${where[@]}" --no-report "$@" 2>&1 | tee -a "$RUN.console.log"
 rc=${PIPESTATUS[0]}
 echo "llmopt exit $rc after $(( $(date +%s) - start )) s (stages: $STAGES)" | tee -a "$RUN.timing.log"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee -a "$RUN.timing.log"
