@@ -13,6 +13,7 @@ See docs/batching.md for the definitions (goodput, closed loop, Poisson) and ext
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from typing import Any, Literal
@@ -72,8 +73,21 @@ class BatchingParams(VLLMParams):
     probe_timeout_s: float = 900.0
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+# Helpers multiprocessing starts once per process and keeps until it exits: not the engine.
+HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "multiprocessing.semaphore_tracker")
+
+
 def _descendants() -> list[int]:
-    """Live processes below this one (vLLM's engine core and its workers)."""
+    """Live processes below this one (vLLM's engine core and its workers), without
+    multiprocessing's own resource tracker."""
     parent: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -91,7 +105,7 @@ def _descendants() -> list[int]:
         kids = [c for c, pp in parent.items() if pp == p]
         out += kids
         frontier += kids
-    return out
+    return [pid for pid in out if not any(h in _cmdline(pid) for h in HELPERS)]
 
 
 def _rss(pids: list[int]) -> int:
@@ -218,6 +232,7 @@ class ContinuousBatchingStage(Stage):
                                "main": c == p.main_concurrency, "new": new})
         else:
             main_rate = p.main_rate if p.main_rate is not None else sorted(p.rates)[len(p.rates) // 2]
+            self.main_rate = main_rate
             for k, rate in enumerate(sorted(set(p.rates) | {main_rate})):
                 n = min(p.max_requests, p.poisson_requests)
                 reqs = self._fit(build_requests(wl, self._encode, count=n), new)
@@ -286,7 +301,7 @@ class ContinuousBatchingStage(Stage):
             cont_rows[i] = self._row(point, "continuous", got)
             curve.append(cont_rows[i])
         extra: dict[str, Any] = {
-            "sweep": {"mode": p.mode, "main_concurrency": p.main_concurrency, "main_rate": p.main_rate,
+            "sweep": {"mode": p.mode, "main_concurrency": p.main_concurrency, "main_rate": getattr(self, "main_rate", None),
                       "slo_ttft_s": p.slo_ttft_s, "slo_tpot_s": p.slo_tpot_s,
                       "output_len": points[0]["new"], "input_len": p.input_len or workload.input_len,
                       "static_timeout_s": p.static_timeout_s, "static_attn_implementation": p.static_attn_implementation},
@@ -332,7 +347,8 @@ class ContinuousBatchingStage(Stage):
         # --- the engine goes, and its memory with it ---------------------------------------
         engine_pids = _descendants()
         self.lifecycle.update(with_engine=device_memory(use_torch=self.device == "cuda"),
-                              engine_processes=len(engine_pids), engine_rss_bytes=_rss(engine_pids))
+                              engine_processes=len(engine_pids), engine_rss_bytes=_rss(engine_pids),
+                              engine_process_names=[_cmdline(pid)[:120] for pid in engine_pids])
         if mixed_rows:
             used = self.lifecycle["with_engine"].get("nvml_used_bytes")
             before = self.lifecycle["before_engine"].get("nvml_used_bytes")
@@ -409,13 +425,15 @@ class ContinuousBatchingStage(Stage):
             if (not procs and mem_ok) or time.perf_counter() - t0 > limit_s:
                 break
             time.sleep(0.5)
-        return {"after_shutdown": now_mem, "processes_after_shutdown": len(procs),
+        return {"after_shutdown": now_mem, "processes_after_shutdown": len(procs), "t_freed": time.perf_counter(),
+                "left_after_shutdown": [_cmdline(pid)[:120] for pid in procs],
                 "freed": not procs and mem_ok, "wait_s": round(time.perf_counter() - t0, 3)}
 
     # --- transformers ---------------------------------------------------------------------------
 
     def _load_hf(self, attn: str) -> None:
         self.ctx.progress(f"loading transformers ({self.cfg.dtype}, {attn}) for the static-batching replay", None, None)
+        self.lifecycle["t_transformers_load"] = time.perf_counter()
         self.hf_model, self.hf_tok = load_model(self.model.path, self.device, self.cfg.dtype, attn)
         self.pad_id = self.hf_tok.pad_token_id
         self.lifecycle["transformers_loaded"] = device_memory(use_torch=self.device == "cuda")
@@ -423,9 +441,17 @@ class ContinuousBatchingStage(Stage):
         hf.generate_batch(self.hf_model, self.pad_id, warm, 4, self.device, streamer=True)
 
     def _unload_hf(self) -> None:
-        model, self.hf_model = getattr(self, "hf_model", None), None
-        if model is not None:
-            hf.unload(model)
+        """Drop the model and hand its memory back to the device: the probes that follow run in
+        other processes and must not find it held in this one's allocator cache."""
+        if getattr(self, "hf_model", None) is None:
+            return
+        self.hf_model = None
+        gc.collect()
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+        self.lifecycle["transformers_unloaded"] = device_memory(use_torch=self.device == "cuda")
 
     def _static(self, point: dict[str, Any]) -> dict[str, Any]:
         label = self._label(point, "static")

@@ -37,7 +37,7 @@ from llmopt_bench.analysis.stats import Distribution
 from llmopt_bench.engines import hf
 from llmopt_bench.errors import extra_fix
 from llmopt_bench.measure.timing import make_sync, now
-from llmopt_bench.stage import LoadInfo, Requirements, Stage, StageContext, StageRun, StrictModel
+from llmopt_bench.stage import LoadInfo, Requirements, Stage, StageContext, StageRun, StageSkipped, StrictModel
 from llmopt_bench.workload import Request, WorkloadConfig, build_requests, fit_length
 
 Impl = Literal["eager", "sdpa-math", "sdpa-flash", "sdpa-efficient", "flash_attention_2"]
@@ -178,8 +178,6 @@ class FlashAttnStage(Stage):
         self.contexts, self.notes = plan_contexts(params.contexts, model.max_position_embeddings, ctx.device,
                                                   params.cpu_max_context)
         if not self.contexts:
-            from llmopt_bench.stage import StageSkipped
-
             raise StageSkipped("no context length left to measure: " + "; ".join(self.notes),
                                "pass contexts within the model's max_position_embeddings (and cpu_max_context on CPU)")
         self.impls = list(dict.fromkeys(params.implementations))
@@ -246,11 +244,11 @@ class FlashAttnStage(Stage):
         done = 0
         sync = make_sync(self.device)
 
-        def mark(impl, status, reason, effective=None):
+        def mark(impl, status, reason):
             nonlocal done
             for c in self.contexts:
                 for b in p.batch_sizes:
-                    rows.append({"impl": impl, "effective_impl": effective, "context": c, "batch": b, "ttft_s": None,
+                    rows.append({"impl": impl, "effective_impl": None, "context": c, "batch": b, "ttft_s": None,
                                  "tpot_s": None, "peak_bytes": None, "status": status, "reason": reason})
                     done += 1
             ctx.progress(f"{impl}: {status} ({reason})", done, total)
@@ -275,6 +273,7 @@ class FlashAttnStage(Stage):
             kinfo: dict[str, Any] = {"impl": impl, "requested": impl, "attn_implementation": loaded_as,
                                      "sdpa_backend": SDPA_BACKEND.get(impl), "load_s": info.phases_s.get("tokenizer_and_weights_s")}
             effective: str | None = None
+            seen: list = []
             try:
                 with self._forced(impl), warnings.catch_warnings(record=True) as seen:
                     warnings.simplefilter("always")

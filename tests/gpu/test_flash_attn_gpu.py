@@ -1,19 +1,16 @@
 """flash-attn on a CUDA GPU: the default sweep (stages/journey.toml: 512, 2048, 8192 tokens,
 batch 1) on synthetic:llama2-7b. FlashAttention must pay off where the story says it does:
-prefill and peak memory at 8K. Marked gpu by this folder's conftest: skips without CUDA."""
+prefill and peak memory at 8K. Marked gpu: skips without CUDA."""
 
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 
-# `from conftest import` here finds this folder's conftest; take the helpers from tests/conftest.py.
-_spec = importlib.util.spec_from_file_location("_tests_conftest", Path(__file__).resolve().parent.parent / "conftest.py")
-_root = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_root)
-run_cli, read_run = _root.run_cli, _root.read_run
+from testkit import read_run, run_cli
+
+pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from testkit import run_cli
 from llmopt_bench.analysis.stats import Distribution
 
 BENCH = ("--stages", "hf-fp16", "--model", "synthetic:tiny", "--num-prompts", "16", "--max-new-tokens", "16",

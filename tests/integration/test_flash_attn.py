@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import read_run, run_cli
+from testkit import read_run, run_cli
 from llmopt_bench.stages import flash_attn as FA
 
 MEASURED = ["eager", "sdpa-math", "sdpa-flash"]

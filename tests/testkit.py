@@ -1,0 +1,37 @@
+"""Helpers the tests share: the real `llmopt` command in a subprocess, a third-party plugin on
+PYTHONPATH, a run's run.json. A plain module, not conftest.py: `from conftest import` resolves
+to whichever conftest.py pytest put first on sys.path."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """The real `llmopt` command in a subprocess: exit codes and streams as a user sees them."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "llmopt_bench", *args], capture_output=True, text=True,
+                          env=full_env, cwd=cwd or ROOT, timeout=timeout)
+
+
+def write_plugin(tmp: Path, name: str, stages: dict[str, str], module_source: str) -> dict[str, str]:
+    """Register stages the way a third party does: a distribution with llmopt.stages entry
+    points on PYTHONPATH. Returns the env that makes it visible to a child process."""
+    site = tmp / f"{name}-site"
+    dist = site / f"{name}-0.0.dist-info"
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text("[llmopt.stages]\n" + "".join(f"{k} = {v}\n" for k, v in stages.items()))
+    (site / f"{name}.py").write_text(module_source)
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path}
+
+
+def read_run(out: Path) -> dict:
+    return json.loads((out / "run.json").read_text())
