@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Runs ON a lent GPU machine that has no package registry (see docs/gpu-runs.md): installs
-# llmopt and its small CLI dependencies from .whl/, then runs `llmopt bench` into a run
-# directory that survives between calls while the machine stays warm (--resume), and packs the
-# run into $OUT. Usage: STAGES=hf-fp16,bnb-int8 [MODEL=...] [RUN=/tmp/run] bash scripts/device-run.sh [bench options]
+# Runs ON a lent GPU machine that has no package registry (docs/gpu-runs.md): installs llmopt
+# and the wheels carried in .whl/ (llmopt itself for its entry points, pydantic, bitsandbytes,
+# flash-attn), then runs `llmopt bench` into a run directory that survives between calls while
+# the machine stays warm (--resume). The run is packed into $OUT every 15 s and at the end, so a
+# call cut off by its limit still brings back every stage that finished.
+# Usage: STAGES=hf-fp16,bnb-int8 [MODEL=...] [RUN=/tmp/llmopt-run] [LIMIT=540] bash scripts/device-run.sh [bench options]
 set -uo pipefail
 RUN=${RUN:-/tmp/llmopt-run}
 MODEL=${MODEL:-synthetic:llama2-7b}
@@ -13,15 +15,21 @@ if [ ! -e /tmp/llmsite/.done ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/llmsite .whl/*.whl && touch /tmp/llmsite/.done
 fi
 export PYTHONPATH=/tmp/llmsite${PYTHONPATH:+:$PYTHONPATH}
+
+pack() {  # atomic: a half-written archive never replaces a whole one
+  [ -n "${OUT:-}" ] && [ -d "$RUN" ] || return 0
+  cp "$RUN.console.log" "$OUT/" 2>/dev/null
+  tar czf "$OUT/.run.tgz" -C "$(dirname "$RUN")" "$(basename "$RUN")" 2>/dev/null && mv -f "$OUT/.run.tgz" "$OUT/run.tgz"
+}
+( while sleep 15; do pack; done ) &
+packer=$!
+
 if [ -f "$RUN/run.json" ]; then where=(--resume "$RUN"); else where=(--output "$RUN"); fi
 start=$(date +%s)
 timeout --signal=TERM "${LIMIT:-540}" python3 -m llmopt_bench bench --stages "$STAGES" --model "$MODEL" "${where[@]}" --no-report "$@" 2>&1 | tee -a "$RUN.console.log"
 rc=${PIPESTATUS[0]}
-echo "llmopt exit $rc after $(( $(date +%s) - start )) s (stages: $STAGES)" | tee -a "$RUN.timing.log"
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee -a "$RUN.timing.log"
-if [ -n "${OUT:-}" ]; then
-  cp "$RUN.console.log" "$RUN.timing.log" "$OUT/" 2>/dev/null
-  cp "$RUN/run.json" "$OUT/" 2>/dev/null
-  tar czf "$OUT/run.tgz" -C "$(dirname "$RUN")" "$(basename "$RUN")"
-fi
+kill "$packer" 2>/dev/null
+echo "llmopt exit $rc after $(( $(date +%s) - start )) s (stages: $STAGES)" | tee -a "$RUN.console.log"
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee -a "$RUN.console.log"
+pack
 exit $rc
