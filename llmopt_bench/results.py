@@ -51,6 +51,7 @@ class StageResult(StrictModel):
     name: str
     description: str = ""
     changes: str = ""
+    own_workload: bool = False  # measured on its own sweep, not the fixed prompt set (Stage.own_workload)
     status: Status
     reason: str | None = None
     fix: str | None = None

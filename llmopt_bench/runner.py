@@ -98,7 +98,7 @@ def probe(opts: RunOptions, reporter: Reporter) -> tuple[dict[str, Any], ModelIn
 
 def _failed(plan: StagePlan, cls, status: str, reason: str, fix: str | None = None, **kw) -> StageResult:
     return StageResult(name=plan.name, description=getattr(cls, "description", ""), changes=getattr(cls, "changes", ""),
-                       status=status, reason=reason, fix=fix, params=plan.params, **kw)
+                       own_workload=getattr(cls, "own_workload", False), status=status, reason=reason, fix=fix, params=plan.params, **kw)
 
 
 def run_stage(plan: StagePlan, run: RunResult, opts: RunOptions, reporter: Reporter) -> tuple[StageResult, list[RequestSample]]:
@@ -169,7 +169,8 @@ def run_stage(plan: StagePlan, run: RunResult, opts: RunOptions, reporter: Repor
     if kind == "result":
         stage_run = StageRun(**final["run"])
         samples = stage_run.samples
-        result = StageResult(name=plan.name, description=cls.description, changes=cls.changes, status="ok",
+        result = StageResult(name=plan.name, description=cls.description, changes=cls.changes,
+                             own_workload=cls.own_workload, status="ok",
                              params=plan.params, metrics=compute(samples), samples=Samples.of(samples),
                              energy=final.get("energy"), extra=stage_run.extra, notes=stage_run.notes, **common)
         if result.metrics is None and samples:

@@ -108,6 +108,9 @@ class Stage:
     name: ClassVar[str]
     description: ClassVar[str]
     changes: ClassVar[str] = ""  # what this stage changes relative to the one before it
+    # True for a stage that measures its own workload (a sweep), not the fixed prompt set: its
+    # row is kept out of stage-to-stage speedups, the waterfall and the overall claim.
+    own_workload: ClassVar[bool] = False
     requires: ClassVar[Requirements] = Requirements()
     Params: ClassVar[type[BaseModel]] = NoParams
 

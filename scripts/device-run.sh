@@ -21,14 +21,15 @@ pack() {  # atomic: a half-written archive never replaces a whole one
   cp "$RUN.console.log" "$OUT/" 2>/dev/null
   tar czf "$OUT/.run.tgz" -C "$(dirname "$RUN")" "$(basename "$RUN")" 2>/dev/null && mv -f "$OUT/.run.tgz" "$OUT/run.tgz"
 }
-( while sleep 15; do pack; done ) &
+rm -f "$RUN.stop"
+( while [ ! -e "$RUN.stop" ]; do sleep 5; [ $(( SECONDS % 15 )) -lt 5 ] && pack; done ) &
 packer=$!
 
 if [ -f "$RUN/run.json" ]; then where=(--resume "$RUN"); else where=(--output "$RUN"); fi
 start=$(date +%s)
 timeout --signal=TERM "${LIMIT:-540}" python3 -m llmopt_bench bench --stages "$STAGES" --model "$MODEL" "${where[@]}" --no-report "$@" 2>&1 | tee -a "$RUN.console.log"
 rc=${PIPESTATUS[0]}
-kill "$packer" 2>/dev/null
+touch "$RUN.stop"; wait "$packer"  # the loop ends within 5 s: never two tars on one archive
 echo "llmopt exit $rc after $(( $(date +%s) - start )) s (stages: $STAGES)" | tee -a "$RUN.console.log"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee -a "$RUN.console.log"
 pack

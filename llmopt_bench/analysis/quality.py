@@ -84,7 +84,8 @@ def agreement(model: Any, reference: dict[str, Any]) -> dict[str, Any]:
         prompt, cont = item["prompt"], item["continuation"]
         logits = _logits(model, prompt + cont[:-1])[len(prompt) - 1:]
         logq = torch.log_softmax(logits, dim=-1)
-        logp = item["logprobs"].to(logq.device).float()
+        # stored in fp16 to keep the file small: renormalise, or rounding alone makes KL negative
+        logp = torch.log_softmax(item["logprobs"].to(logq.device).float(), dim=-1)
         pred = logq.argmax(dim=-1).tolist()
         same = [a == b for a, b in zip(pred, cont)]
         matches += sum(same)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from llmopt_bench.render.exports import GB, ok_stages, peak_memory, quality
+from llmopt_bench.render.exports import GB, comparable_stages, ok_stages, peak_memory, quality
 from llmopt_bench.results import RunResult
 
 DOWN, UP, BASE, BEST = "#2e7d32", "#c62828", "#757575", "#1565c0"
@@ -47,7 +47,7 @@ def _tpot_ms(s: Any) -> float | None:
 
 def latency_waterfall(run: RunResult, path: Path) -> Path | None:
     """TPOT p50 per stage in journey order: each bar floats from the previous stage's value."""
-    stages = [s for s in ok_stages(run) if _tpot_ms(s)]
+    stages = [s for s in comparable_stages(run) if _tpot_ms(s)]
     if not stages:
         return None
     plt = _plt()
@@ -74,7 +74,7 @@ def latency_waterfall(run: RunResult, path: Path) -> Path | None:
 
 
 def throughput(run: RunResult, path: Path) -> Path | None:
-    stages = [s for s in ok_stages(run) if s.metrics.output_tok_s]
+    stages = [s for s in comparable_stages(run) if s.metrics.output_tok_s]
     if not stages:
         return None
     plt = _plt()
@@ -225,7 +225,7 @@ def roofline_chart(run: RunResult, path: Path) -> Path | None:
     ax.set_xlabel("ms per decode step")
     ax.set_xlim(0, max(r.measured_s for r in decode) * 1e3 * 1.6)
     ax.set_title("Decode: measured vs memory floor (bytes / bandwidth)")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)  # below: bars and labels fill the axes
     bw, peak = ceilings(run.env)
     xs = [r.intensity for r in rows if r.intensity > 0]
     lo, hi = min(xs + [0.1]) / 4, max(xs + [(peak or 0) / bw * 4 if peak else 10])

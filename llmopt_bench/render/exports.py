@@ -43,9 +43,14 @@ def ok_stages(run: RunResult) -> list[StageResult]:
     return [s for s in run.stages if s.status == "ok" and s.metrics]
 
 
+def comparable_stages(run: RunResult) -> list[StageResult]:
+    """Ok stages measured on the run's fixed workload: the ones whose rows compare with each other."""
+    return [s for s in ok_stages(run) if not s.own_workload]
+
+
 def baseline(run: RunResult) -> StageResult | None:
-    """The first ok stage (hf-fp16 in the journey)."""
-    ok = ok_stages(run)
+    """The first comparable stage (hf-fp16 in the journey)."""
+    ok = comparable_stages(run)
     return ok[0] if ok else None
 
 
@@ -92,7 +97,7 @@ def speedup(stage: StageResult, ref: StageResult) -> dict[str, float | None]:
 
 
 def speedup_rows(run: RunResult) -> list[dict[str, Any]]:
-    ok = ok_stages(run)
+    ok = comparable_stages(run)
     rows = []
     for i, s in enumerate(ok):
         base, prev = ok[0], ok[i - 1] if i else None
@@ -120,6 +125,13 @@ def num(v: Any) -> str:
 
 def times(v: float | None) -> str:
     return f"{v:.2f}x" if v else "-"
+
+
+def spread(lo_hi: list[float | None] | None) -> str:
+    """A speedup's range over the repeats, [low, high] -> "1.70-1.77x"."""
+    if not lo_hi or None in lo_hi:
+        return "-"
+    return f"{lo_hi[0]:.2f}-{lo_hi[1]:.2f}x"
 
 
 def pct(v: float | None) -> str:
@@ -155,7 +167,7 @@ def p50_of(stage: StageResult | None, attr: str) -> float | None:
 
 def claim_overall(run: RunResult) -> Claim:
     base = baseline(run)
-    others = [s for s in ok_stages(run) if s is not base and p50_of(s, "e2e_s")]
+    others = [s for s in comparable_stages(run) if s is not base and p50_of(s, "e2e_s")]
     best = min(others, key=lambda s: p50_of(s, "e2e_s"), default=None)
     value = ratio(p50_of(base, "e2e_s"), p50_of(best, "e2e_s")) if best else None
     detail = (f"{base.name} E2E p50 {num(p50_of(base, 'e2e_s'))} s -> {best.name} {num(p50_of(best, 'e2e_s'))} s"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from llmopt_bench.render.exports import (GB, p50_of, baseline, claims, num, ok_stages, peak_memory, pct, quality, ratio,
+from llmopt_bench.render.exports import (GB, p50_of, baseline, claims, comparable_stages, num, ok_stages, peak_memory, pct, quality, ratio, spread,
                                          speedup_rows, stage_rows, times)
 from llmopt_bench.results import RunResult, StageResult
 
@@ -55,19 +55,20 @@ def conclusions(run: RunResult) -> list[str]:
     from llmopt_bench.analysis.roofline import roofline
 
     out: list[str] = []
-    ok, base = ok_stages(run), baseline(run)
-    timed = [s for s in ok if p50_of(s, "tpot_s")]
-    if len(ok) == 1:
-        out.append(f"Only {ok[0].name} ran to completion: there is no stage to compare it with.")
-    if len(timed) > 1 and base and p50_of(base, "tpot_s"):
+    every, ok, base = ok_stages(run), comparable_stages(run), baseline(run)
+    timed = [s for s in ok if s is not base and p50_of(s, "tpot_s")]
+    if timed and base and p50_of(base, "tpot_s"):
         f = min(timed, key=lambda s: p50_of(s, "tpot_s"))
-        out.append(f"The fastest decode is {f.name} at {num(p50_of(f, 'tpot_s') * 1e3)} ms/token, "
-                   f"{times(ratio(p50_of(base, 'tpot_s'), p50_of(f, 'tpot_s')))} the baseline ({base.name}).")
-    tput = [s for s in ok if s.metrics.output_tok_s]
-    if len(tput) > 1 and base and base.metrics.output_tok_s:
+        x = ratio(p50_of(base, "tpot_s"), p50_of(f, "tpot_s"))
+        lead = "The fastest decode is" if x >= 1 else f"No stage decodes faster than the baseline ({base.name}); the fastest other is"
+        out.append(f"{lead} {f.name} at {num(p50_of(f, 'tpot_s') * 1e3)} ms/token, {times(x)} the baseline"
+                   + (f" ({base.name})." if x >= 1 else "."))
+    tput = [s for s in ok if s is not base and s.metrics.output_tok_s]
+    if tput and base and base.metrics.output_tok_s:
         t = max(tput, key=lambda s: s.metrics.output_tok_s)
-        out.append(f"The highest output throughput is {t.name} at {num(t.metrics.output_tok_s)} tok/s, "
-                   f"{times(ratio(t.metrics.output_tok_s, base.metrics.output_tok_s))} the baseline.")
+        x = ratio(t.metrics.output_tok_s, base.metrics.output_tok_s)
+        lead = "The highest output throughput is" if x >= 1 else "No stage beats the baseline's output throughput; the best other is"
+        out.append(f"{lead} {t.name} at {num(t.metrics.output_tok_s)} tok/s, {times(x)} the baseline.")
     weighed = [s for s in ok if s.load and s.load.weights_bytes]
     if len(weighed) > 1 and base in weighed:
         w = min(weighed, key=lambda s: s.load.weights_bytes)
@@ -76,7 +77,7 @@ def conclusions(run: RunResult) -> list[str]:
     rows = roofline(run)
     out += [roofline_sentence(r) for r in rows if r.phase == "decode"]
     out += prefill_sentences([r for r in rows if r.phase == "prefill"])
-    for s in ok:
+    for s in every:
         q = quality(s)
         if q.get("quality_regression"):
             out.append(f"{s.name} fails its quality gate ({q.get('gate') or 'see its quality block'}).")
@@ -132,7 +133,12 @@ def stage_table(run: RunResult) -> list[str]:
         rows.append((r["stage"], r["status"], r["load_s"], r["ttft_p50_ms"], r["ttft_p99_ms"], r["tpot_p50_ms"],
                      r["tpot_p99_ms"], r["e2e_p50_s"], r["output_tok_s"], r["qps"], r["peak_mem_gb"], qual))
     sources = sorted({src for s in run.stages if (src := peak_memory(s)[1])})
-    return table(headers, rows) + ["", f"Peak memory source: {', '.join(sources) or 'none recorded'}."]
+    out = table(headers, rows) + ["", f"Peak memory source: {', '.join(sources) or 'none recorded'}."]
+    own = [s.name for s in run.stages if s.own_workload]
+    if own:
+        out.append(f"{', '.join(own)} measure their own workload (a sweep; see their details), not the fixed prompt "
+                   "set: their rows do not compare with the others' and stay out of the speedups.")
+    return out
 
 
 def speedups(run: RunResult) -> list[str]:
@@ -185,7 +191,7 @@ def extra_blocks(s: StageResult) -> list[str]:
     if x.get("speedups"):
         out += table(("impl", "context", "batch", "prefill speedup", "decode speedup", "prefill spread", "decode spread"),
                      [(r.get("impl"), r.get("context"), r.get("batch"), times(r.get("prefill_speedup")), times(r.get("decode_speedup")),
-                       r.get("prefill_spread"), r.get("decode_spread")) for r in x["speedups"]]) + [""]
+                       spread(r.get("prefill_spread")), spread(r.get("decode_spread"))) for r in x["speedups"]]) + [""]
     if x.get("curve"):
         out += table(("mode", "concurrency", "rate req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms",
                       "TPOT p99 ms", "goodput req/s", "requests"),
@@ -201,9 +207,21 @@ def extra_blocks(s: StageResult) -> list[str]:
         out += ["Memory split: " + ", ".join(f"{k.replace('_bytes', '').replace('_', ' ')} {num((v or 0) / GB)} GB"
                                              for k, v in ms.items() if k.endswith("_bytes")), ""]
     if isinstance(x.get("instrumentation"), dict):
-        out += [f"Per-token clock overhead: {num(x['instrumentation'].get('overhead_pct'))}% "
-                "(measured once, generation with vs without the per-token timestamps)", ""]
+        out += [instrumentation_line(x["instrumentation"]), ""]
     return out
+
+
+def instrumentation_line(inst: dict[str, Any]) -> str:
+    line = f"Per-token clock overhead: {num(inst.get('overhead_pct'))}%"
+    lo_hi = inst.get("overhead_pct_range")
+    if not lo_hi:  # runs recorded before the interleaved pairs
+        return line + " (measured once, generation with vs without the per-token timestamps)"
+    line += (f", median of {inst.get('pairs')} interleaved pairs with and without the clock (range {num(lo_hi[0])}% "
+             f"to {num(lo_hi[1])}%: the host's noise)")
+    if inst.get("clock_call_s") is not None:
+        line += (f"; the clock's own work costs {num(inst['clock_call_s'] * 1e6)} µs a token, "
+                 f"{pct(inst['clock_call_pct'] / 100)} of a step")
+    return line + "."
 
 
 def details(run: RunResult) -> list[str]:

@@ -167,6 +167,7 @@ class ContinuousBatchingStage(Stage):
     name = "continuous-batching"
     description = "vLLM continuous batching under arrivals (closed loop or Poisson) vs the same arrivals statically batched in transformers"
     changes = "scheduling: requests join and leave the running batch every step instead of waiting for a static batch"
+    own_workload = True  # arrivals at several concurrencies, not one request at a time
     requires = Requirements(imports={"vllm": "vllm", "transformers": "test", "torch": "test"}, engine="vllm")
     Params = BatchingParams
 

@@ -162,6 +162,7 @@ class FlashAttnStage(Stage):
     name = "flash-attn"
     description = "attention implementations (eager, SDPA math/flash, flash_attention_2) by context length, prefill and decode apart"
     changes = "attention kernel only: same weights, dtype and generate(); each kernel forced and verified by the profiler"
+    own_workload = True  # a context-length sweep, not the fixed prompt set
     requires = Requirements(imports={"transformers": "test", "torch": "test"})
     Params = FlashAttnParams
 

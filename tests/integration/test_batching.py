@@ -89,6 +89,7 @@ def batching_run(tmp_path_factory):
 def test_32_mixed_requests_every_token(batching_run):
     stage, samples = batching_run["stage"], batching_run["samples"]
     assert stage["status"] == "ok", stage.get("reason")
+    assert stage["own_workload"] is True  # arrivals at several concurrencies, not the one-at-a-time workload
     assert len(samples) == NUM_PROMPTS
     assert all(s["output_tokens"] == NEW_TOKENS and len(s["token_times"]) == NEW_TOKENS for s in samples)
     lengths = [s["prompt_tokens"] for s in samples]

@@ -42,6 +42,7 @@ def run(tmp_path_factory):
     data = read_run(tmp / "out")
     stage = data["stages"][0]
     assert stage["name"] == "flash-attn" and stage["status"] == "ok", (stage.get("reason"), (tmp / "out").as_posix())
+    assert stage["own_workload"] is True  # a sweep: kept out of stage-to-stage speedups
     return stage
 
 

@@ -221,9 +221,9 @@ def full_run() -> RunResult:
     sweep = [{"impl": i, "effective_impl": i, "context": c, "batch": 1, "ttft_s": d(0.1 * c / 2048).model_dump(),
               "tpot_s": d(0.02).model_dump(), "peak_bytes": 14 * GB} for i in ("eager", "flash_attention_2") for c in (2048, 8192)]
     speedups = [{"impl": "flash_attention_2", "context": 2048, "prefill_speedup": 2.1, "decode_speedup": 1.2,
-                 "prefill_spread": 0.05, "decode_spread": 0.02},
+                 "prefill_spread": [2.0, 2.2], "decode_spread": [1.1, 1.3]},
                 {"impl": "flash_attention_2", "context": 8192, "prefill_speedup": 3.0, "decode_speedup": 1.4,
-                 "prefill_spread": 0.05, "decode_spread": 0.02}]
+                 "prefill_spread": [2.9, 3.1], "decode_spread": [1.3, 1.5]}]
     return run_of(
         stage("hf-fp16", tpot=31.5e-3, weights=13_480 * 10**6, extra={"quality": quality(1.0, False)}),
         stage("bnb-int8", tpot=60e-3, weights=7_100 * 10**6, extra={"quality": quality(0.97, False)}),
@@ -247,7 +247,7 @@ def test_full_run_renders_every_extra_block_chart_and_conclusion(tmp_path):
     text = (tmp_path / "report.md").read_text()
     assert "| awq-int4 | skipped | bitsandbytes not installed | pip install x |" in text
     assert "**quality regression**" in text and "KV cache: 7000 blocks of 16 tokens" in text
-    assert "| flash_attention_2 | 2048 | - | 2.10x | 1.20x |" in text and "| continuous | 16 |" in text
+    assert "| flash_attention_2 | 2048 | - | 2.10x | 1.20x | 2.00-2.20x | 1.10-1.30x |" in text and "| continuous | 16 |" in text
     assert "Memory split: weights 13.5 GB, kv cache 58.0 GB, other 3.00 GB" in text
     said = conclusions(run)
     assert "The fastest decode is vllm at 4.63 ms/token, 6.80x the baseline (hf-fp16)." in said

@@ -419,8 +419,13 @@ def test_hf_fp16_run_is_complete(hf_run):
     assert s["load"]["implementation"]["engine"] == "transformers"
     assert s["memory"]["cpu_max_rss_bytes"] > 10 * 1024**2
     inst = s["extra"]["instrumentation"]
-    assert inst["per_token_s_without"] > 0 and inst["per_token_s_with"] > 0 and "overhead_pct" in inst
+    assert inst["per_token_s_without"] > 0 and inst["per_token_s_with"] > 0 and inst["pairs"] == 3
+    lo, hi = inst["overhead_pct_range"]
+    assert lo <= inst["overhead_pct"] <= hi
+    # the clock's own work per token is far below the 2% budget, even for a tiny model on CPU
+    assert 0 < inst["clock_call_s"] < 1e-4 and inst["clock_call_pct"] < 2.0
     assert s["log"] == "logs/hf-fp16.log" and (out / s["log"]).is_file()
+    assert s["own_workload"] is False  # the fixed prompt set: its row compares with the other stages'
     assert set(s["params"]) >= {"dtype", "attn_implementation", "measure_overhead"}  # validated, defaults filled
 
 

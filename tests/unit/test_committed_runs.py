@@ -1,0 +1,71 @@
+"""The runs committed under results/ were measured on real GPUs: the report must render them,
+from run.json alone, with their own numbers, and keep sweep stages out of the comparisons."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmopt_bench.render import exports
+from llmopt_bench.render.report import conclusions, render_markdown
+from llmopt_bench.results import load_run
+
+ROOT = Path(__file__).resolve().parents[2]
+H200_TRANSFORMERS = ROOT / "results" / "h200" / "20261203-transformers"
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return load_run(H200_TRANSFORMERS)
+
+
+def test_h200_run_is_the_measured_one(h200):
+    assert h200.env["gpu"] == "NVIDIA H200" and h200.model.source == "synthetic:llama2-7b"
+    status = {s.name: s.status for s in h200.stages}
+    assert status == {"hf-fp16": "ok", "flash-attn": "ok", "bnb-nf4": "ok", "bnb-int8": "interrupted"}
+
+
+def test_sweep_stage_stays_out_of_the_speedups_and_the_overall_claim(h200):
+    assert h200.stage("flash-attn").own_workload and not h200.stage("hf-fp16").own_workload
+    assert [r["stage"] for r in exports.speedup_rows(h200)] == ["hf-fp16", "bnb-nf4"]
+    overall = next(c for c in exports.claims(h200) if c.key == "overall")
+    assert "flash-attn" not in overall.detail and "bnb-nf4" in overall.detail
+    said = conclusions(h200)
+    assert not any(c.startswith("The fastest decode is flash-attn") for c in said)
+
+
+def test_flash_attention_claims_follow_the_sweep(h200):
+    sp = {(r["impl"], r["context"]): r for r in h200.stage("flash-attn").extra["speedups"]}
+    flash = next(c for c in exports.claims(h200) if c.key == "flash-attention")
+    best_2k = max(sp[(i, 2048)]["prefill_speedup"] for i in ("sdpa-flash", "flash_attention_2"))
+    assert f"2K: {best_2k:.2f}x (prefill" in flash.measured
+    assert flash.verdict == ("held" if best_2k >= 1.6 and sp[("sdpa-flash", 8192)]["prefill_speedup"] >= 3.2 else "not held")
+
+
+def test_markdown_shows_the_spreads_and_the_own_workload_note(h200):
+    text = render_markdown(h200, charts={})
+    r = h200.stage("flash-attn").extra["speedups"][0]
+    lo, hi = r["prefill_spread"]
+    assert f"| {r['impl']} | {r['context']} | 1 | {r['prefill_speedup']:.2f}x | {r['decode_speedup']:.2f}x | {lo:.2f}-{hi:.2f}x |" in text
+    assert "flash-attn measure their own workload" in text
+
+
+def test_conclusions_say_when_no_stage_beats_the_baseline(h200):
+    base, nf4 = h200.stage("hf-fp16").metrics.tpot_s.p50, h200.stage("bnb-nf4").metrics.tpot_s.p50
+    said = conclusions(h200)
+    lead = "The fastest decode is bnb-nf4" if nf4 < base else "No stage decodes faster than the baseline (hf-fp16); the fastest other is bnb-nf4"
+    assert any(c.startswith(lead) for c in said), said
+
+
+def test_compare_of_the_h200_run_with_itself_exits_0():
+    import json
+
+    from testkit import run_cli
+
+    res = run_cli("compare", str(H200_TRANSFORMERS), str(H200_TRANSFORMERS), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    compared = [m for st in out["stages"] if st["state"] == "compared" for m in st["metrics"]]
+    assert {st["stage"] for st in out["stages"] if st["state"] == "compared"} == {"hf-fp16", "flash-attn", "bnb-nf4"}
+    assert compared and all(m["verdict"] == "unchanged" for m in compared) and not out["regressions"]
