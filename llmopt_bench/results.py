@@ -70,6 +70,26 @@ class StageResult(StrictModel):
     gpu_free_after: dict[str, Any] | None = None
 
 
+# where a stage's peak memory comes from, best first (NVML sees every process, vLLM's too)
+MEMORY_SOURCES = (
+    ("process_peak_bytes", "NVML, the stage's processes"),
+    ("device_peak_delta_bytes", "NVML, device peak minus baseline"),
+    ("torch_peak_reserved_bytes", "torch reserved peak"),
+    ("cpu_max_rss_bytes", "host RSS peak"),
+)
+
+
+def peak_memory(stage: StageResult) -> tuple[float | None, str | None]:
+    mem = stage.memory or {}
+    for key, source in MEMORY_SOURCES:
+        value = mem.get(key)
+        if isinstance(value, dict):  # per device
+            value = sum(v for v in value.values() if v) or None
+        if value:
+            return float(value), source
+    return None, None
+
+
 class RunResult(StrictModel):
     schema_version: int = SCHEMA_VERSION
     llmopt_version: str = __version__
@@ -81,6 +101,7 @@ class RunResult(StrictModel):
     env: dict[str, Any] = Field(default_factory=dict)
     model: ModelInfo | None = None
     workload: WorkloadConfig
+    min_quality: float = 0.99  # the quality gate (analysis/quality_gate.py)
     stages: list[StageResult] = Field(default_factory=list)
 
     def stage(self, name: str) -> StageResult | None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from llmopt_bench.analysis.metrics import compute
+from llmopt_bench.analysis.quality_gate import apply_gate
 from llmopt_bench.errors import ExitCode, LlmoptError, UsageError
 from llmopt_bench.events import FD_ENV, start_reader
 from llmopt_bench.measure.memory import MemorySampler, session_pids, wait_until_free
@@ -48,6 +49,7 @@ class RunOptions:
     resume: bool = False
     fail_fast: bool = False
     timeout_s: float | None = None  # overrides every stage's own timeout
+    min_quality: float | None = None  # the quality gate; None: the resumed run's, else the default
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -205,6 +207,8 @@ def run_journey(opts: RunOptions, reporter: Reporter) -> RunResult:
     env, model = probe(opts, reporter)
     run = previous or RunResult(run_id=out.name, created_at=utcnow(), command=opts.command, workload=opts.workload)
     run.env, run.model, run.status, run.command = env, model, "running", opts.command
+    if opts.min_quality is not None:
+        run.min_quality = opts.min_quality
     save_run(run, out)
     todo = [p for p in opts.plans if not (previous and (s := previous.stage(p.name)) and s.status != "interrupted")]
     try:
@@ -225,6 +229,7 @@ def run_journey(opts: RunOptions, reporter: Reporter) -> RunResult:
             if samples:
                 append_requests(out, plan.name, samples)
             run.put(result)
+            apply_gate(run, run.min_quality)
             save_run(run, out)
             reporter.stage_end(result)
             if opts.fail_fast and result.status in FAILED:

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 from llmopt_bench.errors import UsageError
-from llmopt_bench.results import FAILED, RunResult, StageResult
+from llmopt_bench.results import FAILED, RunResult, StageResult, peak_memory
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,6 @@ DEFAULT_MAX_REGRESSION = 0.05
 # than 5%: it gets a wider default allowance. Name it to change it: --max-regression load=10%.
 DEFAULT_THRESHOLDS = {"load_s": 0.20}
 SAMPLE_COLUMNS = {"ttft_p50": "ttft_s", "tpot_p50": "tpot_s", "e2e_p50": "e2e_s"}
-PEAK_MEMORY_KEYS = ("process_peak_bytes", "torch_peak_reserved_bytes", "cpu_max_rss_bytes")  # as render/table.py
 MIN_SAMPLES = 2
 
 
@@ -115,8 +114,7 @@ def check_comparable(base: RunResult, new: RunResult, force: bool = False) -> li
 # ---- values -------------------------------------------------------------------------------------
 
 def peak_memory_bytes(stage: StageResult) -> float | None:
-    mem = stage.memory or {}
-    return next((float(mem[k]) for k in PEAK_MEMORY_KEYS if mem.get(k)), None)
+    return peak_memory(stage)[0]  # the report's value and source order
 
 
 def metric_value(stage: StageResult, key: str) -> float | None:

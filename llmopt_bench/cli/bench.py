@@ -24,6 +24,20 @@ def _workload(resume_from, **opts):
     return cfg
 
 
+def parse_min_quality(text: str | None) -> float | None:
+    """"0.99" or "99%" -> 0.99; None stays None (the resumed run's gate, else the default)."""
+    if text is None:
+        return None
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise UsageError(f"--min-quality {text!r}: not a fraction in (0, 1] or a percentage",
+                         "use for example --min-quality 0.99 or --min-quality 99%")
+    return value
+
+
 @app.command("bench")
 def bench_cmd(
     stages: str = typer.Option("all", "--stages", "-s", help="all (stages/journey.toml), a comma list (hf-fp16,vllm), or a journey .toml file."),
@@ -44,6 +58,7 @@ def bench_cmd(
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per stage, overriding the journey's timeout_s. [default: 1800]"),
     as_json: bool = typer.Option(False, "--json", help="Print run.json to stdout instead of the table."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write report.md and charts/ into the run directory."),
+    min_quality: Optional[str] = typer.Option(None, "--min-quality", help="Quality gate: a stage whose perplexity exceeds FP16's by more than 1 - Q is flagged as a quality regression (0.99 or 99%: within 1%). [default: 0.99]"),
 ) -> None:
     """Run the journey's stages and write run.json, requests.jsonl and logs into the run directory."""
     from llmopt_bench.models import default_model, parse_model
@@ -69,7 +84,8 @@ def bench_cmd(
     out = output or Path("results") / "runs" / datetime.now().strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     opts = RunOptions(out_dir=out, model=spec, workload=cfg, plans=plans, fail_fast=fail_fast, timeout_s=timeout,
-                      resume=previous is not None, command=shlex.join(["llmopt", *sys.argv[1:]]))
+                      resume=previous is not None, command=shlex.join(["llmopt", *sys.argv[1:]]),
+                      min_quality=parse_min_quality(min_quality))
     reporter = make_reporter()
     reporter.phase(f"run directory {out}")
     try:

@@ -10,33 +10,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from llmopt_bench.results import RunResult, StageResult
+from llmopt_bench.results import RunResult, StageResult, peak_memory
 
 GB = 1e9
 HELD_FRACTION = 0.8  # an "N x" claim holds when this run reaches 80% of N
 INT8_HALVES_AT = 0.55  # INT8 weights / FP16 weights at most this
 VLLM_AT_LEAST = 2.0  # vLLM TPOT at least this many times lower than transformers FP16
-# where a stage's peak memory comes from, best first (NVML sees every process, vLLM's too)
-MEMORY_SOURCES = (
-    ("process_peak_bytes", "NVML, the stage's processes"),
-    ("device_peak_delta_bytes", "NVML, device peak minus baseline"),
-    ("torch_peak_reserved_bytes", "torch reserved peak"),
-    ("cpu_max_rss_bytes", "host RSS peak"),
-)
 STAGE_COLUMNS = ("stage", "status", "load_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
                  "e2e_p50_s", "output_tok_s", "qps", "peak_mem_gb", "peak_mem_source", "weights_gb",
                  "token_match_rate", "kl_mean", "perplexity", "quality_regression", "reason")
-
-
-def peak_memory(stage: StageResult) -> tuple[float | None, str | None]:
-    mem = stage.memory or {}
-    for key, source in MEMORY_SOURCES:
-        value = mem.get(key)
-        if isinstance(value, dict):  # per device
-            value = sum(v for v in value.values() if v) or None
-        if value:
-            return float(value), source
-    return None, None
 
 
 def ok_stages(run: RunResult) -> list[StageResult]:
