@@ -156,7 +156,11 @@ def drop_requests(out_dir: Path, stage: str) -> None:
 
 
 def git_commit() -> str | None:
+    """The checkout's commit ("-dirty" with uncommitted changes); LLMOPT_COMMIT where the code
+    travelled without its .git (a copy of the tree on a GPU machine, see scripts/device-run.sh)."""
     here = Path(__file__).resolve().parent
+    if os.environ.get("LLMOPT_COMMIT"):
+        return os.environ["LLMOPT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
