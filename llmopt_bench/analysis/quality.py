@@ -19,6 +19,8 @@ CONTINUATION = 32  # reference tokens per request
 PPL_WINDOW, PPL_STRIDE, PPL_MAX_TOKENS = 512, 256, 2048
 CORPORA = {"en": "corpus_en.txt", "zh": "corpus_zh.txt"}
 REFERENCE_FILE = "quality_reference.pt"
+NOT_MEANINGFUL = {"perplexity": None, "perplexity_note": "random weights: perplexity is not meaningful; agreement with FP16 only"}
+NO_REFERENCE = "no FP16 reference in this run: run hf-fp16 first (same --output) for agreement and KL"
 
 
 def reference_path(run_dir: Path, stage: str = "hf-fp16") -> Path:
@@ -37,28 +39,56 @@ def _logits(model: Any, ids: list[int]) -> Any:
         return model(input_ids=x).logits[0].float()
 
 
-def perplexity(model: Any, encode: Callable[[str], list[int]], text: str, window: int = PPL_WINDOW,
-               stride: int = PPL_STRIDE, max_tokens: int = PPL_MAX_TOKENS) -> dict[str, float]:
-    """Sliding-window perplexity: each window scores only the tokens no earlier window scored,
-    with up to window - stride tokens of context before them."""
+def sliding_windows(n: int, window: int = PPL_WINDOW, stride: int = PPL_STRIDE) -> list[tuple[int, int, int]]:
+    """(begin, end, new) per window over n token ids: window [begin, end) scores its last `new`
+    tokens, which no earlier window scored, with up to window - stride tokens of context."""
+    out, prev_end = [], 0
+    stride = min(stride, window - 1)  # windows must overlap by one: a window's first token has no context
+    for begin in range(0, n - 1, stride):
+        end = min(begin + window, n)
+        out.append((begin, end, max(0, end - max(prev_end, begin + 1))))
+        prev_end = end
+        if end == n:
+            break
+    return out
+
+
+def perplexity_of(ids: list[int], chunk_nlls: Callable[[list[list[int]]], list[list[float]]],
+                  window: int = PPL_WINDOW, stride: int = PPL_STRIDE) -> dict[str, float]:
+    """Sliding-window perplexity of ids. chunk_nlls maps chunks to the NLL of each chunk's
+    tokens after the first (the engine's part: transformers logits, vLLM prompt log-probs)."""
+    wins = sliding_windows(len(ids), window, stride)
+    nlls = chunk_nlls([ids[b:e] for b, e, _ in wins])
+    total = sum(sum(nll[-new:]) for nll, (_, _, new) in zip(nlls, wins) if new)
+    counted = sum(new for _, _, new in wins)
+    return {"perplexity": math.exp(total / counted), "tokens": counted}
+
+
+def hf_chunk_nlls(model: Any) -> Callable[[list[list[int]]], list[list[float]]]:
     import torch
 
-    ids = encode(text)[:max_tokens]
-    nll, counted, prev_end = 0.0, 0, 0
-    for begin in range(0, len(ids) - 1, stride):
-        end = min(begin + window, len(ids))
-        chunk = ids[begin:end]
-        logits = _logits(model, chunk)
-        logp = torch.log_softmax(logits[:-1], dim=-1)
-        targets = torch.tensor(chunk[1:], device=logp.device)
-        token_nll = -logp.gather(1, targets[:, None])[:, 0]
-        new = end - max(prev_end, begin + 1)  # tokens [max(prev_end, begin+1), end) are new
-        nll += float(token_nll[-new:].sum()) if new > 0 else 0.0
-        counted += max(new, 0)
-        prev_end = end
-        if end == len(ids):
-            break
-    return {"perplexity": math.exp(nll / counted), "tokens": counted}
+    def nlls(chunks: list[list[int]]) -> list[list[float]]:
+        out = []
+        for chunk in chunks:
+            logp = torch.log_softmax(_logits(model, chunk)[:-1], dim=-1)
+            targets = torch.tensor(chunk[1:], device=logp.device)
+            out.append((-logp.gather(1, targets[:, None])[:, 0]).tolist())
+        return out
+    return nlls
+
+
+def perplexity(model: Any, encode: Callable[[str], list[int]], text: str, window: int = PPL_WINDOW,
+               stride: int = PPL_STRIDE, max_tokens: int = PPL_MAX_TOKENS) -> dict[str, float]:
+    return perplexity_of(encode(text)[:max_tokens], hf_chunk_nlls(model), window, stride)
+
+
+def corpus_perplexity(ppl_of_text: Callable[[str], dict[str, float]]) -> dict[str, Any]:
+    """Perplexity per shipped corpus and over both (token-weighted geometric mean)."""
+    per_lang = {lang: ppl_of_text(corpus(lang)) for lang in CORPORA}
+    total_tokens = sum(v["tokens"] for v in per_lang.values())
+    return {"perplexity_by_lang": {k: v["perplexity"] for k, v in per_lang.items()},
+            "perplexity": math.exp(sum(math.log(v["perplexity"]) * v["tokens"] for v in per_lang.values()) / total_tokens),
+            "perplexity_tokens": total_tokens}
 
 
 def make_reference(model: Any, requests: list[Any], greedy: Callable[[list[int], int], list[int]]) -> dict[str, Any]:
@@ -79,7 +109,7 @@ def agreement(model: Any, reference: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     matches = positions = 0
-    firsts, kls = [], []
+    firsts, kls, deltas = [], [], []
     for item in reference["items"]:
         prompt, cont = item["prompt"], item["continuation"]
         logits = _logits(model, prompt + cont[:-1])[len(prompt) - 1:]
@@ -92,9 +122,12 @@ def agreement(model: Any, reference: dict[str, Any]) -> dict[str, Any]:
         positions += len(cont)
         firsts.append(same.index(False) if False in same else len(cont))
         kls.append(float((logp.exp() * (logp - logq)).sum(dim=-1).mean()))
+        targets = torch.tensor(cont, device=logq.device)[:, None]
+        deltas.append(float((logp.gather(1, targets) - logq.gather(1, targets)).mean()))
     return {"token_match_rate": matches / positions if positions else None,
             "first_divergence_mean": sum(firsts) / len(firsts) if firsts else None,
-            "kl_mean": sum(kls) / len(kls) if kls else None, "agreement_positions": positions,
+            "kl_mean": sum(kls) / len(kls) if kls else None, "nll_delta_mean": sum(deltas) / len(deltas) if deltas else None,
+            "agreement_positions": positions,
             "agreement_method": f"teacher-forced on {len(firsts)} prompts x {CONTINUATION} reference tokens"}
 
 
@@ -107,14 +140,9 @@ def evaluate(model: Any, encode: Callable[[str], list[int]], requests: list[Any]
     out: dict[str, Any] = {"reference": "hf-fp16", "perplexity_meaningful": real_weights}
     if real_weights:
         progress("quality: perplexity on the shipped corpus", None, None)
-        per_lang = {lang: perplexity(model, encode, corpus(lang)) for lang in CORPORA}
-        out["perplexity_by_lang"] = {k: v["perplexity"] for k, v in per_lang.items()}
-        total_tokens = sum(v["tokens"] for v in per_lang.values())
-        out["perplexity"] = math.exp(sum(math.log(v["perplexity"]) * v["tokens"] for v in per_lang.values()) / total_tokens)
-        out["perplexity_tokens"] = total_tokens
+        out.update(corpus_perplexity(lambda text: perplexity(model, encode, text)))
     else:
-        out["perplexity"] = None
-        out["perplexity_note"] = "random weights: perplexity is not meaningful; agreement with FP16 only"
+        out.update(NOT_MEANINGFUL)
     progress("quality: agreement with the FP16 reference", None, None)
     if is_reference:
         ref = make_reference(model, requests, greedy)
@@ -124,7 +152,7 @@ def evaluate(model: Any, encode: Callable[[str], list[int]], requests: list[Any]
         return out
     path = reference_path(run_dir)
     if not path.is_file():
-        out["agreement_note"] = "no FP16 reference in this run: run hf-fp16 first (same --output) for agreement and KL"
+        out["agreement_note"] = NO_REFERENCE
         return out
     out.update(agreement(model, torch.load(path, weights_only=False)))
     return out

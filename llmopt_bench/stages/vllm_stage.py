@@ -24,6 +24,7 @@ class VLLMParams(StrictModel):
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     cpu_kvcache_space_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE on the CPU build
+    quality: bool = True  # perplexity (real weights) and agreement with the FP16 reference, after the timed run
 
 
 def engine_config(params: Any, device: str, max_len_cap: int | None) -> V.EngineConfig:
@@ -54,7 +55,7 @@ class VLLMStage(Stage):
 
     def load(self, model, params, ctx: StageContext) -> LoadInfo:
         self.llm = None
-        self.params = params
+        self.params, self.model_info = params, model
         set_cpu_env(params, ctx.device)
         cfg = engine_config(params, ctx.device, model.max_position_embeddings)
         if params.tensor_parallel_size > 1 and ctx.device == "cuda":
@@ -89,6 +90,11 @@ class VLLMStage(Stage):
                                  {"num_blocks": self.llm.llm_engine.vllm_config.cache_config.num_gpu_blocks,
                                   "block_size": self.llm.llm_engine.vllm_config.cache_config.block_size},
                                  "greedy_tokens": {r.id: tokens.get(r.id, []) for r in reqs}}
+        if self.params.quality:
+            from llmopt_bench.analysis import quality_vllm
+
+            real = self.model_info.real_weights and self.params.load_format != "dummy"
+            extra["quality"] = quality_vllm.evaluate(self.llm, self._encode, ctx.run_dir, real, ctx.progress)
         return StageRun(samples=samples, extra=extra)
 
     def teardown(self) -> None:

@@ -20,7 +20,7 @@ NUM_PROMPTS = 4
 JOURNEY = """
 [[stage]]
 name = "hf-fp16"
-params = { dtype = "float32", attn_implementation = "eager", measure_overhead = false, quality = false }
+params = { dtype = "float32", attn_implementation = "eager", measure_overhead = false }
 
 [[stage]]
 name = "vllm"
@@ -64,3 +64,15 @@ def test_vllm_samples_whole(vllm_run):
         assert s["t_first"] > s["t_submit"] and s["t_done"] >= s["t_first"]
     kv = vllm_run["stages"]["vllm"]["extra"]["kv_cache"]
     assert kv["num_blocks"] > 0 and kv["block_size"] > 0
+
+
+def test_vllm_quality_agrees_with_the_transformers_reference(vllm_run):
+    """Same weights and dtype in both engines: vLLM's teacher-forced top token is the reference's
+    and its NLL of the reference tokens is the reference's own, to float32 rounding."""
+    ref = vllm_run["stages"]["hf-fp16"]["extra"]["quality"]
+    q = vllm_run["stages"]["vllm"]["extra"]["quality"]
+    assert q["engine"] == "vllm" and q["perplexity"] is None and q["perplexity_meaningful"] is False  # random weights
+    assert q["agreement_positions"] == ref["agreement_positions"] == 4 * 32
+    assert q["token_match_rate"] >= ref["token_match_rate"] - 1 / 32  # a near-tie on random weights may flip one
+    assert abs(q["nll_delta_mean"]) < 1e-3 and abs(ref["nll_delta_mean"]) < 1e-3
+    assert q["kl_mean"] is None and "top-k" in q["kl_note"]

@@ -1,0 +1,82 @@
+"""Output quality for stages that run in vLLM (vllm, vllm-fp8, awq-int4), measured the same way
+as for transformers (analysis/quality.py) through vLLM's prompt log-probabilities:
+
+- perplexity: the same sliding windows over the shipped corpus, each window a prompt whose
+  tokens' log-probs vLLM returns (prompt_logprobs=0), all windows in one batch;
+- agreement: the FP16 reference's prompt + continuation as one prompt (prompt_logprobs=1: each
+  position's top token and the reference token's log-prob), teacher-forced as in transformers.
+
+vLLM returns the top-k log-probs only, not whole distributions, so KL is not computed here;
+nll_delta_mean (the stage's NLL of the reference's tokens minus the reference's own) stands in,
+and transformers stages report it too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from llmopt_bench.analysis import quality as Q
+
+
+def _prompt_logprobs(llm: Any, prompts: list[list[int]], k: int) -> list[list[dict]]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, detokenize=False)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    return [o.prompt_logprobs for o in outs]
+
+
+def chunk_nlls(llm: Any) -> Callable[[list[list[int]]], list[list[float]]]:
+    def nlls(chunks: list[list[int]]) -> list[list[float]]:
+        return [[-lp[tok].logprob for tok, lp in zip(chunk[1:], per[1:])]
+                for chunk, per in zip(chunks, _prompt_logprobs(llm, chunks, 0))]
+    return nlls
+
+
+def agreement(llm: Any, reference: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    items = reference["items"]
+    # prompt + the whole continuation: vLLM scores every prompt token given those before it,
+    # so position len(prompt) + k holds the log-probs that predict continuation[k]
+    per_item = _prompt_logprobs(llm, [list(it["prompt"]) + list(it["continuation"]) for it in items], 1)
+    matches = positions = 0
+    firsts, deltas = [], []
+    for item, per in zip(items, per_item):
+        prompt, cont = list(item["prompt"]), list(item["continuation"])
+        logp = torch.log_softmax(item["logprobs"].float(), dim=-1)  # stored in fp16: renormalise
+        same, delta = [], []
+        for k, tok in enumerate(cont):
+            lp = per[len(prompt) + k]
+            same.append(min(lp.items(), key=lambda kv: kv[1].rank)[0] == tok)
+            delta.append(float(logp[k, tok]) - lp[tok].logprob)
+        matches += sum(same)
+        positions += len(same)
+        firsts.append(same.index(False) if False in same else len(cont))
+        deltas.append(sum(delta) / len(delta))
+    return {"token_match_rate": matches / positions if positions else None,
+            "first_divergence_mean": sum(firsts) / len(firsts) if firsts else None,
+            "kl_mean": None, "kl_note": "vLLM returns top-k log-probs only: KL not computed; see nll_delta_mean",
+            "nll_delta_mean": sum(deltas) / len(deltas) if deltas else None, "agreement_positions": positions,
+            "agreement_method": f"teacher-forced on {len(firsts)} prompts x {Q.CONTINUATION} reference tokens (vLLM prompt log-probs)"}
+
+
+def evaluate(llm: Any, encode: Callable[[str], list[int]], run_dir: Path, real_weights: bool,
+             progress: Callable[..., None]) -> dict[str, Any]:
+    """The quality block of a vLLM stage, under extra["quality"]."""
+    import torch
+
+    out: dict[str, Any] = {"reference": "hf-fp16", "perplexity_meaningful": real_weights, "engine": "vllm"}
+    if real_weights:
+        progress("quality: perplexity on the shipped corpus", None, None)
+        out.update(Q.corpus_perplexity(lambda text: Q.perplexity_of(encode(text)[:Q.PPL_MAX_TOKENS], chunk_nlls(llm))))
+    else:
+        out.update(Q.NOT_MEANINGFUL)
+    progress("quality: agreement with the FP16 reference", None, None)
+    path = Q.reference_path(run_dir)
+    if not path.is_file():
+        out["agreement_note"] = Q.NO_REFERENCE
+        return out
+    out.update(agreement(llm, torch.load(path, weights_only=False)))
+    return out
