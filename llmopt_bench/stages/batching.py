@@ -14,7 +14,6 @@ See docs/batching.md for the definitions (goodput, closed loop, Poisson) and ext
 from __future__ import annotations
 
 import gc
-import os
 import time
 from typing import Any, Literal
 
@@ -23,6 +22,7 @@ from pydantic import Field
 from llmopt_bench.analysis.metrics import compute, tpot, ttft
 from llmopt_bench.engines import hf
 from llmopt_bench.engines import vllm as V
+from llmopt_bench.engines.lifecycle import cmdline, descendants, device_memory, rss, wait_freed
 from llmopt_bench.engines.static_batching import is_oom, load_model, run_isolated, static_serve
 from llmopt_bench.stage import LoadInfo, RequestSample, Requirements, Stage, StageContext, StageRun
 from llmopt_bench.stages.kv_capacity import hf_capacity, vllm_kv_cache
@@ -33,7 +33,6 @@ Attn = Literal["eager", "sdpa", "flash_attention_2"]
 H200_REFERENCE = {"vllm_fp16_batch1_ms_per_token": 4.63, "vllm_fp16_256x128_out_tok_s": 11311,
                   "vllm_fp16_batch16_out_tok_s": 2998, "transformers_sdpa_batch16_out_tok_s": 606,
                   "model": "Llama-2-7B shape, FP16, one H200"}
-GIB = 1024**3
 
 
 class BatchingParams(VLLMParams):
@@ -71,70 +70,6 @@ class BatchingParams(VLLMParams):
     bucket_token_budget: int | None = None  # padded prompt tokens per bucketed batch; default mixed_batch * cap_context
     mixed_attn_implementation: Attn = "eager"
     probe_timeout_s: float = 900.0
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return ""
-
-
-# Helpers multiprocessing starts once per process and keeps until it exits: not the engine.
-HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "multiprocessing.semaphore_tracker")
-
-
-def _descendants() -> list[int]:
-    """Live processes below this one (vLLM's engine core and its workers), without
-    multiprocessing's own resource tracker."""
-    parent: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                rest = f.read().rsplit(")", 1)[-1].split()
-        except OSError:
-            continue
-        if rest and rest[0] != "Z":
-            parent[int(entry)] = int(rest[1])
-    out, frontier = [], [os.getpid()]
-    while frontier:
-        p = frontier.pop()
-        kids = [c for c, pp in parent.items() if pp == p]
-        out += kids
-        frontier += kids
-    return [pid for pid in out if not any(h in _cmdline(pid) for h in HELPERS)]
-
-
-def _rss(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/statm") as f:
-                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, IndexError):
-            pass
-    return total
-
-
-def device_memory(use_torch: bool) -> dict[str, Any]:
-    """Device memory now: NVML (never initializes CUDA here, so vLLM may still fork) and,
-    once CUDA is up in this process, torch.cuda.mem_get_info."""
-    from llmopt_bench.measure import nvml
-
-    out: dict[str, Any] = {}
-    idx = nvml.device_indices()
-    if idx:
-        out["nvml_used_bytes"] = sum(nvml.used_bytes(i) or 0 for i in idx)
-    if use_torch:
-        import torch
-
-        if torch.cuda.is_available():
-            free, total = torch.cuda.mem_get_info()
-            out.update(free_bytes=int(free), total_bytes=int(total), used_bytes=int(total - free))
-    return out
 
 
 def summarize(samples: list[RequestSample], *, requested: int, expected_tokens: int, slo_ttft_s: float,
@@ -178,7 +113,7 @@ class ContinuousBatchingStage(Stage):
         self.params, self.model, self.device, self.ctx = params, model, ctx.device, ctx
         self.notes: list[str] = []
         self.lifecycle: dict[str, Any] = {"device": ctx.device, "before_engine": device_memory(use_torch=False),
-                                          "processes_before_engine": len(_descendants())}
+                                          "processes_before_engine": len(descendants())}
         set_cpu_env(params, ctx.device)
         self.cfg = engine_config(params, ctx.device, model.max_position_embeddings)
         ctx.progress(f"starting vLLM ({self.cfg.dtype}, max_num_seqs={params.max_num_seqs}, "
@@ -346,10 +281,10 @@ class ContinuousBatchingStage(Stage):
         extra["kv_cache"] = kv
 
         # --- the engine goes, and its memory with it ---------------------------------------
-        engine_pids = _descendants()
+        engine_pids = descendants()
         self.lifecycle.update(with_engine=device_memory(use_torch=self.device == "cuda"),
-                              engine_processes=len(engine_pids), engine_rss_bytes=_rss(engine_pids),
-                              engine_process_names=[_cmdline(pid)[:120] for pid in engine_pids])
+                              engine_processes=len(engine_pids), engine_rss_bytes=rss(engine_pids),
+                              engine_process_names=[cmdline(pid)[:120] for pid in engine_pids])
         if mixed_rows:
             used = self.lifecycle["with_engine"].get("nvml_used_bytes")
             before = self.lifecycle["before_engine"].get("nvml_used_bytes")
@@ -359,7 +294,7 @@ class ContinuousBatchingStage(Stage):
         llm, self.llm = self.llm, None
         V.shutdown(llm)
         del llm
-        self.lifecycle.update(self._wait_freed())
+        self.lifecycle.update(wait_freed(self.lifecycle["before_engine"], self.device == "cuda"))
         self.lifecycle["shutdown_s"] = round(time.perf_counter() - t0, 3)
 
         # --- the same arrivals, statically batched ------------------------------------------
@@ -412,23 +347,6 @@ class ContinuousBatchingStage(Stage):
             extra["capacity"] = cap_rows
         extra["lifecycle"] = self.lifecycle
         return StageRun(samples=samples, extra=extra, notes=self.notes)
-
-    def _wait_freed(self, limit_s: float = 60.0) -> dict[str, Any]:
-        """Wait until the engine's processes are gone and the device is back near its baseline."""
-        before = self.lifecycle["before_engine"].get("nvml_used_bytes")
-        t0 = time.perf_counter()
-        while True:
-            procs = _descendants()
-            now_mem = device_memory(use_torch=self.device == "cuda")
-            used = now_mem.get("nvml_used_bytes")
-            # this process keeps its CUDA context (~0.5 GiB): within 1 GiB of the baseline is free
-            mem_ok = used is None or before is None or used <= before + GIB
-            if (not procs and mem_ok) or time.perf_counter() - t0 > limit_s:
-                break
-            time.sleep(0.5)
-        return {"after_shutdown": now_mem, "processes_after_shutdown": len(procs), "t_freed": time.perf_counter(),
-                "left_after_shutdown": [_cmdline(pid)[:120] for pid in procs],
-                "freed": not procs and mem_ok, "wait_s": round(time.perf_counter() - t0, 3)}
 
     # --- transformers ---------------------------------------------------------------------------
 

@@ -25,6 +25,9 @@ class VLLMParams(StrictModel):
     max_num_batched_tokens: int | None = None
     cpu_kvcache_space_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE on the CPU build
     quality: bool = True  # perplexity (real weights) and agreement with the FP16 reference, after the timed run
+    # off: repeats and warm-up reuse the same prompts, and a cached prefix would turn TTFT into a
+    # cache lookup that transformers never gets; on: measure what prefix caching buys
+    enable_prefix_caching: bool = False
 
 
 def engine_config(params: Any, device: str, max_len_cap: int | None) -> V.EngineConfig:
@@ -36,7 +39,8 @@ def engine_config(params: Any, device: str, max_len_cap: int | None) -> V.Engine
                           gpu_memory_utilization=params.gpu_memory_utilization, enforce_eager=params.enforce_eager,
                           tensor_parallel_size=params.tensor_parallel_size, attention_backend=params.attention_backend,
                           load_format=params.load_format, max_num_seqs=params.max_num_seqs,
-                          max_num_batched_tokens=params.max_num_batched_tokens)
+                          max_num_batched_tokens=params.max_num_batched_tokens,
+                          extra={"enable_prefix_caching": params.enable_prefix_caching})
 
 
 def set_cpu_env(params: Any, device: str) -> None:

@@ -1,0 +1,94 @@
+"""An engine's processes and the device memory they hold: what is running below this process,
+and waiting until an engine that was shut down is really gone (on the H200 a second vLLM
+engine failed to start while the first one's processes still held 90% of the card)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+GIB = 1024**3
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+# Helpers multiprocessing starts once per process and keeps until it exits: not the engine.
+HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "multiprocessing.semaphore_tracker")
+
+
+def descendants() -> list[int]:
+    """Live processes below this one (vLLM's engine core and its workers), without
+    multiprocessing's own resource tracker."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                rest = f.read().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if rest and rest[0] != "Z":
+            parent[int(entry)] = int(rest[1])
+    out, frontier = [], [os.getpid()]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        frontier += kids
+    return [pid for pid in out if not any(h in cmdline(pid) for h in HELPERS)]
+
+
+def rss(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def device_memory(use_torch: bool) -> dict[str, Any]:
+    """Device memory now: NVML (never initializes CUDA here, so vLLM may still fork) and,
+    once CUDA is up in this process, torch.cuda.mem_get_info."""
+    from llmopt_bench.measure import nvml
+
+    out: dict[str, Any] = {}
+    idx = nvml.device_indices()
+    if idx:
+        out["nvml_used_bytes"] = sum(nvml.used_bytes(i) or 0 for i in idx)
+    if use_torch:
+        import torch
+
+        if torch.cuda.is_available():
+            free, total = torch.cuda.mem_get_info()
+            out.update(free_bytes=int(free), total_bytes=int(total), used_bytes=int(total - free))
+    return out
+
+
+def wait_freed(before: dict[str, Any], use_torch: bool, limit_s: float = 60.0) -> dict[str, Any]:
+    """Wait until the engine's processes are gone and the device is back near `before`
+    (device_memory() taken before the engine started)."""
+    base = before.get("nvml_used_bytes")
+    t0 = time.perf_counter()
+    while True:
+        procs = descendants()
+        now_mem = device_memory(use_torch=use_torch)
+        used = now_mem.get("nvml_used_bytes")
+        # this process keeps its CUDA context (~0.5 GiB): within 1 GiB of the baseline is free
+        mem_ok = used is None or base is None or used <= base + GIB
+        if (not procs and mem_ok) or time.perf_counter() - t0 > limit_s:
+            break
+        time.sleep(0.5)
+    return {"after_shutdown": now_mem, "processes_after_shutdown": len(procs), "t_freed": time.perf_counter(),
+            "left_after_shutdown": [cmdline(pid)[:120] for pid in procs],
+            "freed": not procs and mem_ok, "wait_s": round(time.perf_counter() - t0, 3)}

@@ -1,0 +1,64 @@
+"""vllm-attn for real on vLLM-CPU (synthetic:tiny): the CUDA backends are skipped with their
+reason, vLLM's CPU backend is measured at each context, verified from what vLLM says it used,
+and its engine is gone before the stage ends."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from testkit import read_run, run_cli
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+VLLM_PYTHON = os.environ.get("LLMOPT_VLLM_PYTHON")
+CONTEXTS = [64, 256]
+DECODE, REPEATS = 4, 2
+JOURNEY = f"""
+[[stage]]
+name = "vllm-attn"
+params = {{ backends = ["FLASH_ATTN", "TRITON_ATTN", "FLASHINFER"], contexts = {CONTEXTS}, decode_tokens = {DECODE}, repeats = {REPEATS}, dtype = "float32" }}
+"""
+
+
+@pytest.fixture(scope="module")
+def stage(tmp_path_factory):
+    if not VLLM_PYTHON:
+        pytest.skip("LLMOPT_VLLM_PYTHON is unset: point it at the vLLM-CPU virtualenv's python (make vllm-venv)")
+    tmp = tmp_path_factory.mktemp("vllm-attn")
+    (tmp / "j.toml").write_text(JOURNEY)
+    res = run_cli("bench", "--stages", str(tmp / "j.toml"), "--model", "synthetic:tiny", "--output", str(tmp / "run"),
+                  "--no-report", env={"LLMOPT_VLLM_PYTHON": VLLM_PYTHON}, timeout=1200)
+    assert res.returncode == 0, res.stderr[-4000:]
+    s = read_run(tmp / "run")["stages"][0]
+    assert s["name"] == "vllm-attn" and s["status"] == "ok", s.get("reason")
+    return s
+
+
+def test_cuda_backends_skipped_with_their_reason(stage):
+    for backend in ("FLASH_ATTN", "TRITON_ATTN", "FLASHINFER"):
+        rows = [r for r in stage["extra"]["sweep"] if r["impl"] == backend]
+        assert [r["context"] for r in rows] == CONTEXTS
+        assert all(r["status"] == "skipped" and "CUDA backend" in r["reason"] for r in rows), rows
+
+
+def test_cpu_backend_measured_and_verified(stage):
+    rows = [r for r in stage["extra"]["sweep"] if r["impl"] == "auto"]
+    assert [r["context"] for r in rows] == CONTEXTS
+    engine = next(e for e in stage["extra"]["engines"] if e["backend"] == "auto")
+    assert engine["effective"] and "error" not in engine  # what vLLM logged it uses
+    for r in rows:
+        assert r["status"] == "ok" and r["effective_impl"] == engine["effective"]
+        for key in ("ttft_s", "tpot_s"):
+            assert r[key]["n"] == REPEATS and 0 < r[key]["min"] <= r[key]["p50"] <= r[key]["max"]
+    # a 4x longer prompt takes longer to prefill: each TTFT is a real prefill, not a cache hit
+    assert rows[1]["ttft_s"]["min"] > rows[0]["ttft_s"]["min"]
+    assert stage["extra"]["baseline"] == "auto" and stage["extra"]["speedups"] == []
+
+
+def test_engine_gone_and_samples_whole(stage):
+    life = stage["extra"]["engines"][0]["lifecycle"]
+    assert life["freed"] is True and life["processes_after_shutdown"] == 0
+    assert stage["own_workload"] is True and stage["metrics"]["requests"] == REPEATS
+    assert stage["metrics"]["output_tokens"] == REPEATS * (DECODE + 1)
