@@ -38,6 +38,22 @@ class MemoryPeaks:
     device_baseline_bytes: dict[int, int] = field(default_factory=dict)
     device_peak_bytes: dict[int, int] = field(default_factory=dict)
     process_peak_bytes: int | None = None  # sum over the stage's processes, all devices
+    # per device: with tensor parallelism each GPU holds its own shard and KV cache
+    process_peak_by_device: dict[int, int] = field(default_factory=dict)
+
+    def update(self, used: dict[int, int | None], process_bytes: dict[int, dict[int, int]], pids: set[int]) -> None:
+        """Fold one sample in: used bytes per device, and per device the bytes of each process
+        (only the stage's own pids count)."""
+        total = 0
+        for i, u in used.items():
+            if u is not None and u > self.device_peak_bytes.get(i, 0):
+                self.device_peak_bytes[i] = u
+            mine = sum(b for pid, b in process_bytes.get(i, {}).items() if pid in pids)
+            if mine > self.process_peak_by_device.get(i, 0):
+                self.process_peak_by_device[i] = mine
+            total += mine
+        if total and total > (self.process_peak_bytes or 0):
+            self.process_peak_bytes = total
 
     def as_dict(self) -> dict:
         if not self.nvml:
@@ -52,6 +68,7 @@ class MemoryPeaks:
             "device_peak_bytes": {str(k): v for k, v in self.device_peak_bytes.items()},
             "device_peak_delta_bytes": delta,
             "process_peak_bytes": self.process_peak_bytes,
+            "process_peak_bytes_by_device": {str(k): v for k, v in self.process_peak_by_device.items()},
         }
 
 
@@ -83,14 +100,8 @@ class MemorySampler:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             pids = session_pids(self.sid)
-            total = 0
-            for i in self.devices:
-                used = nvml.used_bytes(i)
-                if used is not None and used > self.peaks.device_peak_bytes.get(i, 0):
-                    self.peaks.device_peak_bytes[i] = used
-                total += sum(b for pid, b in nvml.process_bytes(i).items() if pid in pids)
-            if total and total > (self.peaks.process_peak_bytes or 0):
-                self.peaks.process_peak_bytes = total
+            self.peaks.update({i: nvml.used_bytes(i) for i in self.devices},
+                              {i: nvml.process_bytes(i) for i in self.devices}, pids)
 
 
 def wait_until_free(sid: int, baseline: dict[int, int], timeout: float = 120.0,

@@ -224,6 +224,14 @@ def instrumentation_line(inst: dict[str, Any]) -> str:
     return line + "."
 
 
+def per_gpu_line(s: StageResult) -> list[str]:
+    """The stage's processes' peak on each GPU, where it used more than one (tensor parallelism)."""
+    by_dev = {k: v for k, v in ((s.memory or {}).get("process_peak_bytes_by_device") or {}).items() if v}
+    if len(by_dev) < 2:
+        return []
+    return ["- peak memory per GPU (the stage's processes): " + ", ".join(f"GPU {k} {num(v / GB)} GB" for k, v in sorted(by_dev.items()))]
+
+
 def details(run: RunResult) -> list[str]:
     out: list[str] = []
     for s in ok_stages(run):
@@ -234,6 +242,7 @@ def details(run: RunResult) -> list[str]:
                 *([f"- energy: {num(s.energy.get('joules'))} J over {num(s.energy.get('seconds'))} s, "
                    f"{num(s.energy.get('avg_watts'))} W average, "
                    f"{num(ratio(s.energy.get('joules'), s.metrics.output_tokens))} J per output token"] if s.energy else []),
+                *per_gpu_line(s),
                 *(f"- note: {n}" for n in [*s.notes, *((s.load.notes if s.load else []))]), "", *extra_blocks(s)]
     return out or ["No stage finished."]
 

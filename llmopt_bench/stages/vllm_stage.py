@@ -19,6 +19,8 @@ class VLLMParams(StrictModel):
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: Literal["mp", "ray"] | None = None  # "ray": GPUs of several hosts (docs/multi-gpu.md)
     attention_backend: str | None = None
     load_format: Literal["auto", "safetensors", "dummy"] = "auto"
     max_num_seqs: int | None = None
@@ -40,7 +42,10 @@ def engine_config(params: Any, device: str, max_len_cap: int | None) -> V.Engine
                           tensor_parallel_size=params.tensor_parallel_size, attention_backend=params.attention_backend,
                           load_format=params.load_format, max_num_seqs=params.max_num_seqs,
                           max_num_batched_tokens=params.max_num_batched_tokens,
-                          extra={"enable_prefix_caching": params.enable_prefix_caching})
+                          extra={"enable_prefix_caching": params.enable_prefix_caching,
+                                 **({"pipeline_parallel_size": params.pipeline_parallel_size} if params.pipeline_parallel_size > 1 else {}),
+                                 **({"distributed_executor_backend": params.distributed_executor_backend}
+                                    if params.distributed_executor_backend else {})})
 
 
 def set_cpu_env(params: Any, device: str) -> None:
@@ -62,12 +67,14 @@ class VLLMStage(Stage):
         self.params, self.model_info = params, model
         set_cpu_env(params, ctx.device)
         cfg = engine_config(params, ctx.device, model.max_position_embeddings)
-        if params.tensor_parallel_size > 1 and ctx.device == "cuda":
+        if params.tensor_parallel_size > 1 and ctx.device == "cuda" and params.distributed_executor_backend != "ray":
             import torch
 
-            if torch.cuda.device_count() < params.tensor_parallel_size:
-                raise StageSkipped(f"tensor_parallel_size={params.tensor_parallel_size} needs that many GPUs "
-                                   f"({torch.cuda.device_count()} visible)", "run on a machine with more GPUs")
+            if torch.cuda.device_count() < params.tensor_parallel_size * params.pipeline_parallel_size:
+                raise StageSkipped(f"tensor_parallel_size={params.tensor_parallel_size} x pipeline_parallel_size="
+                                   f"{params.pipeline_parallel_size} needs that many GPUs on this host "
+                                   f"({torch.cuda.device_count()} visible)",
+                                   "run on a machine with more GPUs, or across hosts with distributed_executor_backend = \"ray\" (docs/multi-gpu.md)")
         ctx.progress(f"starting vLLM ({cfg.dtype}{', ' + cfg.quantization if cfg.quantization else ''}): compile and graph capture take a while", None, None)
         self.llm, info = V.build_engine(model.path, cfg, ctx.log_path)
         if params.load_format == "dummy":
