@@ -58,6 +58,8 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     # The child imports llmopt_bench from this checkout even under another interpreter.
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # llmopt's own interpreter, for work a child in another interpreter hands back (AWQ calibration)
+    env.setdefault("LLMOPT_PYTHON", sys.executable)
     return env
 
 

@@ -39,7 +39,8 @@ def parse_log(text: str) -> dict[str, Any]:
     for key, pat in LOG_PATTERNS.items():
         matches = re.findall(pat, text)
         if matches:
-            found[key] = matches[-1] if key != "linear_kernel" else sorted({m[0] for m in matches})
+            # "CPUWNA16LinearKernel for AutoAWQMarlinLinearMethod": the kernel, and the layers it serves
+            found[key] = matches[-1] if key != "linear_kernel" else sorted({f"{m[0]} for {m[1]}" for m in matches})
     return found
 
 
