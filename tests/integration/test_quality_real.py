@@ -88,7 +88,7 @@ def test_awq_keeps_more_quality_than_nf4(stages):
     if not VLLM_PYTHON:
         pytest.skip("awq-int4 runs in vLLM: LLMOPT_VLLM_PYTHON is unset (make vllm-venv)")
     fp16, int8, nf4, awq = (ppl(stages[n]) for n in (*STAGES, "awq-int4"))
-    # measured here: AWQ g64 +15..22% over FP16 (NF4 +42%); both 4-bit, both worse than INT8
+    # measured here: FP16 15.65, INT8 16.03, AWQ g64 19.00 (+21%, 8 calibration windows), NF4 22.28 (+42%)
     assert int8 < awq <= nf4
     impl = stages["awq-int4"]["load"]["implementation"]
     assert impl["awq"]["group_size"] == 64  # 576 % 128 != 0

@@ -76,3 +76,11 @@ def test_vllm_quality_agrees_with_the_transformers_reference(vllm_run):
     assert q["token_match_rate"] >= ref["token_match_rate"] - 1 / 32  # a near-tie on random weights may flip one
     assert abs(q["nll_delta_mean"]) < 1e-3 and abs(ref["nll_delta_mean"]) < 1e-3
     assert q["kl_mean"] is None and "top-k" in q["kl_note"]
+
+
+def test_vllm_weights_size_where_the_cpu_build_logs_none(vllm_run):
+    hf, vl = vllm_run["stages"]["hf-fp16"], vllm_run["stages"]["vllm"]
+    # both hold the same float32 parameters: transformers measures its footprint, vLLM-CPU's is
+    # parameters x 4 bytes (it logs no model memory)
+    assert vl["load"]["implementation"]["weights_bytes_source"].startswith("parameters x float32")
+    assert vl["load"]["weights_bytes"] == pytest.approx(hf["load"]["weights_bytes"], rel=0.01)
