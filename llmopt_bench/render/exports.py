@@ -182,6 +182,24 @@ def claim_vllm(run: RunResult) -> Claim:
                  _verdict(None if value is None else value >= VLLM_AT_LEAST), detail)
 
 
+def _ppl(stage: StageResult | None) -> float | None:
+    q = quality(stage) if stage and stage.status == "ok" else {}
+    return q.get("perplexity") if q.get("perplexity_meaningful") else None
+
+
+def claim_awq(run: RunResult) -> Claim:
+    """The story's INT4 lesson: 4 bits everywhere (NF4) costs quality that AWQ keeps."""
+    fp16, nf4, awq = (_ppl(run.stage(n)) for n in ("hf-fp16", "bnb-nf4", "awq-int4"))
+    if not (fp16 and nf4 and awq):
+        return Claim("awq-quality", "INT4 ruins quality unless done carefully (AWQ)", "AWQ's perplexity rise below NF4's",
+                     "-", None, "not measured", "needs ok hf-fp16, bnb-nf4 and awq-int4 with perplexity (real weights)")
+    rise_nf4, rise_awq = nf4 / fp16 - 1, awq / fp16 - 1
+    return Claim("awq-quality", "INT4 ruins quality unless done carefully (AWQ)", "AWQ's perplexity rise below NF4's",
+                 f"AWQ {rise_awq * 100:+.1f}%, NF4 {rise_nf4 * 100:+.1f}%", rise_awq / rise_nf4 if rise_nf4 else None,
+                 _verdict(rise_awq < rise_nf4),
+                 f"perplexity {fp16:.4g} (hf-fp16), {nf4:.4g} (bnb-nf4), {awq:.4g} (awq-int4)")
+
+
 def flash_at(speedups: list[dict[str, Any]], context: int) -> tuple[float | None, str]:
     """Best speedup at `context` over the non-eager implementations, and its phase."""
     best, phase = None, ""
@@ -243,7 +261,7 @@ def claim_batching(run: RunResult) -> Claim:
 
 
 def claims(run: RunResult) -> list[Claim]:
-    return [claim_overall(run), claim_int8(run), claim_vllm(run), claim_flash(run), claim_batching(run)]
+    return [claim_overall(run), claim_int8(run), claim_awq(run), claim_vllm(run), claim_flash(run), claim_batching(run)]
 
 
 def write_csv(run: RunResult, out_dir: Path) -> Path:

@@ -107,7 +107,7 @@ def test_csv_and_json_exports_parse_and_match(real_run, tmp_path):
     assert rows[0]["stage"] == "hf-fp16" and float(rows[0]["tpot_p50_ms"]) == pytest.approx(tpot)
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["stages"][0]["tpot_p50_ms"] == pytest.approx(tpot)
-    assert [c["verdict"] for c in data["claims"]] == ["not measured"] * 5  # one stage: nothing to compare
+    assert [c["verdict"] for c in data["claims"]] == ["not measured"] * len(exports.claims(run_of()))  # one stage: nothing to compare
     assert {r["phase"] for r in data["roofline"]} == {"decode", "prefill"}
 
 
@@ -255,10 +255,21 @@ def test_full_run_renders_every_extra_block_chart_and_conclusion(tmp_path):
     assert any(c.startswith("Decode in hf-fp16 is overhead-bound") for c in said)
     assert "bnb-nf4 fails its quality gate (token match >= 0.9)." in said
     verdicts = {c.key: c.verdict for c in exports.claims(run)}
-    assert verdicts == {"overall": "not held", "int8-memory": "held", "vllm-latency": "held",
-                        "flash-attention": "not held", "continuous-batching": "held"}
+    assert verdicts == {"overall": "not held", "int8-memory": "held", "awq-quality": "not measured",
+                        "vllm-latency": "held", "flash-attention": "not held", "continuous-batching": "held"}
     row = md_row(text, "bnb-int8")
     assert close(row["TPOT p50 ms"], 60.0) and row["quality"].startswith("match 97.0%")
+
+
+@pytest.mark.parametrize("awq_ppl,expected", [(19.0, "held"), (23.0, "not held"), (None, "not measured")])
+def test_awq_quality_claim_compares_perplexity_rises(awq_ppl, expected):
+    # the smollm2 figures measured on CPU: FP16 15.65, NF4 22.28, AWQ 19.00
+    ppl = lambda v: {"quality": {"perplexity": v, "perplexity_meaningful": v is not None}}  # noqa: E731
+    run = run_of(stage("hf-fp16", extra=ppl(15.65)), stage("bnb-nf4", extra=ppl(22.28)), stage("awq-int4", extra=ppl(awq_ppl)))
+    c = next(c for c in exports.claims(run) if c.key == "awq-quality")
+    assert c.verdict == expected
+    if awq_ppl:
+        assert c.measured == f"AWQ {(awq_ppl / 15.65 - 1) * 100:+.1f}%, NF4 +42.4%"
 
 
 def test_pareto_front_keeps_only_undominated_points():
