@@ -22,7 +22,7 @@ from llmopt_bench.workload import Request
 # decisions reach us only through the log). Patterns cover 0.26 and 0.32.
 LOG_PATTERNS = {
     "attention_backend": r"Using (?:AttentionBackendEnum\.)?([A-Z_0-9]+) (?:attention )?backend",
-    "linear_kernel": r"Using ([A-Za-z0-9_]+(?:Linear|Kernel)[A-Za-z0-9_]*) for ([A-Za-z0-9_]+)",
+    "linear_kernel": r"Using ([A-Za-z0-9_]+(?:Linear|Kernel)[A-Za-z0-9_]*) for ([A-Za-z0-9_\-]+)",
     "kv_cache_tokens": r"KV cache size: ([\d,]+) tokens",
     "max_concurrency": r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x",
     "weights_load_s": r"Loading weights took ([\d.]+) s",

@@ -96,6 +96,7 @@ class VLLMStage(Stage):
                                    "run on a machine with more GPUs, or across hosts with distributed_executor_backend = \"ray\" (docs/multi-gpu.md)")
         ctx.progress(f"starting vLLM ({cfg.dtype}{', ' + cfg.quantization if cfg.quantization else ''}): compile and graph capture take a while", None, None)
         self.llm, info = V.build_engine(model.path, cfg, ctx.log_path)
+        self.cfg, self.load_kv = cfg, info.implementation.get("kv_cache") or {}
         if params.load_format == "dummy":
             info.notes.append("load_format=dummy: random weights generated in place; speed only, no quality")
         elif info.weights_bytes is None:  # vLLM-CPU does not log the model's memory
@@ -118,16 +119,28 @@ class VLLMStage(Stage):
             samples += V.serve(self.llm, reqs, workload.max_new_tokens, concurrency=workload.batch_size, repeat=rep,
                                tokens_out=tokens if rep == 0 else None,
                                on_done=lambda n, rep=rep: ctx.progress(f"repeat {rep + 1}/{workload.repeats}", n, len(reqs)))
-        extra: dict[str, Any] = {"kv_cache": self.llm.llm_engine.vllm_config.cache_config.num_gpu_blocks and
-                                 {"num_blocks": self.llm.llm_engine.vllm_config.cache_config.num_gpu_blocks,
-                                  "block_size": self.llm.llm_engine.vllm_config.cache_config.block_size},
-                                 "greedy_tokens": {r.id: tokens.get(r.id, []) for r in reqs}}
+        extra: dict[str, Any] = {"kv_cache": self._kv_cache(), "greedy_tokens": {r.id: tokens.get(r.id, []) for r in reqs}}
         if self.params.quality:
             from llmopt_bench.analysis import quality_vllm
 
             real = self.model_info.real_weights and self.params.load_format != "dummy"
             extra["quality"] = quality_vllm.evaluate(self.llm, self._encode, ctx.run_dir, real, ctx.progress)
         return StageRun(samples=samples, extra=extra)
+
+    def _kv_cache(self) -> dict[str, Any] | None:
+        """The engine's KV cache: blocks, tokens, bytes (from the model's shape and the cache dtype)."""
+        from llmopt_bench.stages.kv_capacity import kv_bytes_per_token
+
+        cache = self.llm.llm_engine.vllm_config.cache_config
+        if not cache.num_gpu_blocks:
+            return None
+        tokens = cache.num_gpu_blocks * cache.block_size
+        dtype = cache.cache_dtype if getattr(cache, "cache_dtype", "auto") not in (None, "auto") else self.cfg.dtype
+        per_token = kv_bytes_per_token(self.model_info, dtype)
+        return {"num_blocks": cache.num_gpu_blocks, "block_size": cache.block_size, "tokens": tokens, "kv_dtype": dtype,
+                "bytes_per_token": per_token, "bytes": tokens * per_token if per_token else None,
+                "max_concurrency": self.load_kv.get("max_concurrency"),
+                "max_concurrency_at_tokens": self.load_kv.get("max_concurrency_at_tokens")}
 
     def teardown(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None

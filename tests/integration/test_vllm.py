@@ -63,7 +63,10 @@ def test_vllm_samples_whole(vllm_run):
         assert s["output_tokens"] == NEW_TOKENS == len(s["token_times"])
         assert s["t_first"] > s["t_submit"] and s["t_done"] >= s["t_first"]
     kv = vllm_run["stages"]["vllm"]["extra"]["kv_cache"]
-    assert kv["num_blocks"] > 0 and kv["block_size"] > 0
+    assert kv["num_blocks"] > 0 and kv["block_size"] > 0 and kv["tokens"] == kv["num_blocks"] * kv["block_size"]
+    # synthetic:tiny in FP32: K and V x 2 layers x 2 KV heads x 32 head dim x 4 bytes
+    assert kv["kv_dtype"] == "float32" and kv["bytes_per_token"] == 2 * 2 * 2 * 32 * 4
+    assert kv["bytes"] == kv["tokens"] * kv["bytes_per_token"]
 
 
 def test_vllm_quality_agrees_with_the_transformers_reference(vllm_run):
