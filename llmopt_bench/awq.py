@@ -103,8 +103,13 @@ def ensure_calibrated(src: Path, group_size: int, samples: int, seq_len: int, ti
     shutil.rmtree(tmp, ignore_errors=True)
     cmd = [python, "-m", "llmopt_bench.awq", str(src), str(tmp), str(group_size), str(samples), str(seq_len)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    with open(log_path or os.devnull, "a") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
+    work = out.with_name(out.name + ".work")  # gptqmodel writes logs/ into its working directory
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(log_path or os.devnull, "a") as log:
+            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s, cwd=work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     if proc.returncode != 0 or not (tmp / "llmopt_awq.json").is_file():
         raise RuntimeError(f"AWQ calibration failed (exit {proc.returncode}); see {log_path or 'the stage log'}")
     tmp.rename(out)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from llmopt_bench.stage import LoadInfo, Requirements, StageContext
@@ -21,10 +22,26 @@ def _layer_types(model: Any) -> dict[str, int]:
     return counts
 
 
+class _Once(logging.Filter):
+    """Lets each distinct message through once: bitsandbytes logs its input cast on every matmul
+    (a 9 MB stage log for one CPU run)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        first = msg not in self.seen
+        self.seen.add(msg)
+        return first
+
+
 class _BnbStage(HFStage):
     requires = BNB
 
     def load(self, model, params, ctx: StageContext) -> LoadInfo:
+        logging.getLogger("bitsandbytes.autograd._functions").addFilter(_Once())
         info = super().load(model, params, ctx)
         import bitsandbytes
 
