@@ -279,6 +279,7 @@ class ContinuousBatchingStage(Stage):
 
         kv, cap_rows = vllm_kv_cache(self.llm, self.model, self.cfg.dtype, p.contexts, p.max_num_seqs, ctx.log_path)
         extra["kv_cache"] = kv
+        self._keep(extra, curve, mixed_rows)
 
         # --- the engine goes, and its memory with it ---------------------------------------
         engine_pids = descendants()
@@ -306,6 +307,7 @@ class ContinuousBatchingStage(Stage):
                 extra["throughput_point"]["static"] = self._static(tp_point)
             self._unload_hf()
         extra["curve"] = curve
+        self._keep(extra, curve, mixed_rows)
         for row in curve:
             if row["mode"] == "static":
                 match = next((r for r in curve if r["mode"] == "continuous" and r.get("concurrency") == row.get("concurrency")
@@ -347,6 +349,14 @@ class ContinuousBatchingStage(Stage):
             extra["capacity"] = cap_rows
         extra["lifecycle"] = self.lifecycle
         return StageRun(samples=samples, extra=extra, notes=self.notes)
+
+    def _keep(self, extra: dict[str, Any], curve: list[dict[str, Any]], mixed: list[dict[str, Any]]) -> None:
+        """What is measured so far, on disk in the stage's directory: a stage cut off by its
+        timeout or a signal still leaves its vLLM sweep (and static replay) behind."""
+        import json
+
+        part = {**extra, "curve": curve, "mixed": mixed, "lifecycle": self.lifecycle, "notes": self.notes}
+        (self.ctx.stage_dir / "partial.json").write_text(json.dumps(part, indent=1, default=str))
 
     # --- transformers ---------------------------------------------------------------------------
 

@@ -66,8 +66,12 @@ def hf_capacity(model_path: str, device: str, dtype: str, attn: str, contexts: l
     """transformers rows of extra["capacity"], and every probe's answer."""
     rows, probes = [], []
     for context in contexts:
-        sizes = [1, 2] if device != "cuda" else [b for b in (2**i for i in range(16)) if b <= max_batch]
-        fit, oom_at, peak, last, tried = None, None, None, None, []
+        # CUDA: halve from max_batch until a batch fits (each probe loads the model in a new
+        # process, ~15 s for 7B: a big card fits most sizes, so top-down asks fewest). The
+        # answer is the same as growing from 1: the largest power of two that fits, and the
+        # next one up, which did not. CPU never runs out: both small sizes are shown running.
+        sizes = [1, 2] if device != "cuda" else sorted((b for b in (2**i for i in range(16)) if b <= max_batch), reverse=True)
+        fit, oom_at, peak, last, oom_ans, tried = None, None, None, None, None, []
         for b in sizes:
             tried.append(b)
             progress(f"capacity: transformers batch {b} x {context} tokens")
@@ -80,9 +84,12 @@ def hf_capacity(model_path: str, device: str, dtype: str, attn: str, contexts: l
             last = ans
             if ans["status"] == "ok":
                 fit, peak = b, ans.get("peak_bytes")
+                if device == "cuda":
+                    break
             elif ans["status"] == "oom":
-                oom_at = b
-                break
+                oom_at, oom_ans = b, ans
+                if device != "cuda":
+                    break
             else:  # an error or a timeout is not a capacity answer: stop, and say so
                 break
         row: dict[str, Any] = {"engine": "transformers", "context": context, "max_batch": fit, "oom_at": oom_at,
@@ -91,9 +98,9 @@ def hf_capacity(model_path: str, device: str, dtype: str, attn: str, contexts: l
             row["error"] = last.get("reason")
         if device != "cuda":
             row["note"] = CPU_NOTE
-        elif oom_at is None and fit == sizes[-1]:
+        elif oom_at is None and fit == max(sizes):
             row["note"] = f"no OOM up to max_batch={max_batch}"
-        if oom_at is not None and last:
-            row["memory_at_oom_bytes"] = last.get("memory_at_oom_bytes")
+        if oom_ans:
+            row["memory_at_oom_bytes"] = oom_ans.get("memory_at_oom_bytes")
         rows.append(row)
     return rows, probes
