@@ -62,8 +62,10 @@ def vllm_kv_cache(llm: Any, model: Any, dtype: str, contexts: list[int], max_num
 
 def hf_capacity(model_path: str, device: str, dtype: str, attn: str, contexts: list[int], max_batch: int,
                 decode_steps: int, timeout_s: float, workdir: Path,
-                progress: Callable[[str], None] = lambda m: None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """transformers rows of extra["capacity"], and every probe's answer."""
+                progress: Callable[[str], None] = lambda m: None,
+                probe: Callable[..., dict[str, Any]] = run_isolated) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """transformers rows of extra["capacity"], and every probe's answer. probe(kind, job,
+    timeout_s, workdir) runs one batch in its own process (run_isolated)."""
     rows, probes = [], []
     for context in contexts:
         # CUDA: halve from max_batch until a batch fits (each probe loads the model in a new
@@ -77,7 +79,7 @@ def hf_capacity(model_path: str, device: str, dtype: str, attn: str, contexts: l
             progress(f"capacity: transformers batch {b} x {context} tokens")
             job = {"model_path": model_path, "device": device, "dtype": dtype, "attn_implementation": attn,
                    "batch": b, "context": context, "decode_steps": decode_steps}
-            ans = run_isolated("capacity", job, timeout_s, workdir)
+            ans = probe("capacity", job, timeout_s, workdir)
             ans.setdefault("batch", b)
             ans.setdefault("context", context)
             probes.append(ans)
