@@ -81,7 +81,8 @@ def batching_run(tmp_path_factory):
     stage = next(s for s in run["stages"] if s["name"] == "continuous-batching")
     samples = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
     samples = [s for s in samples if s["stage"] == "continuous-batching"]
-    return {"run": run, "stage": stage, "extra": stage["extra"], "samples": samples, "seconds": time.time() - t0}
+    return {"run": run, "stage": stage, "extra": stage["extra"], "samples": samples, "seconds": time.time() - t0,
+            "out": out}
 
 
 @pytest.mark.vllm
@@ -248,3 +249,16 @@ def test_bucketed_plan_keeps_long_documents_in_small_batches():
     plan = plan_batches(lengths, "bucketed", 32, 100, 3200)
     assert plan[0] == list(range(24)) and all(len(b) <= 3200 // 1024 for b in plan[1:])
     assert sorted(i for b in plan for i in b) == list(range(32))
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_partial_results_kept_on_disk(batching_run):
+    """What the stage measured is on disk as it goes (partial.json), so a stage cut off by its
+    timeout leaves its vLLM sweep and static replay behind; the last write has both."""
+    part = json.loads((batching_run["out"] / "stages" / "continuous-batching" / "partial.json").read_text())
+    final = [{k: v for k, v in r.items() if k != "continuous_speedup"} for r in batching_run["extra"]["curve"]]
+    assert part["curve"] == final  # continuous_speedup is derived after the last write
+    assert {r["mode"] for r in part["curve"]} == {"continuous", "static"}
+    assert part["kv_cache"] == batching_run["extra"]["kv_cache"]
+    assert part["throughput_point"]["continuous"] == batching_run["extra"]["throughput_point"]["continuous"]
