@@ -124,13 +124,15 @@ def run_stage(plan: StagePlan, run: RunResult, opts: RunOptions, reporter: Repor
         proc = subprocess.Popen([engine_python(cls.requires.engine), "-m", "llmopt_bench.worker", str(job)],
                                 stdout=log, stderr=subprocess.STDOUT, pass_fds=(wfd,), start_new_session=True,
                                 env=child_env({**opts.extra_env, FD_ENV: str(wfd)}))
-    os.close(wfd)
-    events = start_reader(rfd)
     base = dict(started_at=utcnow(), log=str(log_path.relative_to(opts.out_dir)))
     load_evt: dict | None = None
     final: dict | None = None
-    sampler = MemorySampler(proc.pid)
+    # from here on an interrupt (Ctrl-C, SIGTERM) must take the worker's session with it, even
+    # one that lands before the event loop (seen under load: the worker outlived llmopt)
     try:
+        os.close(wfd)
+        events = start_reader(rfd)
+        sampler = MemorySampler(proc.pid)
         with sampler:
             deadline = time.monotonic() + timeout
             while final is None:

@@ -20,6 +20,8 @@ PPL_WINDOW, PPL_STRIDE, PPL_MAX_TOKENS = 512, 256, 2048
 CORPORA = {"en": "corpus_en.txt", "zh": "corpus_zh.txt"}
 REFERENCE_FILE = "quality_reference.pt"
 NOT_MEANINGFUL = {"perplexity": None, "perplexity_note": "random weights: perplexity is not meaningful; agreement with FP16 only"}
+NOT_SAME_WEIGHTS = ("load_format=dummy: the weights are random and not the FP16 reference's, so agreement "
+                    "would compare two unrelated models: not measured (speed and memory only)")
 NO_REFERENCE = "no FP16 reference in this run: run hf-fp16 first (same --output) for agreement and KL"
 
 

@@ -63,11 +63,14 @@ def agreement(llm: Any, reference: dict[str, Any]) -> dict[str, Any]:
 
 
 def evaluate(llm: Any, encode: Callable[[str], list[int]], run_dir: Path, real_weights: bool,
-             progress: Callable[..., None]) -> dict[str, Any]:
-    """The quality block of a vLLM stage, under extra["quality"]."""
+             progress: Callable[..., None], dummy: bool = False) -> dict[str, Any]:
+    """The quality block of a vLLM stage, under extra["quality"]. dummy: the engine made up its
+    own random weights (load_format=dummy), so nothing compares with the reference."""
     import torch
 
     out: dict[str, Any] = {"reference": "hf-fp16", "perplexity_meaningful": real_weights, "engine": "vllm"}
+    if dummy:
+        return {**out, **Q.NOT_MEANINGFUL, "agreement_note": Q.NOT_SAME_WEIGHTS}
     if real_weights:
         progress("quality: perplexity on the shipped corpus", None, None)
         out.update(Q.corpus_perplexity(lambda text: Q.perplexity_of(encode(text)[:Q.PPL_MAX_TOKENS], chunk_nlls(llm))))

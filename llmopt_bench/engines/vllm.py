@@ -86,6 +86,9 @@ def build_engine(model_path: str, cfg: EngineConfig, log_path: Path | None) -> t
 
     # collective_rpc with a function (attention_backends) pickles it to our own engine processes
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    # The stage process has touched CUDA (memory sampling) before the engine starts; a forked
+    # engine core then fails ("Cannot re-initialize CUDA in forked subprocess", seen on the H200)
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     t0 = now()
     import vllm
     from vllm import LLM

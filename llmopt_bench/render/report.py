@@ -129,7 +129,9 @@ def stage_table(run: RunResult) -> list[str]:
             f"match {pct(q['token_match_rate'])}" if q.get("token_match_rate") is not None else "",
             f"KL {num(q['kl_mean'])}" if q.get("kl_mean") is not None else "",
             f"ppl {num(q['perplexity'])}" if q.get("perplexity") is not None and q.get("perplexity_meaningful", True) else "",
-            "REGRESSION" if q.get("quality_regression") else "") if x) or "-")
+            "REGRESSION" if q.get("quality_regression") else "",
+            "n/a: engine's random weights" if q.get("token_match_rate") is None and "dummy" in (q.get("agreement_note") or "") else "")
+            if x) or "-")
         rows.append((r["stage"], r["status"], r["load_s"], r["ttft_p50_ms"], r["ttft_p99_ms"], r["tpot_p50_ms"],
                      r["tpot_p99_ms"], r["e2e_p50_s"], r["output_tok_s"], r["qps"], r["peak_mem_gb"], qual))
     sources = sorted({src for s in run.stages if (src := peak_memory(s)[1])})
@@ -146,7 +148,8 @@ def speedups(run: RunResult) -> list[str]:
              r["previous"] or "-", times(r["tpot_x_previous"]), times(r["output_tok_s_x_previous"]), r["changes"] or "-")
             for r in speedup_rows(run)]
     if not rows:
-        return ["No stage finished: nothing to compare."]
+        return ["No stage on the fixed workload finished: nothing to compare." + (" Stages that measure their own workload stay out."
+                if any(st.own_workload for st in ok_stages(run)) else "")]
     return [f"Baseline: {rows[0][0]} (the first ok stage). Latency speedups are baseline / stage, throughput stage / baseline.", ""] + \
         table(("stage", "TPOT vs baseline", "E2E vs baseline", "tok/s vs baseline", "previous ok stage",
                "TPOT vs previous", "tok/s vs previous", "what it changes"), rows)
@@ -179,7 +182,9 @@ def extra_blocks(s: StageResult) -> list[str]:
     """The documented extra blocks a stage may carry, each rendered when present."""
     x, out = s.extra or {}, []
     q = quality(s)
-    if q:
+    if q and q.get("agreement_note") and q.get("token_match_rate") is None:
+        out += [f"Quality: {q['agreement_note']}", ""]
+    elif q:
         out += [f"Quality vs {q.get('reference', 'hf-fp16')}: token match {pct(q.get('token_match_rate'))}, first divergence "
                 f"at token {num(q.get('first_divergence_mean'))} on average, KL {num(q.get('kl_mean'))}, perplexity "
                 f"{num(q.get('perplexity')) if q.get('perplexity_meaningful') else 'not meaningful (random weights)'}; "
@@ -198,6 +203,7 @@ def extra_blocks(s: StageResult) -> list[str]:
                      [(r.get("mode"), r.get("concurrency"), r.get("rate", r.get("rate_rps")), r.get("output_tok_s"),
                        *[(r.get(k) or 0) * 1e3 or None for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")],
                        r.get("goodput_rps"), r.get("requests")) for r in x["curve"]]) + [""]
+    out += batching_blocks(x)
     kv = x.get("kv_cache")
     if isinstance(kv, dict):
         out += [f"KV cache: {num(kv.get('num_blocks'))} blocks of {num(kv.get('block_size'))} tokens, "
@@ -208,6 +214,35 @@ def extra_blocks(s: StageResult) -> list[str]:
                                              for k, v in ms.items() if k.endswith("_bytes")), ""]
     if isinstance(x.get("instrumentation"), dict):
         out += [instrumentation_line(x["instrumentation"]), ""]
+    return out
+
+
+def batching_blocks(x: dict[str, Any]) -> list[str]:
+    """continuous-batching's throughput point, capacity and mixed-length rows (docs/batching.md)."""
+    out: list[str] = []
+    tp = x.get("throughput_point")
+    if isinstance(tp, dict):
+        rows = [(mode, r.get("requests"), r.get("input_len"), r.get("output_len"), r.get("output_tok_s"),
+                 (r.get("ttft_p50_s") or 0) * 1e3 or None, (r.get("tpot_p50_s") or 0) * 1e3 or None, r.get("failed"),
+                 "OOM" if r.get("oom") else "")
+                for mode in ("continuous", "static") if isinstance(r := tp.get(mode), dict)]
+        ref = tp.get("reference_h200_out_tok_s")
+        out += [f"Throughput point (all requests at once){f'; H200 reference {num(ref)} output tok/s' if ref else ''}:", ""]
+        out += table(("mode", "requests", "in", "out", "out tok/s", "TTFT p50 ms", "TPOT p50 ms", "failed", ""), rows) + [""]
+    cap = x.get("capacity")
+    if isinstance(cap, list) and cap:
+        out += ["Capacity: concurrent sequences of a context that fit:", ""]
+        out += table(("engine", "context", "max batch", "OOM at", "peak GB", "how"),
+                     [(r.get("engine"), r.get("context"), r.get("max_batch"), r.get("oom_at"),
+                       (r.get("peak_bytes") or 0) / GB or None, r.get("method") or r.get("note") or
+                       (f"probed {r.get('probed')}" if r.get("probed") else "")) for r in cap]) + [""]
+    mixed = x.get("mixed")
+    if isinstance(mixed, list) and mixed:
+        out += ["Mixed lengths (long and short requests together):", ""]
+        out += table(("config", "status", "out tok/s", "peak GB", "memory at OOM GB", "padding", "all tokens"),
+                     [(r.get("config"), r.get("status"), r.get("output_tok_s"), (r.get("peak_bytes") or 0) / GB or None,
+                       (r.get("memory_at_oom_bytes") or 0) / GB or None, pct(r.get("padding_fraction")),
+                       r.get("all_tokens_produced")) for r in mixed]) + [""]
     return out
 
 

@@ -123,8 +123,9 @@ class VLLMStage(Stage):
         if self.params.quality:
             from llmopt_bench.analysis import quality_vllm
 
-            real = self.model_info.real_weights and self.params.load_format != "dummy"
-            extra["quality"] = quality_vllm.evaluate(self.llm, self._encode, ctx.run_dir, real, ctx.progress)
+            dummy = self.params.load_format == "dummy"
+            real = self.model_info.real_weights and not dummy
+            extra["quality"] = quality_vllm.evaluate(self.llm, self._encode, ctx.run_dir, real, ctx.progress, dummy=dummy)
         return StageRun(samples=samples, extra=extra)
 
     def _kv_cache(self) -> dict[str, Any] | None:
