@@ -69,3 +69,78 @@ def test_compare_of_the_h200_run_with_itself_exits_0():
     compared = [m for st in out["stages"] if st["state"] == "compared" for m in st["metrics"]]
     assert {st["stage"] for st in out["stages"] if st["state"] == "compared"} == {"hf-fp16", "flash-attn", "bnb-nf4"}
     assert compared and all(m["verdict"] == "unchanged" for m in compared) and not out["regressions"]
+
+
+# --- the default-workload journey on the H200 (hf-fp16 and the vLLM stages) -------------------
+
+H200_JOURNEY = ROOT / "results" / "h200" / "20261203-journey-vllm"
+H200_BATCHING = ROOT / "results" / "h200" / "20261203-batching-vllm-only"
+BASELINE = ROOT / "results" / "baselines" / "nvidia-h200-synthetic-llama2-7b.json"
+
+
+@pytest.fixture(scope="module")
+def journey():
+    return load_run(H200_JOURNEY)
+
+
+def test_journey_run_is_the_default_workload(journey):
+    from llmopt_bench.workload import WorkloadConfig
+
+    assert journey.env["gpu"] == "NVIDIA H200" and journey.model.source == "synthetic:llama2-7b"
+    assert journey.workload == WorkloadConfig()  # what `llmopt bench` runs with no workload options
+    assert {s.name: s.status for s in journey.stages} == {"hf-fp16": "ok", "vllm": "ok", "awq-int4": "ok", "vllm-fp8": "ok"}
+
+
+def test_roofline_puts_vllm_near_the_memory_floor_and_transformers_far_from_it(journey):
+    from llmopt_bench.analysis.roofline import roofline
+
+    decode = {r.stage: r for r in roofline(journey) if r.phase == "decode"}
+    assert decode["vllm"].bound == "memory-bound" and 0.6 <= decode["vllm"].achieved <= 0.85
+    assert decode["hf-fp16"].bound == "overhead-bound" and decode["hf-fp16"].achieved < 0.2
+    text = render_markdown(journey, charts={})
+    v = decode["vllm"]
+    assert f"{v.achieved:.1%} of the memory floor" in text
+
+
+def test_dummy_awq_weights_report_no_agreement(journey):
+    awq = journey.stage("awq-int4")
+    assert awq.load.implementation["load_format"] == "dummy"
+    assert awq.extra["quality"]["token_match_rate"] is not None  # measured before the stage stopped doing so
+    q = exports.quality(awq)
+    assert q.get("token_match_rate") is None and "random" in q["agreement_note"]
+    row = next(line for line in render_markdown(journey, charts={}).splitlines() if line.startswith("| awq-int4 | ok"))
+    assert "match" not in row and "n/a" in row
+    assert exports.quality(journey.stage("vllm"))["token_match_rate"] == journey.stage("vllm").extra["quality"]["token_match_rate"]
+
+
+def test_baseline_is_the_committed_journey_and_compares_clean_with_itself():
+    import json
+
+    from testkit import run_cli
+
+    assert json.loads(BASELINE.read_text()) == json.loads((H200_JOURNEY / "run.json").read_text())
+    res = run_cli("compare", str(BASELINE), str(H200_JOURNEY), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert {st["stage"] for st in out["stages"] if st["state"] == "compared"} == {"hf-fp16", "vllm", "awq-int4", "vllm-fp8"}
+    assert not out["regressions"]
+
+
+def test_batching_run_throughput_point(journey):
+    run = load_run(H200_BATCHING)
+    tp = run.stage("continuous-batching").extra["throughput_point"]["continuous"]
+    assert tp["requests"] == tp["completed"] == 256 and tp["failed"] == 0
+    curve = [r for r in run.stage("continuous-batching").extra["curve"] if r["mode"] == "continuous"]
+    tok_s = [r["output_tok_s"] for r in sorted(curve, key=lambda r: r["concurrency"])]
+    assert tok_s == sorted(tok_s)  # more in flight, more tokens a second, on this card up to 64
+
+
+def test_batching_report_shows_throughput_point_and_capacity():
+    run = load_run(H200_BATCHING)
+    x = run.stage("continuous-batching").extra
+    text = render_markdown(run, charts={})
+    tp = x["throughput_point"]["continuous"]
+    assert f"| continuous | 256 | 128 | 128 | {tp['output_tok_s']:.0f} |" in text
+    for row in x["capacity"]:
+        assert f"| vllm | {row['context']} | {row['max_batch']} |" in text
+    assert "its curve has no static replay" in text  # the claim says why it is not measured
