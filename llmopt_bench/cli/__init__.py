@@ -20,6 +20,12 @@ def main(argv: list[str] | None = None) -> int:
     from llmopt_bench.cli.app import app
 
     signal.signal(signal.SIGTERM, _on_sigterm)
+    # A shell without job control starts background commands with SIGINT ignored, and Python
+    # then keeps it ignored: `kill -INT` must still stop a run and keep what finished.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 <pid>: where is it stuck?
     try:
         app(args=argv, standalone_mode=False)
         code = ExitCode.OK

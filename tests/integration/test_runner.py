@@ -339,11 +339,14 @@ def test_timeout_kills_the_stage_session(tmp_path, plugin_env):
 
 # --- (c) interrupted, then resumed --------------------------------------------------------
 
-def test_interrupt_then_resume(tmp_path, plugin_env):
+@pytest.mark.parametrize("started_ignoring_sigint", [False, True])
+def test_interrupt_then_resume(tmp_path, plugin_env, started_ignoring_sigint):
+    # started_ignoring_sigint: as a shell without job control starts a background command
     out = tmp_path / "run"
     args = ["bench", "--stages", "t-good,t-slow", *TINY, "--output", str(out)]
     env = {**os.environ, **plugin_env, "LLMOPT_TEST_SLOW": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "llmopt_bench", *args], env=env, cwd=ROOT,
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if started_ignoring_sigint else None
+    proc = subprocess.Popen([sys.executable, "-m", "llmopt_bench", *args], env=env, cwd=ROOT, preexec_fn=ignore,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     slow_pid_file = out / "stages" / "t-slow" / "worker.pid"
     try:
@@ -357,7 +360,14 @@ def test_interrupt_then_resume(tmp_path, plugin_env):
         first = read_run(out)
         assert stage(first, "t-good")["status"] == "ok"  # in run.json before the interrupt
         proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=60)
+        try:
+            _, stderr = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)  # llmopt dumps every thread's stack to stderr
+            time.sleep(2)
+            proc.kill()
+            _, stderr = proc.communicate()
+            pytest.fail(f"llmopt did not stop within 120 s of SIGINT; its stacks:\n{stderr[-6000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
