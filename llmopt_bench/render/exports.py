@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from llmopt_bench.analysis.quality import NOT_SAME_WEIGHTS
 from llmopt_bench.results import RunResult, StageResult, peak_memory
 
 GB = 1e9
@@ -47,8 +48,6 @@ def quality(stage: StageResult) -> dict[str, Any]:
     if impl.get("load_format") == "dummy" and any(q.get(k) is not None for k in AGREEMENT_KEYS):
         # a run made before the stage stopped measuring it: random weights made up by the engine
         # agree with nothing, so the figure is not shown
-        from llmopt_bench.analysis.quality import NOT_SAME_WEIGHTS
-
         return {**{k: v for k, v in q.items() if k not in AGREEMENT_KEYS}, "agreement_note": NOT_SAME_WEIGHTS}
     return q
 

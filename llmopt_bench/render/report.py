@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from llmopt_bench.analysis.quality import NOT_SAME_WEIGHTS
 from llmopt_bench.render.exports import (GB, p50_of, baseline, claims, comparable_stages, num, ok_stages, peak_memory, pct, quality, ratio, spread,
                                          speedup_rows, stage_rows, times)
 from llmopt_bench.results import RunResult, StageResult
@@ -130,7 +131,7 @@ def stage_table(run: RunResult) -> list[str]:
             f"KL {num(q['kl_mean'])}" if q.get("kl_mean") is not None else "",
             f"ppl {num(q['perplexity'])}" if q.get("perplexity") is not None and q.get("perplexity_meaningful", True) else "",
             "REGRESSION" if q.get("quality_regression") else "",
-            "n/a: engine's random weights" if q.get("token_match_rate") is None and "dummy" in (q.get("agreement_note") or "") else "")
+            "n/a: engine's random weights" if q.get("agreement_note") == NOT_SAME_WEIGHTS else "")
             if x) or "-")
         rows.append((r["stage"], r["status"], r["load_s"], r["ttft_p50_ms"], r["ttft_p99_ms"], r["tpot_p50_ms"],
                      r["tpot_p99_ms"], r["e2e_p50_s"], r["output_tok_s"], r["qps"], r["peak_mem_gb"], qual))
@@ -182,8 +183,8 @@ def extra_blocks(s: StageResult) -> list[str]:
     """The documented extra blocks a stage may carry, each rendered when present."""
     x, out = s.extra or {}, []
     q = quality(s)
-    if q and q.get("agreement_note") and q.get("token_match_rate") is None:
-        out += [f"Quality: {q['agreement_note']}", ""]
+    if q.get("agreement_note") == NOT_SAME_WEIGHTS:  # nothing to show but why
+        out += [f"Quality: {NOT_SAME_WEIGHTS}", ""]
     elif q:
         out += [f"Quality vs {q.get('reference', 'hf-fp16')}: token match {pct(q.get('token_match_rate'))}, first divergence "
                 f"at token {num(q.get('first_divergence_mean'))} on average, KL {num(q.get('kl_mean'))}, perplexity "

@@ -144,3 +144,18 @@ def test_batching_report_shows_throughput_point_and_capacity():
     for row in x["capacity"]:
         assert f"| vllm | {row['context']} | {row['max_batch']} |" in text
     assert "its curve has no static replay" in text  # the claim says why it is not measured
+
+
+def test_a_stage_without_reference_keeps_its_perplexity_line():
+    """Only the engine's made-up weights replace the quality line by a note; a real model
+    without an FP16 reference in the run still shows its perplexity."""
+    from llmopt_bench.analysis.quality import NO_REFERENCE
+
+    run = load_run(ROOT / "results" / "cpu" / "20261203-smollm2-quantization")
+    q = run.stage("awq-int4").extra["quality"]
+    for k in exports.AGREEMENT_KEYS:
+        q.pop(k, None)
+    q["agreement_note"] = NO_REFERENCE
+    text = render_markdown(run, charts={})
+    line = next(x for x in text[text.index("### awq-int4"):].splitlines() if x.startswith("Quality"))
+    assert f"perplexity {exports.num(q['perplexity'])}" in line
