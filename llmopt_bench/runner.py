@@ -21,7 +21,8 @@ from llmopt_bench.errors import ExitCode, LlmoptError, UsageError
 from llmopt_bench.events import FD_ENV, start_reader
 from llmopt_bench.measure.memory import MemorySampler, session_pids, wait_until_free
 from llmopt_bench.models import ModelInfo, ModelSpec
-from llmopt_bench.registry import StagePlan, engine_python, entry_value, load_stage, unavailable
+from llmopt_bench.registry import (StagePlan, engine_python, entry_value, journey_path, load_stage, parse_journey,
+                                   unavailable)
 from llmopt_bench.results import (FAILED, RunResult, Samples, StageResult, append_requests, drop_requests,
                                   host_fingerprint, save_run, utcnow)
 from llmopt_bench.stage import RequestSample, StageRun
@@ -242,9 +243,16 @@ def run_journey(opts: RunOptions, reporter: Reporter) -> RunResult:
         if run.status != "interrupted":
             run.status = "complete"
         run.finished_at = utcnow()
-        # Journey order: stages kept from a resumed run first, then this call's, as planned.
-        names = [s.name for s in previous.stages] if previous else []
-        names += [p.name for p in opts.plans if p.name not in names]
-        run.stages.sort(key=lambda s: names.index(s.name) if s.name in names else len(names))
+        run.stages.sort(key=journey_order(previous, opts.plans))
         save_run(run, out)
     return run
+
+
+def journey_order(previous: RunResult | None, plans: list[StagePlan]):
+    """Sort key: the default journey's order (a run resumed call by call with a few stages each
+    still reads as one journey), then first appearance: kept stages, then this call's."""
+    canon = [p.name for p in parse_journey(journey_path())] if journey_path().is_file() else []
+    seen = [s.name for s in previous.stages] if previous else []
+    seen += [p.name for p in plans if p.name not in seen]
+    return lambda s: (canon.index(s.name) if s.name in canon else len(canon),
+                      seen.index(s.name) if s.name in seen else len(seen))
