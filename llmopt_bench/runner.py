@@ -187,7 +187,21 @@ def run_stage(plan: StagePlan, run: RunResult, opts: RunOptions, reporter: Repor
         return _failed(plan, cls, "skipped", final["reason"], final.get("fix"), **common), []
     fix = {"oom": "lower --batch-size, --input-len or the stage's max_model_len, or use a smaller model",
            "timeout": "raise --timeout, or lower --num-prompts / --max-new-tokens"}.get(kind, f"see {log_path}")
-    return _failed(plan, cls, kind if kind in FAILED + ("interrupted",) else "error", final.get("reason", kind), fix, **common), []
+    return _failed(plan, cls, kind if kind in FAILED + ("interrupted",) else "error", final.get("reason", kind), fix,
+                   **partial(stage_dir, spawned), **common), []
+
+
+def partial(stage_dir: Path, since: float) -> dict[str, Any]:
+    """A stage that did not finish keeps what it measured: a stage may write partial.json in its
+    directory as it goes (continuous-batching does, after each phase); this attempt's copy
+    becomes the record's extra["partial"]."""
+    path = stage_dir / "partial.json"
+    try:
+        if path.stat().st_mtime >= since:
+            return {"extra": {"partial": json.loads(path.read_text())}}
+    except (OSError, ValueError):
+        pass
+    return {}
 
 
 def _matches(old: RunResult, model: ModelSpec, workload: WorkloadConfig) -> str | None:
@@ -223,11 +237,14 @@ def run_journey(opts: RunOptions, reporter: Reporter) -> RunResult:
                 continue
             reporter.stage_start(plan.name, i + 1, len(opts.plans))
             drop_requests(out, plan.name)
+            started = time.time()
             try:
                 result, samples = run_stage(plan, run, opts, reporter)
             except KeyboardInterrupt:
                 cls = load_stage(plan.name)
-                run.put(_failed(plan, cls, "interrupted", "interrupted by the user (Ctrl-C)", "llmopt bench --resume DIR"))
+                run.put(_failed(plan, cls, "interrupted", "stopped before it finished (Ctrl-C or SIGTERM)",
+                                f"llmopt bench --resume {out}", log=f"logs/{plan.name}.log",
+                                **partial(out / "stages" / plan.name, started)))
                 run.status = "interrupted"
                 save_run(run, out)
                 raise

@@ -89,6 +89,10 @@ def build_engine(model_path: str, cfg: EngineConfig, log_path: Path | None) -> t
     # The stage process has touched CUDA (memory sampling) before the engine starts; a forked
     # engine core then fails ("Cannot re-initialize CUDA in forked subprocess", seen on the H200)
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    # Every request here decodes greedily, so top-k/top-p sampling never runs; with FlashInfer
+    # installed, vLLM still JIT-compiles its sampler at start-up: ~100 s on a fresh H200, most
+    # of the first engine's start (docs/gpu-runs.md). Export VLLM_USE_FLASHINFER_SAMPLER=1 to keep it.
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     t0 = now()
     import vllm
     from vllm import LLM
@@ -122,6 +126,7 @@ def build_engine(model_path: str, cfg: EngineConfig, log_path: Path | None) -> t
             "attention_backend": "+".join(workers) if workers else seen.get("attention_backend", cfg.attention_backend),
             "attention_backend_source": "workers" if workers else "log" if "attention_backend" in seen else "requested",
             "attention_backend_requested": cfg.attention_backend, "linear_kernels": seen.get("linear_kernel"),
+            "flashinfer_sampler": os.environ["VLLM_USE_FLASHINFER_SAMPLER"] == "1",
             "enforce_eager": cfg.enforce_eager, "tensor_parallel_size": cfg.tensor_parallel_size,
             "max_model_len": llm.llm_engine.vllm_config.model_config.max_model_len, "kv_cache": kv}
     weights = None

@@ -158,7 +158,12 @@ def speedups(run: RunResult) -> list[str]:
 
 def not_run(run: RunResult) -> list[str]:
     rows = [(s.name, s.status, s.reason or "-", s.fix or "-", s.log or "-") for s in run.stages if s.status != "ok"]
-    return table(("stage", "status", "reason", "fix", "log"), rows) if rows else ["Every stage ran."]
+    if not rows:
+        return ["Every stage ran."]
+    kept = [f"{s.name} kept what it measured before it stopped in run.json, extra.partial: "
+            f"{', '.join(k for k, v in s.extra['partial'].items() if v)}."
+            for s in run.stages if s.status != "ok" and isinstance(s.extra.get("partial"), dict)]
+    return table(("stage", "status", "reason", "fix", "log"), rows) + ([""] + kept if kept else [])
 
 
 def roofline_section(run: RunResult) -> list[str]:

@@ -339,6 +339,7 @@ class ContinuousBatchingStage(Stage):
             if self.device != "cuda":
                 self.notes.append("mixed lengths on CPU: the configurations ran (peak RSS recorded); "
                                   "the OOM of static-mixed needs the GPU")
+            self._keep(extra, curve, mixed_rows)
         if p.capacity:
             rows, probes = hf_capacity(self.model.path, self.device, self.cfg.dtype, p.capacity_attn_implementation,
                                        p.contexts, p.max_batch, p.capacity_decode_steps, p.probe_timeout_s, probe_dir,

@@ -75,6 +75,7 @@ class VLLMAttnStage(Stage):
         set_cpu_env(params, ctx.device)
         self.contexts, self.notes = plan_contexts(params.contexts, model.max_position_embeddings, ctx.device,
                                                   params.cpu_max_context)
+        self.contexts = self._within_positions(self.contexts, model.max_position_embeddings)
         if not self.contexts:
             raise StageSkipped("no context length left to measure: " + "; ".join(self.notes),
                                "pass contexts within the model's max_position_embeddings (and cpu_max_context on CPU)")
@@ -91,6 +92,20 @@ class VLLMAttnStage(Stage):
                                         "skipped": self.skipped, "engines_started": "in run(), one per backend"},
                         versions={"vllm": vllm.__version__}, notes=list(self.notes))
 
+    def _within_positions(self, contexts: list[int], max_positions: int | None) -> list[int]:
+        """vLLM holds a request's prompt and its new tokens within the model's positions (a longer
+        max_model_len is refused, and forced with VLLM_ALLOW_LONG_MAX_MODEL_LEN it reads past
+        the rotary table: a device assert on the H200). A context at the limit is measured with
+        that many fewer prompt tokens."""
+        if not max_positions:
+            return contexts
+        room = max_positions - (self.params.decode_tokens + 1)
+        for c in contexts:
+            if c > room:
+                self.notes.append(f"context {c} measured with {room} prompt tokens: prompt and {self.params.decode_tokens + 1} "
+                                  f"new tokens must fit the model's {max_positions} positions")
+        return sorted({min(c, room) for c in contexts})
+
     def _requests(self, workload: WorkloadConfig, context: int, n: int, tag: str) -> list[Request]:
         base = build_requests(workload.model_copy(update={"num_prompts": n, "input_len": None}),
                               lambda t: self.tok(t, add_special_tokens=False)["input_ids"], count=n, tag=tag)
@@ -105,6 +120,8 @@ class VLLMAttnStage(Stage):
         for b, why in self.skipped.items():
             rows += [self._row(b, c, status="skipped", reason=why) for c in self.contexts]
         max_len = max(self.contexts) + p.decode_tokens + 8
+        if self.model.max_position_embeddings:
+            max_len = min(max_len, self.model.max_position_embeddings)
         for i, backend in enumerate(self.backends):
             ctx.progress(f"starting vLLM with attention backend {backend} ({i + 1}/{len(self.backends)})", None, None)
             cfg = V.EngineConfig(dtype=resolve_dtype(p.dtype, self.device), max_model_len=max_len,
@@ -138,6 +155,9 @@ class VLLMAttnStage(Stage):
                 engine["lifecycle"] = wait_freed(before, use_torch=False)
                 engines.append(engine)
         ran = [b for b in self.backends if any(r["impl"] == b and r["status"] == "ok" for r in rows)]
+        if not ran:  # a stage that measured nothing is not ok
+            raise RuntimeError("no attention backend ran: " + "; ".join(f"{e['backend']}: {e.get('error') or 'no cell completed'}"
+                                                                      for e in engines))
         base = ran[0] if ran else None
         extra = {"sweep": rows, "engines": engines, "baseline": base,
                  "speedups": speedups(rows, base) if base else []}

@@ -255,10 +255,11 @@ def test_bucketed_plan_keeps_long_documents_in_small_batches():
 @pytest.mark.slow
 def test_partial_results_kept_on_disk(batching_run):
     """What the stage measured is on disk as it goes (partial.json), so a stage cut off by its
-    timeout leaves its vLLM sweep and static replay behind; the last write has both."""
+    timeout leaves its vLLM sweep, static replay and mixed-length rows behind (the runner keeps
+    them in run.json); the last write, after the mixed-length probes, has all three."""
     part = json.loads((batching_run["out"] / "stages" / "continuous-batching" / "partial.json").read_text())
-    final = [{k: v for k, v in r.items() if k != "continuous_speedup"} for r in batching_run["extra"]["curve"]]
-    assert part["curve"] == final  # continuous_speedup is derived after the last write
+    assert part["curve"] == batching_run["extra"]["curve"]
+    assert part["mixed"] == batching_run["extra"]["mixed"] and len(part["mixed"]) == 4
     assert {r["mode"] for r in part["curve"]} == {"continuous", "static"}
     assert part["kv_cache"] == batching_run["extra"]["kv_cache"]
     assert part["throughput_point"]["continuous"] == batching_run["extra"]["throughput_point"]["continuous"]

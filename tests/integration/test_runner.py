@@ -136,6 +136,7 @@ PLUGIN = textwrap.dedent('''
 
         def run(self, workload, ctx):
             if os.environ.get("LLMOPT_TEST_SLOW"):
+                (ctx.stage_dir / "partial.json").write_text('{"curve": [1, 2], "mixed": []}')  # measured so far
                 note_pid(ctx, "worker.pid", os.getpid())
                 time.sleep(300)
             return StageRun(samples=samples(workload.num_prompts, workload.max_new_tokens), extra={"quick": True})
@@ -381,7 +382,11 @@ def test_interrupt_then_resume(tmp_path, plugin_env, started_ignoring_sigint):
     assert run["status"] == "interrupted"
     good, slow = stage(run, "t-good"), stage(run, "t-slow")
     assert good["status"] == "ok" and slow["status"] == "interrupted"
-    assert "--resume" in slow["fix"]
+    assert "--resume" in slow["fix"] and slow["log"] == "logs/t-slow.log"
+    assert slow["extra"] == {"partial": {"curve": [1, 2], "mixed": []}}  # what it measured is kept
+    assert run_cli("report", str(out), env=plugin_env).returncode == 0
+    assert "t-slow kept what it measured before it stopped in run.json, extra.partial: curve." in \
+        (out / "report.md").read_text()
     assert {x["stage"] for x in requests_lines(out)} == {"t-good"}
 
     r = run_cli("bench", "--stages", "t-good,t-slow", "--resume", str(out), "--no-report", env=plugin_env)

@@ -49,6 +49,8 @@ def test_vllm_greedy_equals_transformers_fp32(vllm_run):
     hf, vl = vllm_run["stages"]["hf-fp16"], vllm_run["stages"]["vllm"]
     assert hf["status"] == "ok" and vl["status"] == "ok"
     assert hf["load"]["implementation"]["dtype"] == "float32" and vl["load"]["implementation"]["dtype"] == "float32"
+    # greedy decoding never samples: llmopt spares vLLM FlashInfer's sampler JIT and says so
+    assert vl["load"]["implementation"]["flashinfer_sampler"] is False
     a, b = hf["extra"]["greedy_tokens"], vl["extra"]["greedy_tokens"]
     assert len(a) == NUM_PROMPTS and sorted(a) == sorted(b)
     for rid in a:

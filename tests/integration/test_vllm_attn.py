@@ -1,6 +1,7 @@
 """vllm-attn for real on vLLM-CPU (synthetic:tiny): the CUDA backends are skipped with their
-reason, vLLM's CPU backend is measured at each context, verified from what vLLM says it used,
-and its engine is gone before the stage ends."""
+reason, vLLM's CPU backend is measured at each context (one at the model's 8192 positions, as
+on the H200), verified from what vLLM says it used, and its engine is gone before the stage
+ends; a stage whose every engine failed is an error, not ok."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from testkit import read_run, run_cli
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 VLLM_PYTHON = os.environ.get("LLMOPT_VLLM_PYTHON")
-CONTEXTS = [64, 256]
+ASKED = [64, 256, 8192]  # 8192: synthetic:tiny's max_position_embeddings, like llama2-7b's
 DECODE, REPEATS = 4, 2
+CONTEXTS = [64, 256, 8192 - (DECODE + 1)]  # prompt and new tokens within the model's positions
 JOURNEY = f"""
 [[stage]]
 name = "vllm-attn"
-params = {{ backends = ["FLASH_ATTN", "TRITON_ATTN", "FLASHINFER"], contexts = {CONTEXTS}, decode_tokens = {DECODE}, repeats = {REPEATS}, dtype = "float32" }}
+params = {{ backends = ["FLASH_ATTN", "TRITON_ATTN", "FLASHINFER"], contexts = {ASKED}, decode_tokens = {DECODE}, repeats = {REPEATS}, dtype = "float32", cpu_max_context = 8192 }}
 """
 
 
@@ -55,6 +57,7 @@ def test_cpu_backend_measured_and_verified(stage):
     # a 4x longer prompt takes longer to prefill: each TTFT is a real prefill, not a cache hit
     assert rows[1]["ttft_s"]["min"] > rows[0]["ttft_s"]["min"]
     assert stage["extra"]["baseline"] == "auto" and stage["extra"]["speedups"] == []
+    assert any("context 8192 measured with 8187 prompt tokens" in n for n in stage["notes"]), stage["notes"]
 
 
 def test_engine_gone_and_samples_whole(stage):
@@ -62,3 +65,15 @@ def test_engine_gone_and_samples_whole(stage):
     assert life["freed"] is True and life["processes_after_shutdown"] == 0
     assert stage["own_workload"] is True and stage["metrics"]["requests"] == REPEATS
     assert stage["metrics"]["output_tokens"] == REPEATS * (DECODE + 1)
+
+
+def test_every_engine_failing_is_an_error(tmp_path):
+    if not VLLM_PYTHON:
+        pytest.skip("LLMOPT_VLLM_PYTHON is unset: point it at the vLLM-CPU virtualenv's python (make vllm-venv)")
+    (tmp_path / "j.toml").write_text('[[stage]]\nname = "vllm-attn"\n'
+                                     'params = { backends = ["auto"], contexts = [64], load_format = "no-such-format" }\n')
+    res = run_cli("bench", "--stages", str(tmp_path / "j.toml"), "--model", "synthetic:tiny", "--output", str(tmp_path / "run"),
+                  "--no-report", env={"LLMOPT_VLLM_PYTHON": VLLM_PYTHON}, timeout=600)
+    s = read_run(tmp_path / "run")["stages"][0]
+    assert res.returncode != 0 and s["status"] == "error", (s["status"], s.get("reason"))
+    assert "no attention backend ran: auto:" in s["reason"]

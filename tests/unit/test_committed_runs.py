@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from llmopt_bench.registry import journey_path, parse_journey
 from llmopt_bench.render import exports
 from llmopt_bench.render.report import conclusions, render_markdown
 from llmopt_bench.results import load_run
@@ -71,9 +72,9 @@ def test_compare_of_the_h200_run_with_itself_exits_0():
     assert compared and all(m["verdict"] == "unchanged" for m in compared) and not out["regressions"]
 
 
-# --- the default-workload journey on the H200 (hf-fp16 and the vLLM stages) -------------------
+# --- the default-workload journey on the H200 (results/h200, resumed over two device sessions) ---
 
-H200_JOURNEY = ROOT / "results" / "h200" / "20261203-journey-vllm"
+H200_JOURNEY = ROOT / "results" / "h200"
 H200_BATCHING = ROOT / "results" / "h200" / "20261203-batching-vllm-only"
 BASELINE = ROOT / "results" / "baselines" / "nvidia-h200-synthetic-llama2-7b.json"
 
@@ -88,7 +89,24 @@ def test_journey_run_is_the_default_workload(journey):
 
     assert journey.env["gpu"] == "NVIDIA H200" and journey.model.source == "synthetic:llama2-7b"
     assert journey.workload == WorkloadConfig()  # what `llmopt bench` runs with no workload options
-    assert {s.name: s.status for s in journey.stages} == {"hf-fp16": "ok", "vllm": "ok", "awq-int4": "ok", "vllm-fp8": "ok"}
+    statuses = {s.name: s.status for s in journey.stages}
+    assert [s.name for s in journey.stages] == [p.name for p in parse_journey(journey_path())]  # journey order
+    assert statuses == {"hf-fp16": "ok", "bnb-int8": "ok", "bnb-nf4": "ok", "awq-int4": "ok", "vllm": "ok",
+                        "vllm-fp8": "ok", "flash-attn": "ok", "vllm-attn": "interrupted", "continuous-batching": "interrupted"}
+
+
+def test_quantized_stages_ran_quantized_layers_at_their_sizes(journey):
+    """Issue 3 on the H200: every decoder linear quantized (the LM head stays 16-bit), INT8
+    about half of FP16's bytes, NF4 about a quarter."""
+    fp16 = journey.stage("hf-fp16").load.weights_bytes
+    int8, nf4 = journey.stage("bnb-int8").load, journey.stage("bnb-nf4").load
+    assert int8.implementation["linear_layers"] == {"bitsandbytes.nn.modules.Linear8bitLt": 224, "torch.nn.modules.linear.Linear": 1}
+    assert nf4.implementation["linear_layers"] == {"bitsandbytes.nn.modules.Linear4bit": 224, "torch.nn.modules.linear.Linear": 1}
+    assert 0.5 < int8.weights_bytes / fp16 < 0.55 and 0.25 < nf4.weights_bytes / fp16 < 0.3
+    # random weights: agreement only, and INT8 stays closer to FP16 than NF4
+    q8, q4 = journey.stage("bnb-int8").extra["quality"], journey.stage("bnb-nf4").extra["quality"]
+    assert q8["perplexity"] is None and q4["perplexity"] is None
+    assert q8["kl_mean"] < q4["kl_mean"] and q8["token_match_rate"] > q4["token_match_rate"]
 
 
 def test_roofline_puts_vllm_near_the_memory_floor_and_transformers_far_from_it(journey):
@@ -118,7 +136,9 @@ def test_baseline_is_the_committed_journey_and_compares_clean_with_itself():
 
     from testkit import run_cli
 
-    assert json.loads(BASELINE.read_text()) == json.loads((H200_JOURNEY / "run.json").read_text())
+    base, now = json.loads(BASELINE.read_text()), json.loads((H200_JOURNEY / "run.json").read_text())
+    kept = {s["name"]: s for s in now["stages"]}
+    assert base["stages"] and all(s == kept[s["name"]] for s in base["stages"])  # the journey's first session
     res = run_cli("compare", str(BASELINE), str(H200_JOURNEY), "--format", "json")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
