@@ -160,7 +160,7 @@ def not_run(run: RunResult) -> list[str]:
     rows = [(s.name, s.status, s.reason or "-", s.fix or "-", s.log or "-") for s in run.stages if s.status != "ok"]
     if not rows:
         return ["Every stage ran."]
-    kept = [f"{s.name} kept what it measured before it stopped in run.json, extra.partial: "
+    kept = [f"{s.name} stopped early; what it had measured is in run.json, extra.partial: "
             f"{', '.join(k for k, v in s.extra['partial'].items() if v)}."
             for s in run.stages if s.status != "ok" and isinstance(s.extra.get("partial"), dict)]
     return table(("stage", "status", "reason", "fix", "log"), rows) + ([""] + kept if kept else [])

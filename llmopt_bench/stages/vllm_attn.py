@@ -81,6 +81,9 @@ class VLLMAttnStage(Stage):
                                "pass contexts within the model's max_position_embeddings (and cpu_max_context on CPU)")
         self.backends, self.skipped = plan_backends(params.backends, ctx.device,
                                                     lambda m: importlib.util.find_spec(m) is not None)
+        if not self.backends:
+            raise StageSkipped("no attention backend to start: " + "; ".join(f"{b}: {why}" for b, why in self.skipped.items()),
+                               "install what the backends need in vLLM's interpreter, or ask for others in backends")
         if ctx.device != "cuda":
             self.notes.append("CPU: vLLM's CPU build has one attention backend; the CUDA backends are skipped")
         from transformers import AutoTokenizer
@@ -158,14 +161,11 @@ class VLLMAttnStage(Stage):
         if not ran:  # a stage that measured nothing is not ok
             raise RuntimeError("no attention backend ran: " + "; ".join(f"{e['backend']}: {e.get('error') or 'no cell completed'}"
                                                                       for e in engines))
-        base = ran[0] if ran else None
-        extra = {"sweep": rows, "engines": engines, "baseline": base,
-                 "speedups": speedups(rows, base) if base else []}
-        samples = []
-        if ran:
-            c = max(c for (b, c) in cells if b == base)
-            samples = cells[(base, c)]
-            self.notes.append(f"samples (the metrics table): {base}, context {c}")
+        base = ran[0]
+        extra = {"sweep": rows, "engines": engines, "baseline": base, "speedups": speedups(rows, base)}
+        c = max(c for (b, c) in cells if b == base)
+        samples = cells[(base, c)]
+        self.notes.append(f"samples (the metrics table): {base}, context {c}")
         return StageRun(samples=samples, extra=extra, notes=self.notes)
 
     def _cell(self, llm, workload: WorkloadConfig, backend: str, context: int, effective: str | None):

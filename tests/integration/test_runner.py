@@ -385,7 +385,7 @@ def test_interrupt_then_resume(tmp_path, plugin_env, started_ignoring_sigint):
     assert "--resume" in slow["fix"] and slow["log"] == "logs/t-slow.log"
     assert slow["extra"] == {"partial": {"curve": [1, 2], "mixed": []}}  # what it measured is kept
     assert run_cli("report", str(out), env=plugin_env).returncode == 0
-    assert "t-slow kept what it measured before it stopped in run.json, extra.partial: curve." in \
+    assert "t-slow stopped early; what it had measured is in run.json, extra.partial: curve." in \
         (out / "report.md").read_text()
     assert {x["stage"] for x in requests_lines(out)} == {"t-good"}
 
