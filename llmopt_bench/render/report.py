@@ -240,8 +240,8 @@ def batching_blocks(x: dict[str, Any]) -> list[str]:
         out += ["Capacity: concurrent sequences of a context that fit:", ""]
         out += table(("engine", "context", "max batch", "OOM at", "peak GB", "how"),
                      [(r.get("engine"), r.get("context"), r.get("max_batch"), r.get("oom_at"),
-                       (r.get("peak_bytes") or 0) / GB or None, r.get("method") or r.get("note") or
-                       (f"probed {r.get('probed')}" if r.get("probed") else "")) for r in cap]) + [""]
+                       (r.get("peak_bytes") or 0) / GB or None, r.get("method") or r.get("note") or capacity_how(r))
+                      for r in cap]) + [""]
     mixed = x.get("mixed")
     if isinstance(mixed, list) and mixed:
         out += ["Mixed lengths (long and short requests together):", ""]
@@ -250,6 +250,15 @@ def batching_blocks(x: dict[str, Any]) -> list[str]:
                        (r.get("memory_at_oom_bytes") or 0) / GB or None, pct(r.get("padding_fraction")),
                        r.get("all_tokens_produced")) for r in mixed]) + [""]
     return out
+
+
+def capacity_how(row: dict[str, Any]) -> str:
+    """How a transformers capacity row was found: the sizes probed, and those ruled out."""
+    how = f"probed {row['probed']}" if row.get("probed") else ""
+    out = row.get("ruled_out")
+    if isinstance(out, dict):
+        how += f"{'; ' if how else ''}not probed {out.get('batches')}: {out.get('because')}"
+    return how
 
 
 def instrumentation_line(inst: dict[str, Any]) -> str:

@@ -7,8 +7,9 @@ under extra["kv_cache"] and extra["capacity"]:
   and the engine's own "Maximum concurrency for N tokens per request" log line. The scheduler
   admits at most max_num_seqs at once, recorded next to it.
 - transformers: a batch of `context` tokens (prefill, then a few decode steps) in its own
-  process for batch 1, 2, 4, ... until one runs out of memory; the largest that fit is the
-  answer (the story's "batch 4 to 16"). On CPU there is no OOM boundary to find in reasonable
+  process, on CUDA from max_batch down by halves until one fits; the largest power of two that
+  fit is the answer (the story's "batch 4 to 16"). Batches that ran out of memory at a shorter
+  context are not probed again at a longer one (row["ruled_out"]). On CPU there is no OOM boundary to find in reasonable
   time: batch 1 and 2 are probed, and the row says so."""
 
 from __future__ import annotations
@@ -67,12 +68,17 @@ def hf_capacity(model_path: str, device: str, dtype: str, attn: str, contexts: l
     """transformers rows of extra["capacity"], and every probe's answer. probe(kind, job,
     timeout_s, workdir) runs one batch in its own process (run_isolated)."""
     rows, probes = [], []
-    for context in contexts:
+    no_fit: tuple[int, int] | None = None  # (batch, context): the smallest batch out of memory so far
+    for context in sorted(contexts):
         # CUDA: halve from max_batch until a batch fits (each probe loads the model in a new
         # process, ~15 s for 7B: a big card fits most sizes, so top-down asks fewest). The
         # answer is the same as growing from 1: the largest power of two that fits, and the
-        # next one up, which did not. CPU never runs out: both small sizes are shown running.
+        # next one up, which did not. A batch that ran out at a shorter context runs out at a
+        # longer one too (more tokens, same model): it is not probed again. CPU never runs
+        # out: both small sizes are shown running.
         sizes = [1, 2] if device != "cuda" else sorted((b for b in (2**i for i in range(16)) if b <= max_batch), reverse=True)
+        ruled_out = [b for b in sizes if no_fit and b >= no_fit[0]] if device == "cuda" else []
+        sizes = [b for b in sizes if b not in ruled_out]
         fit, oom_at, peak, last, oom_ans, tried = None, None, None, None, None, []
         for b in sizes:
             tried.append(b)
@@ -94,13 +100,19 @@ def hf_capacity(model_path: str, device: str, dtype: str, attn: str, contexts: l
                     break
             else:  # an error or a timeout is not a capacity answer: stop, and say so
                 break
+        if oom_at is None and ruled_out:  # the next size up was ruled out, not probed
+            oom_at = min(ruled_out)
         row: dict[str, Any] = {"engine": "transformers", "context": context, "max_batch": fit, "oom_at": oom_at,
                                "peak_bytes": peak, "attn_implementation": attn, "probed": tried}
+        if ruled_out:
+            row["ruled_out"] = {"batches": ruled_out, "because": f"batch {no_fit[0]} ran out of memory at {no_fit[1]} tokens"}
+        if oom_at is not None and (no_fit is None or oom_at < no_fit[0]) and oom_at in tried:
+            no_fit = (oom_at, context)
         if last and last["status"] not in ("ok", "oom"):
             row["error"] = last.get("reason")
         if device != "cuda":
             row["note"] = CPU_NOTE
-        elif oom_at is None and fit == max(sizes):
+        elif oom_at is None and sizes and fit == max(sizes):
             row["note"] = f"no OOM up to max_batch={max_batch}"
         if oom_ans:
             row["memory_at_oom_bytes"] = oom_ans.get("memory_at_oom_bytes")

@@ -31,14 +31,19 @@ def search(budget: int, contexts, max_batch=64, device="cuda", fail_at=None):
 
 
 def test_cuda_search_goes_top_down_and_finds_the_largest_power_of_two_that_fits():
-    rows, probes, calls = search(16 * 4096, [2048, 4096])
-    at2k, at4k = rows
+    rows, probes, calls = search(16 * 4096, [4096, 2048])
+    at2k, at4k = rows  # shortest context first
     assert (at2k["max_batch"], at2k["oom_at"], at2k["probed"]) == (32, 64, [64, 32])
-    assert (at4k["max_batch"], at4k["oom_at"], at4k["probed"]) == (16, 32, [64, 32, 16])
+    assert (at4k["max_batch"], at4k["oom_at"], at4k["probed"]) == (16, 32, [32, 16])
     # the memory reported is the OOM probe's, not the last (successful) one's
     assert at4k["memory_at_oom_bytes"] == 32 * GB and at4k["peak_bytes"] == 16 * 4096
-    assert calls == [(64, 2048), (32, 2048), (64, 4096), (32, 4096), (16, 4096)]
-    assert len(probes) == 5
+    # batch 64 ran out at 2048 tokens: at 4096 it is not probed again (a model load saved)
+    assert at4k["ruled_out"] == {"batches": [64], "because": "batch 64 ran out of memory at 2048 tokens"}
+    assert calls == [(64, 2048), (32, 2048), (32, 4096), (16, 4096)]
+    assert len(probes) == 4
+    from llmopt_bench.render.report import capacity_how
+
+    assert capacity_how(at4k) == "probed [32, 16]; not probed [64]: batch 64 ran out of memory at 2048 tokens"
 
 
 def test_cuda_search_agrees_with_counting_up_from_one():
@@ -48,6 +53,22 @@ def test_cuda_search_agrees_with_counting_up_from_one():
         want = max(fits) if fits else None
         assert rows[0]["max_batch"] == want
         assert rows[0]["oom_at"] == (None if want == 64 else (want * 2 if want else 1))
+
+
+def test_ruling_out_gives_what_probing_every_size_gives():
+    """For any card and set of contexts, the answers are those of a search that probes every
+    context from max_batch down: the largest power of two that fits and the next one up."""
+    for budget in (500, 3000, 100_000, 150_000, 10**6):
+        for contexts in ([1024, 2048, 4096], [2048, 3072], [512, 8192]):
+            rows, _, calls = search(budget, contexts)
+            for row in rows:
+                c = row["context"]
+                fits = [b for b in (1, 2, 4, 8, 16, 32, 64) if b * c <= budget]
+                want = max(fits) if fits else None
+                assert (row["max_batch"], row["oom_at"]) == (want, None if want == 64 else (want * 2 if want else 1)), (budget, row)
+            # and never probes a batch at least as large as one that ran out at a shorter context
+            for i, (b, c) in enumerate(calls):
+                assert not any(b2 <= b and c2 < c and b2 * c2 > budget for b2, c2 in calls[:i]), (budget, contexts, calls)
 
 
 def test_no_oom_up_to_max_batch_is_said():
