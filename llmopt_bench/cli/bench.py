@@ -53,7 +53,7 @@ def bench_cmd(
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Requests generated together by one-shot stages. [default: 1]"),
     workload_kind: Optional[str] = typer.Option(None, "--workload", help="fixed, or mixed (a quarter long documents, the rest short questions)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run directory. [default: results/runs/<timestamp>]"),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in DIR: only stages missing from its run.json run."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in DIR: only stages missing from its run.json, or interrupted there, run."),
     fail_fast: bool = typer.Option(False, "--fail-fast", help="Stop at the first stage that fails (error, oom, timeout)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per stage, overriding the journey's timeout_s. [default: 1800]"),
     as_json: bool = typer.Option(False, "--json", help="Print run.json to stdout instead of the table."),
