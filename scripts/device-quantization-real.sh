@@ -15,22 +15,16 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/llmsit
 export PYTHONPATH=/tmp/llmsite-real${PYTHONPATH:+:$PYTHONPATH}
 
 journey=/tmp/quantization-real.toml  # journey.toml's four quantization stages, AWQ from the carried checkpoint
-cat >"$journey" <<EOF
-[[stage]]
-name = "hf-fp16"
-params = { dtype = "auto", attn_implementation = "eager" }
-
-[[stage]]
-name = "bnb-int8"
-params = { measure_overhead = false }
-
-[[stage]]
-name = "bnb-nf4"
-params = { double_quant = true, measure_overhead = false }
-
-[[stage]]
-name = "awq-int4"
-params = { max_model_len = 4096, checkpoint = "${awq_dir%/}" }
-EOF
+python3 - "$journey" "${awq_dir%/}" <<'PY'
+import json, sys, tomllib
+out, awq = sys.argv[1:]
+stages = [s for s in tomllib.load(open("stages/journey.toml", "rb"))["stage"]
+          if s["name"] in ("hf-fp16", "bnb-int8", "bnb-nf4", "awq-int4")]
+with open(out, "w") as f:
+    for s in stages:
+        params = {**s.get("params", {}), **({"checkpoint": awq} if s["name"] == "awq-int4" else {})}
+        inline = ", ".join(f"{k} = {json.dumps(v)}" for k, v in params.items())  # JSON scalars and lists are TOML
+        f.write(f'[[stage]]\nname = "{s["name"]}"\nparams = {{ {inline} }}\n\n')
+PY
 MODEL=bundled:smollm2-135m RUN=${RUN:-/tmp/llmopt-smollm2} STAGES=$journey LIMIT=${LIMIT:-540} \
   bash scripts/device-run.sh --num-prompts 4 --max-new-tokens 32 --repeats 2 --warmup 1 --max-prompt-len 512 "$@"
