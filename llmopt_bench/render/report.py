@@ -282,6 +282,11 @@ def per_gpu_line(s: StageResult) -> list[str]:
     return ["- peak memory per GPU (the stage's processes): " + ", ".join(f"GPU {k} {num(v / GB)} GB" for k, v in sorted(by_dev.items()))]
 
 
+def stage_notes(s: StageResult) -> list[str]:
+    """The stage's notes, then its load's, each once: a stage may repeat at run time what it said at load."""
+    return list(dict.fromkeys([*s.notes, *(s.load.notes if s.load else [])]))
+
+
 def details(run: RunResult) -> list[str]:
     out: list[str] = []
     for s in ok_stages(run):
@@ -293,7 +298,7 @@ def details(run: RunResult) -> list[str]:
                    f"{num(s.energy.get('avg_watts'))} W average, "
                    f"{num(ratio(s.energy.get('joules'), s.metrics.output_tokens))} J per output token"] if s.energy else []),
                 *per_gpu_line(s),
-                *(f"- note: {n}" for n in [*s.notes, *((s.load.notes if s.load else []))]), "", *extra_blocks(s)]
+                *(f"- note: {n}" for n in stage_notes(s)), "", *extra_blocks(s)]
     return out or ["No stage finished."]
 
 
