@@ -4,6 +4,7 @@ are TOML files in stages/ that name stages in order, with their params."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -45,9 +46,32 @@ def load_stage(name: str) -> type[Stage]:
 
 @dataclass
 class StagePlan:
+    """One stage of a journey. `name` is what its result is called in the run (a journey's
+    `label`, else the stage's name); `stage` is the registered stage that runs."""
     name: str
     params: dict[str, Any] = field(default_factory=dict)
     timeout_s: float = DEFAULT_TIMEOUT_S
+    stage: str = ""
+
+    def __post_init__(self):
+        self.stage = self.stage or self.name
+
+
+LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _label(path: Path, entry: dict[str, Any]) -> str:
+    """A label names a result, its log and its directory: a plain file name, and never another
+    stage's name (the claims read results by stage name)."""
+    label = entry.get("label", entry["name"])
+    if label == entry["name"]:
+        return label
+    if not isinstance(label, str) or not LABEL.fullmatch(label):
+        raise UsageError(f"{path}: [[stage]] {entry['name']} has label {label!r}", "a label is letters, digits, '.', '_' and '-', like vllm-tp2")
+    if label in _entry_points():
+        raise UsageError(f"{path}: [[stage]] {entry['name']} is labelled {label!r}, the name of another stage",
+                         f"pick a label that is no stage's name, like {entry['name']}-2")
+    return label
 
 
 def entry_value(name: str) -> str:
@@ -89,10 +113,14 @@ def parse_journey(path: Path) -> list[StagePlan]:
     for i, entry in enumerate(data.get("stage", [])):
         if "name" not in entry:
             raise UsageError(f"{path}: [[stage]] #{i + 1} has no name")
-        unknown = set(entry) - {"name", "params", "timeout_s"}
+        unknown = set(entry) - {"name", "label", "params", "timeout_s"}
         if unknown:
-            raise UsageError(f"{path}: [[stage]] {entry['name']} has unknown keys {sorted(unknown)}", "allowed: name, params, timeout_s")
-        plans.append(StagePlan(entry["name"], dict(entry.get("params", {})), float(entry.get("timeout_s", DEFAULT_TIMEOUT_S))))
+            raise UsageError(f"{path}: [[stage]] {entry['name']} has unknown keys {sorted(unknown)}", "allowed: name, label, params, timeout_s")
+        label = _label(path, entry)
+        if any(p.name == label for p in plans):
+            raise UsageError(f"{path}: two [[stage]] entries would both be called {label!r} in the run",
+                             'give one of them a label, like label = "' + label + '-2"')
+        plans.append(StagePlan(label, dict(entry.get("params", {})), float(entry.get("timeout_s", DEFAULT_TIMEOUT_S)), entry["name"]))
     if not plans:
         raise UsageError(f"{path}: no [[stage]] entries")
     return plans
@@ -113,7 +141,7 @@ def resolve_stages(arg: str) -> tuple[list[StagePlan], bool]:
             raise UsageError("--stages is empty", "pass all, a comma list like hf-fp16,vllm, or a journey .toml")
         plans, named = [journey.get(n, StagePlan(n)) for n in names], True
     for p in plans:
-        p.params = validate_params(load_stage(p.name), p.params)
+        p.params = validate_params(load_stage(p.stage), p.params)
     return plans, named
 
 

@@ -49,6 +49,7 @@ class Samples(StrictModel):
 
 class StageResult(StrictModel):
     name: str
+    stage: str | None = None  # the registered stage, when a journey label renamed its result
     description: str = ""
     changes: str = ""
     own_workload: bool = False  # measured on its own sweep, not the fixed prompt set (Stage.own_workload)

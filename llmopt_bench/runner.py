@@ -101,13 +101,17 @@ def probe(opts: RunOptions, reporter: Reporter) -> tuple[dict[str, Any], ModelIn
     return env, ModelInfo(**answer["model"])
 
 
+def _named(plan: StagePlan) -> dict[str, Any]:
+    return {"name": plan.name, **({"stage": plan.stage} if plan.stage != plan.name else {})}
+
+
 def _failed(plan: StagePlan, cls, status: str, reason: str, fix: str | None = None, **kw) -> StageResult:
-    return StageResult(name=plan.name, description=getattr(cls, "description", ""), changes=getattr(cls, "changes", ""),
+    return StageResult(**_named(plan), description=getattr(cls, "description", ""), changes=getattr(cls, "changes", ""),
                        own_workload=getattr(cls, "own_workload", False), status=status, reason=reason, fix=fix, params=plan.params, **kw)
 
 
 def run_stage(plan: StagePlan, run: RunResult, opts: RunOptions, reporter: Reporter) -> tuple[StageResult, list[RequestSample]]:
-    cls = load_stage(plan.name)
+    cls = load_stage(plan.stage)
     why = unavailable(cls)
     if why:
         return _failed(plan, cls, "skipped", why[0], why[1]), []
@@ -116,7 +120,7 @@ def run_stage(plan: StagePlan, run: RunResult, opts: RunOptions, reporter: Repor
     log_path = opts.out_dir / "logs" / f"{plan.name}.log"
     job = stage_dir / "job.json"
     spawned = time.time()
-    job.write_text(json.dumps({"stage": plan.name, "entry": entry_value(plan.name), "params": plan.params, "model": run.model.model_dump(mode="json"),
+    job.write_text(json.dumps({"stage": plan.name, "entry": entry_value(plan.stage), "params": plan.params, "model": run.model.model_dump(mode="json"),
                                "workload": run.workload.model_dump(mode="json"), "run_dir": str(opts.out_dir),
                                "stage_dir": str(stage_dir), "log": str(log_path), "spawned_at": spawned}))
     timeout = opts.timeout_s or plan.timeout_s
@@ -176,7 +180,7 @@ def run_stage(plan: StagePlan, run: RunResult, opts: RunOptions, reporter: Repor
     if kind == "result":
         stage_run = StageRun(**final["run"])
         samples = stage_run.samples
-        result = StageResult(name=plan.name, description=cls.description, changes=cls.changes,
+        result = StageResult(**_named(plan), description=cls.description, changes=cls.changes,
                              own_workload=cls.own_workload, status="ok",
                              params=plan.params, metrics=compute(samples), samples=Samples.of(samples),
                              energy=final.get("energy"), extra=stage_run.extra, notes=stage_run.notes, **common)
@@ -241,7 +245,7 @@ def run_journey(opts: RunOptions, reporter: Reporter) -> RunResult:
             try:
                 result, samples = run_stage(plan, run, opts, reporter)
             except KeyboardInterrupt:
-                cls = load_stage(plan.name)
+                cls = load_stage(plan.stage)
                 run.put(_failed(plan, cls, "interrupted", "stopped before it finished (Ctrl-C or SIGTERM)",
                                 f"llmopt bench --resume {out}", log=f"logs/{plan.name}.log",
                                 **partial(out / "stages" / plan.name, started)))

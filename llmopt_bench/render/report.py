@@ -274,6 +274,25 @@ def instrumentation_line(inst: dict[str, Any]) -> str:
     return line + "."
 
 
+def tensor_parallel(run: RunResult) -> list[str]:
+    from llmopt_bench.analysis.scaling import scaling_rows
+
+    rows = scaling_rows(run)
+    if not rows:
+        return []
+    ms = lambda v: num(v * 1e3) if v else "-"  # noqa: E731
+    out = table(("stage", "result", "TP", "vs", "batch-1 TPOT ms", "latency speedup", "saturated out tok/s",
+                 "throughput scaling", "per GPU added", "peak per GPU GB"),
+                [(r.stage, r.name, r.tp, f"{r.base} (TP {r.base_tp})", f"{ms(r.batch1_tpot_s)} vs {ms(r.base_batch1_tpot_s)}",
+                  times(r.latency_speedup), f"{num(r.saturated_tok_s)} vs {num(r.base_saturated_tok_s)}",
+                  times(r.throughput_scaling), pct(r.efficiency),
+                  ", ".join(f"{num(v / GB)}" for _, v in sorted(r.peak_bytes_per_gpu.items())) or "-") for r in rows])
+    hows = sorted({r.saturated_how for r in rows if r.throughput_scaling})
+    return out + ["", "Batch-1 TPOT is the concurrency-1 point of a load curve, else the fixed workload's. Saturated: "
+                  + ("; ".join(hows) or "not comparable") + ". Per GPU added: throughput scaling / (TP / its base's TP); "
+                  "100% is linear. Each TP size is its own engine on the same model, workload and params."]
+
+
 def per_gpu_line(s: StageResult) -> list[str]:
     """The stage's processes' peak on each GPU, where it used more than one (tensor parallelism)."""
     by_dev = {k: v for k, v in ((s.memory or {}).get("process_peak_bytes_by_device") or {}).items() if v}
@@ -342,8 +361,11 @@ def render_markdown(run: RunResult, charts: dict[str, Path]) -> str:
     lines = [f"# llmopt report: {run.run_id}", "",
              f"{m.source if m else '?'} on {run.env.get('gpu') or run.env.get('cpu') or '?'}; "
              f"{len(ok_stages(run))} of {len(run.stages)} stages ok. Generated from run.json by `llmopt report`."]
+    scaling = tensor_parallel(run)
     for title in SECTIONS:
         lines += ["", f"## {title}", "", *body[title]]
+        if title == "Speedups" and scaling:  # only in runs that measured a stage at two TP sizes
+            lines += ["", "## Tensor parallelism", "", *scaling]
     return "\n".join(lines) + "\n"
 
 

@@ -67,11 +67,31 @@ def weights_estimate(model: Any, cfg: V.EngineConfig) -> tuple[int | None, str]:
     return None, "unknown: vLLM logged no model memory"
 
 
+def cpu_bind(ranks: int, cpus: list[int]) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for `ranks` CPU workers: the allowed cores split into that many
+    contiguous groups, "0,1|2,3". vLLM's own "auto" wants a NUMA node per worker, which a small
+    host does not have."""
+    cpus = sorted(cpus)
+    if len(cpus) < ranks:
+        raise StageSkipped(f"{ranks} vLLM CPU workers (tensor x pipeline parallel) need {ranks} cores; {len(cpus)} allowed here",
+                           "lower tensor_parallel_size, or set VLLM_CPU_OMP_THREADS_BIND yourself")
+    size, extra = divmod(len(cpus), ranks)
+    groups, start = [], 0
+    for r in range(ranks):
+        end = start + size + (r < extra)
+        groups.append(",".join(map(str, cpus[start:end])))
+        start = end
+    return "|".join(groups)
+
+
 def set_cpu_env(params: Any, device: str) -> None:
     import os
 
     if device == "cpu":
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(params.cpu_kvcache_space_gib))
+        ranks = params.tensor_parallel_size * getattr(params, "pipeline_parallel_size", 1)
+        if ranks > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind(ranks, list(os.sched_getaffinity(0)))
 
 
 class VLLMStage(Stage):

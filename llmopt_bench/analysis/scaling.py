@@ -1,0 +1,101 @@
+"""Tensor-parallel scaling within one run: the same stage measured at several
+tensor_parallel_size values (a journey runs it twice, one of them under a label), each compared
+with its smallest-TP run. Batch-1 latency and saturated throughput are what TP trades."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llmopt_bench.results import RunResult, StageResult
+
+
+@dataclass
+class ScalingRow:
+    stage: str  # the registered stage both results ran
+    name: str  # this result
+    base: str  # the result it is compared with (the smallest TP)
+    tp: int
+    base_tp: int
+    batch1_tpot_s: float | None
+    base_batch1_tpot_s: float | None
+    saturated_tok_s: float | None
+    base_saturated_tok_s: float | None
+    saturated_how: str
+    base_saturated_how: str
+    peak_bytes_per_gpu: dict[str, int]
+
+    @property
+    def latency_speedup(self) -> float | None:
+        """Batch-1 TPOT, base over this: > 1 means TP made a request's tokens come faster."""
+        if self.batch1_tpot_s and self.base_batch1_tpot_s:
+            return self.base_batch1_tpot_s / self.batch1_tpot_s
+        return None
+
+    @property
+    def efficiency(self) -> float | None:
+        """Throughput scaling per GPU added: 1.0 is linear."""
+        t = self.throughput_scaling
+        return t / (self.tp / self.base_tp) if t else None
+
+    @property
+    def throughput_scaling(self) -> float | None:
+        if self.saturated_tok_s and self.base_saturated_tok_s and self.saturated_how == self.base_saturated_how:
+            return self.saturated_tok_s / self.base_saturated_tok_s
+        return None
+
+
+def tp_of(s: StageResult) -> int:
+    return int((s.params or {}).get("tensor_parallel_size") or 1)
+
+
+def batch1_tpot(s: StageResult, batch_size: int) -> float | None:
+    """A stage with a load curve: its concurrency-1 point; else its metrics, when the run's
+    fixed workload is batch 1."""
+    curve = (s.extra or {}).get("curve") or []
+    one = next((r for r in curve if r.get("mode") == "continuous" and r.get("concurrency") == 1), None)
+    if one:
+        return one.get("tpot_p50_s")
+    if curve or s.own_workload or batch_size != 1 or not s.metrics or not s.metrics.tpot_s:
+        return None
+    return s.metrics.tpot_s.p50
+
+
+def saturated(s: StageResult) -> tuple[float | None, str]:
+    """The most output tokens a second the stage saw: the all-at-once throughput point, else the
+    top of its load curve, else its own output tok/s (batch 1: not saturated, and said so)."""
+    x = s.extra or {}
+    tp = ((x.get("throughput_point") or {}).get("continuous") or {}).get("output_tok_s")
+    if tp:
+        return tp, "throughput point (all requests at once)"
+    curve = [r.get("output_tok_s") or 0 for r in x.get("curve") or [] if r.get("mode") == "continuous"]
+    if curve and max(curve):
+        return max(curve), "top of the load curve"
+    if s.metrics and s.metrics.output_tok_s:
+        return s.metrics.output_tok_s, "the fixed workload (not saturated)"
+    return None, ""
+
+
+def scaling_rows(run: RunResult) -> list[ScalingRow]:
+    groups: dict[str, list[StageResult]] = {}
+    for s in run.stages:
+        if s.status == "ok":
+            groups.setdefault(s.stage or s.name, []).append(s)
+    batch = run.workload.batch_size if run.workload else 1
+    rows = []
+    for stage, results in groups.items():
+        if len({tp_of(s) for s in results}) < 2:
+            continue
+        base = min(results, key=tp_of)
+        b_sat, b_how = saturated(base)
+        for s in sorted(results, key=tp_of):
+            if s is base:
+                continue
+            sat, how = saturated(s)
+            rows.append(ScalingRow(stage, s.name, base.name, tp_of(s), tp_of(base), batch1_tpot(s, batch), batch1_tpot(base, batch),
+                                   sat, b_sat, how, b_how, per_gpu(s)))
+    return rows
+
+
+def per_gpu(s: StageResult) -> dict[str, Any]:
+    return {k: v for k, v in ((s.memory or {}).get("process_peak_bytes_by_device") or {}).items() if v}

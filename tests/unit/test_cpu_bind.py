@@ -1,0 +1,26 @@
+"""vLLM-CPU workers for tensor/pipeline parallelism get the allowed cores split between them."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmopt_bench.stage import StageSkipped
+from llmopt_bench.stages.vllm_stage import cpu_bind
+
+
+@pytest.mark.parametrize("ranks, cpus, bind", [
+    (2, [0, 1], "0|1"),
+    (2, [3, 2, 1, 0], "0,1|2,3"),
+    (2, [0, 1, 2, 4, 5], "0,1,2|4,5"),  # uneven, and a core not allowed (3)
+    (3, list(range(6)), "0,1|2,3|4,5"),
+])
+def test_cores_split_between_workers(ranks, cpus, bind):
+    assert cpu_bind(ranks, cpus) == bind
+    groups = [g.split(",") for g in bind.split("|")]
+    assert sorted(int(c) for g in groups for c in g) == sorted(cpus)  # every core once
+
+
+def test_more_workers_than_cores_is_skipped_with_the_fix():
+    with pytest.raises(StageSkipped) as e:
+        cpu_bind(4, [0, 1])
+    assert "need 4 cores" in str(e.value) and "tensor_parallel_size" in e.value.fix
