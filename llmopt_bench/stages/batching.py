@@ -26,7 +26,7 @@ from llmopt_bench.engines.lifecycle import cmdline, descendants, device_memory, 
 from llmopt_bench.engines.static_batching import is_oom, load_model, run_isolated, static_serve
 from llmopt_bench.stage import LoadInfo, RequestSample, Requirements, Stage, StageContext, StageRun
 from llmopt_bench.stages.kv_capacity import hf_capacity, vllm_kv_cache
-from llmopt_bench.stages.vllm_stage import VLLMParams, engine_config, set_cpu_env
+from llmopt_bench.stages.vllm_stage import VLLMParams, engine_config, prepare_engine_env
 from llmopt_bench.workload import Request, WorkloadConfig, build_requests, fit_length, load_prompts, poisson_arrivals
 
 Attn = Literal["eager", "sdpa", "flash_attention_2"]
@@ -114,7 +114,7 @@ class ContinuousBatchingStage(Stage):
         self.notes: list[str] = []
         self.lifecycle: dict[str, Any] = {"device": ctx.device, "before_engine": device_memory(use_torch=False),
                                           "processes_before_engine": len(descendants())}
-        set_cpu_env(params, ctx.device)
+        prepare_engine_env(params, ctx.device)
         self.cfg = engine_config(params, ctx.device, model.max_position_embeddings)
         ctx.progress(f"starting vLLM ({self.cfg.dtype}, max_num_seqs={params.max_num_seqs}, "
                      f"max_num_batched_tokens={params.max_num_batched_tokens})", None, None)

@@ -23,7 +23,7 @@ from llmopt_bench.engines.lifecycle import device_memory, wait_freed
 from llmopt_bench.stage import LoadInfo, Requirements, Stage, StageContext, StageRun, StageSkipped, StrictModel
 from llmopt_bench.stages.flash_attn import plan_contexts, speedups
 from llmopt_bench.engines.hf import resolve_dtype
-from llmopt_bench.stages.vllm_stage import set_cpu_env
+from llmopt_bench.stages.vllm_stage import prepare_engine_env
 from llmopt_bench.workload import Request, WorkloadConfig, build_requests, fit_length
 
 CUDA_BACKENDS = ("FLASH_ATTN", "TRITON_ATTN", "FLASHINFER")
@@ -72,7 +72,7 @@ class VLLMAttnStage(Stage):
 
     def load(self, model, params: VLLMAttnParams, ctx: StageContext) -> LoadInfo:
         self.params, self.model, self.device = params, model, ctx.device
-        set_cpu_env(params, ctx.device)
+        prepare_engine_env(params, ctx.device)
         self.contexts, self.notes = plan_contexts(params.contexts, model.max_position_embeddings, ctx.device,
                                                   params.cpu_max_context)
         self.contexts = self._within_positions(self.contexts, model.max_position_embeddings)

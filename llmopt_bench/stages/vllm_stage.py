@@ -84,9 +84,28 @@ def cpu_bind(ranks: int, cpus: list[int]) -> str:
     return "|".join(groups)
 
 
-def set_cpu_env(params: Any, device: str) -> None:
+def check_parallel(params: Any, device: str, visible_gpus: int | None = None) -> None:
+    """A stage asking for more GPUs than this host shows is skipped with the count (Ray spreads
+    over hosts: its own check). NVML counts, so no CUDA context exists before vLLM starts."""
+    ranks = params.tensor_parallel_size * getattr(params, "pipeline_parallel_size", 1)
+    if ranks < 2 or device != "cuda" or getattr(params, "distributed_executor_backend", None) == "ray":
+        return
+    if visible_gpus is None:
+        from llmopt_bench.measure import nvml
+
+        visible_gpus = len(nvml.device_indices())
+    if visible_gpus < ranks:
+        raise StageSkipped(f"tensor_parallel_size={params.tensor_parallel_size} x pipeline_parallel_size="
+                           f"{getattr(params, 'pipeline_parallel_size', 1)} needs {ranks} GPUs on this host ({visible_gpus} visible)",
+                           "run on a machine with more GPUs, or across hosts with distributed_executor_backend = \"ray\" (docs/multi-gpu.md)")
+
+
+def prepare_engine_env(params: Any, device: str) -> None:
+    """Engine environment before vLLM starts: the GPU count a parallel stage needs, and on CPU
+    the KV cache size and the workers' cores."""
     import os
 
+    check_parallel(params, device)
     if device == "cpu":
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(params.cpu_kvcache_space_gib))
         ranks = params.tensor_parallel_size * getattr(params, "pipeline_parallel_size", 1)
@@ -104,16 +123,8 @@ class VLLMStage(Stage):
     def load(self, model, params, ctx: StageContext) -> LoadInfo:
         self.llm = None
         self.params, self.model_info = params, model
-        set_cpu_env(params, ctx.device)
+        prepare_engine_env(params, ctx.device)
         cfg = engine_config(params, ctx.device, model.max_position_embeddings)
-        if params.tensor_parallel_size > 1 and ctx.device == "cuda" and params.distributed_executor_backend != "ray":
-            import torch
-
-            if torch.cuda.device_count() < params.tensor_parallel_size * params.pipeline_parallel_size:
-                raise StageSkipped(f"tensor_parallel_size={params.tensor_parallel_size} x pipeline_parallel_size="
-                                   f"{params.pipeline_parallel_size} needs that many GPUs on this host "
-                                   f"({torch.cuda.device_count()} visible)",
-                                   "run on a machine with more GPUs, or across hosts with distributed_executor_backend = \"ray\" (docs/multi-gpu.md)")
         ctx.progress(f"starting vLLM ({cfg.dtype}{', ' + cfg.quantization if cfg.quantization else ''}): compile and graph capture take a while", None, None)
         self.llm, info = V.build_engine(model.path, cfg, ctx.log_path)
         self.cfg, self.load_kv = cfg, info.implementation.get("kv_cache") or {}

@@ -1,4 +1,5 @@
-"""vLLM-CPU workers for tensor/pipeline parallelism get the allowed cores split between them."""
+"""vLLM-CPU workers for tensor/pipeline parallelism get the allowed cores split between them; a
+parallel stage on a host with too few GPUs is skipped, with the count."""
 
 from __future__ import annotations
 
@@ -24,3 +25,16 @@ def test_more_workers_than_cores_is_skipped_with_the_fix():
     with pytest.raises(StageSkipped) as e:
         cpu_bind(4, [0, 1])
     assert "need 4 cores" in str(e.value) and "tensor_parallel_size" in e.value.fix
+
+
+def test_a_parallel_stage_on_too_few_gpus_is_skipped_with_the_count():
+    from llmopt_bench.stages.batching import BatchingParams
+    from llmopt_bench.stages.vllm_attn import VLLMAttnParams
+    from llmopt_bench.stages.vllm_stage import VLLMParams, check_parallel
+
+    for params in (VLLMParams(tensor_parallel_size=2), BatchingParams(tensor_parallel_size=2), VLLMAttnParams(tensor_parallel_size=2)):
+        with pytest.raises(StageSkipped) as e:
+            check_parallel(params, "cuda", visible_gpus=1)
+        assert "needs 2 GPUs on this host (1 visible)" in str(e.value) and "ray" in e.value.fix
+        check_parallel(params, "cuda", visible_gpus=2)  # enough
+    check_parallel(VLLMParams(tensor_parallel_size=2, distributed_executor_backend="ray"), "cuda", visible_gpus=1)  # Ray checks
