@@ -98,4 +98,5 @@ def scaling_rows(run: RunResult) -> list[ScalingRow]:
 
 
 def per_gpu(s: StageResult) -> dict[str, Any]:
+    """The stage's processes' peak bytes on each GPU it used (NVML), by device index."""
     return {k: v for k, v in ((s.memory or {}).get("process_peak_bytes_by_device") or {}).items() if v}

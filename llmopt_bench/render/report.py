@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from llmopt_bench.analysis.quality import NOT_SAME_WEIGHTS
+from llmopt_bench.analysis.scaling import per_gpu, scaling_rows
 from llmopt_bench.render.exports import (GB, p50_of, baseline, claims, comparable_stages, num, ok_stages, peak_memory, pct, quality, ratio, spread,
                                          speedup_rows, stage_rows, times)
 from llmopt_bench.results import RunResult, StageResult
@@ -275,8 +276,6 @@ def instrumentation_line(inst: dict[str, Any]) -> str:
 
 
 def tensor_parallel(run: RunResult) -> list[str]:
-    from llmopt_bench.analysis.scaling import scaling_rows
-
     rows = scaling_rows(run)
     if not rows:
         return []
@@ -295,7 +294,7 @@ def tensor_parallel(run: RunResult) -> list[str]:
 
 def per_gpu_line(s: StageResult) -> list[str]:
     """The stage's processes' peak on each GPU, where it used more than one (tensor parallelism)."""
-    by_dev = {k: v for k, v in ((s.memory or {}).get("process_peak_bytes_by_device") or {}).items() if v}
+    by_dev = per_gpu(s)
     if len(by_dev) < 2:
         return []
     return ["- peak memory per GPU (the stage's processes): " + ", ".join(f"GPU {k} {num(v / GB)} GB" for k, v in sorted(by_dev.items()))]

@@ -84,10 +84,15 @@ def cpu_bind(ranks: int, cpus: list[int]) -> str:
     return "|".join(groups)
 
 
+def worker_ranks(params: Any) -> int:
+    """vLLM workers a stage starts: tensor x pipeline parallel (vllm-attn has no pipeline)."""
+    return params.tensor_parallel_size * getattr(params, "pipeline_parallel_size", 1)
+
+
 def check_parallel(params: Any, device: str, visible_gpus: int | None = None) -> None:
     """A stage asking for more GPUs than this host shows is skipped with the count (Ray spreads
     over hosts: its own check). NVML counts, so no CUDA context exists before vLLM starts."""
-    ranks = params.tensor_parallel_size * getattr(params, "pipeline_parallel_size", 1)
+    ranks = worker_ranks(params)
     if ranks < 2 or device != "cuda" or getattr(params, "distributed_executor_backend", None) == "ray":
         return
     if visible_gpus is None:
@@ -108,7 +113,7 @@ def prepare_engine_env(params: Any, device: str) -> None:
     check_parallel(params, device)
     if device == "cpu":
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(params.cpu_kvcache_space_gib))
-        ranks = params.tensor_parallel_size * getattr(params, "pipeline_parallel_size", 1)
+        ranks = worker_ranks(params)
         if ranks > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind(ranks, list(os.sched_getaffinity(0)))
 
