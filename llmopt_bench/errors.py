@@ -12,6 +12,7 @@ class ExitCode(IntEnum):
     STAGE_UNAVAILABLE = 3  # a stage named on the command line cannot run here
     STAGE_FAILED = 4  # a stage ended in error, oom or timeout
     REGRESSION = 5  # compare found a regression, or a stage failed its quality gate
+    DISK_FULL = 7  # no space left writing the run directory: run.json still holds what finished
     INTERRUPTED = 130  # Ctrl-C: run.json holds what finished
 
 
@@ -43,3 +44,21 @@ class MissingDependency(LlmoptError):
 
 def extra_fix(extra: str) -> str:
     return f"pip install 'llmopt-bench[{extra}]'"
+
+
+def is_oom(exc: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, a host MemoryError, or an engine's "out of memory" message."""
+    if isinstance(exc, MemoryError):
+        return True
+    return type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()[:300]
+
+
+def first_line(exc: BaseException, limit: int = 500) -> str:
+    """An exception's message, its first line only, cut at limit characters."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else ""
+
+
+def describe(exc: BaseException, limit: int = 500) -> str:
+    """"TypeName: first line" - how a recorded failure names its exception."""
+    return f"{type(exc).__name__}: {first_line(exc, limit)}"

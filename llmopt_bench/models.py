@@ -61,6 +61,39 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LLMOPT_CACHE", Path.home() / ".cache" / "llmopt"))
 
 
+CACHE_VAR = "$LLMOPT_CACHE"
+
+
+def portable_path(path: str) -> str:
+    """A path as a shared record keeps it: under the cache, "$LLMOPT_CACHE/..."; under the home
+    directory, "~/..."; else as it is. A report then leaks nothing of the machine's layout."""
+    p = Path(path).expanduser()
+    for root, name in ((cache_dir(), CACHE_VAR), (Path.home(), "~")):
+        try:
+            return f"{name}/{p.resolve().relative_to(Path(root).expanduser().resolve())}"
+        except (ValueError, OSError):
+            continue
+    return str(path)
+
+
+def portable_text(text: str, extra_roots: tuple[str, ...] = ()) -> str:
+    """Every cache or home path in a record (model paths, an AWQ checkpoint's) in portable form;
+    extra_roots: caches of other machines (a run made elsewhere), also written $LLMOPT_CACHE."""
+    roots = [(str(cache_dir().expanduser()), CACHE_VAR), *((r.rstrip("/"), CACHE_VAR) for r in extra_roots),
+             (str(Path.home()), "~")]
+    for root, name in roots:
+        if root and root != "/":
+            text = text.replace(root + "/", name + "/").replace(f'"{root}"', f'"{name}"')
+    return text
+
+
+def local_path(path: str) -> str:
+    """The inverse of portable_path on this machine."""
+    if path.startswith(CACHE_VAR + "/"):
+        return str(cache_dir() / path[len(CACHE_VAR) + 1:])
+    return str(Path(path).expanduser())
+
+
 def parse_model(source: str) -> ModelSpec:
     if source.startswith("synthetic:"):
         preset = source.split(":", 1)[1]

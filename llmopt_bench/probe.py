@@ -120,7 +120,7 @@ def environment() -> dict[str, Any]:
 
 def main(job_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
-    out = Path(job["out"])
+    out = Path(job_path).parent / job["out"]  # relative to the run directory, where the job lies
     try:
         env = environment()
         model = prepare(ModelSpec(**job["model"]))

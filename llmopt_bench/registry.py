@@ -44,6 +44,18 @@ def load_stage(name: str) -> type[Stage]:
     return cls
 
 
+def presentation_class(name: str) -> type[Stage]:
+    """A stage's class for its presentation hooks; the plain Stage where it is not installed."""
+    eps = _entry_points()
+    if name not in eps:
+        return Stage
+    try:
+        cls = eps[name].load()
+    except Exception:  # noqa: BLE001 - a broken plugin still leaves its results readable
+        return Stage
+    return cls if isinstance(cls, type) and issubclass(cls, Stage) else Stage
+
+
 @dataclass
 class StagePlan:
     """One stage of a journey. `name` is what its result is called in the run (a journey's
@@ -55,6 +67,23 @@ class StagePlan:
 
     def __post_init__(self):
         self.stage = self.stage or self.name
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "stage": self.stage, "params": self.params, "timeout_s": self.timeout_s}
+
+
+def plan_of(d: dict[str, Any]) -> StagePlan:
+    """A plan as run.json records it (RunResult.journey)."""
+    return StagePlan(d["name"], dict(d.get("params") or {}), float(d.get("timeout_s", DEFAULT_TIMEOUT_S)), d.get("stage", ""))
+
+
+def journey_order(run: Any, plans: list[StagePlan]):
+    """Sort key of a run's results: the default journey's order (a run resumed call by call with
+    a few stages each still reads as one journey), then the run's own journey, then the rest."""
+    canon = [p.name for p in parse_journey(journey_path())] if journey_path().is_file() else []
+    seen = [d["name"] for d in run.journey] + [p.name for p in plans]
+    seen = list(dict.fromkeys(seen + [s.name for s in run.stages]))
+    return lambda s: (canon.index(s.name) if s.name in canon else len(canon), seen.index(s.name))
 
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")

@@ -1,30 +1,30 @@
-"""The versioned result schema, written atomically as each stage finishes.
+"""The versioned result schema: run.json as pydantic models, read and migrated here.
 
-run.json holds everything a report or a comparison needs (metrics and compact per-request
-samples); requests.jsonl holds every request with its per-token timestamps."""
+run.json holds everything a report or a comparison needs (metrics, compact per-request samples,
+memory, energy, quality, and each stage's own typed extra); requests.jsonl holds every request
+with its per-token timestamps. Writing the run directory is rundir.py's job. The schema imports
+no analysis: statistics are computed in analysis/ and stored here as plain values."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from llmopt_bench import __version__
-from llmopt_bench.analysis.metrics import StageMetrics, e2e, tpot, ttft
+from llmopt_bench.distribution import Distribution
 from llmopt_bench.errors import UsageError
 from llmopt_bench.models import ModelInfo
-from llmopt_bench.stage import LoadInfo, RequestSample, StrictModel
+from llmopt_bench.stage import LoadInfo, QualityRecord, StageFacts, StrictModel
 from llmopt_bench.workload import WorkloadConfig
 
-SCHEMA_VERSION = 1
-Status = Literal["ok", "skipped", "oom", "timeout", "error", "interrupted"]
-FAILED = ("oom", "timeout", "error")
+SCHEMA_VERSION = 2  # 2: quality, facts, memory and energy typed; stage extras validated by their Extra model
+Status = Literal["ok", "skipped", "oom", "timeout", "error", "interrupted", "killed"]
+FAILED = ("oom", "timeout", "error", "killed")
+T = TypeVar("T", bound=BaseModel)
 
 
 def utcnow() -> str:
@@ -32,7 +32,7 @@ def utcnow() -> str:
 
 
 class Samples(StrictModel):
-    """Per-request scalars, column-wise: what compare bootstraps over."""
+    """Per-request scalars, column-wise: what compare bootstraps over (analysis/metrics.compact)."""
 
     ttft_s: list[float] = Field(default_factory=list)
     tpot_s: list[float | None] = Field(default_factory=list)
@@ -40,11 +40,65 @@ class Samples(StrictModel):
     output_tokens: list[int] = Field(default_factory=list)
     repeat: list[int] = Field(default_factory=list)
 
-    @classmethod
-    def of(cls, samples: list[RequestSample]) -> "Samples":
-        ok = [s for s in samples if s.ok]
-        return cls(ttft_s=[ttft(s) for s in ok], tpot_s=[tpot(s) for s in ok], e2e_s=[e2e(s) for s in ok],
-                   output_tokens=[s.output_tokens for s in ok], repeat=[s.repeat for s in ok])
+
+class StageMetrics(StrictModel):
+    """Statistics of a stage's requests (computed by analysis/metrics.compute)."""
+
+    requests: int
+    failed_requests: int = 0
+    output_tokens: int
+    prompt_tokens: int
+    repeats: int
+    ttft_s: Distribution | None = None
+    tpot_s: Distribution | None = None
+    itl_s: Distribution | None = None
+    e2e_s: Distribution | None = None
+    output_tok_s: float | None = None
+    output_tok_s_repeats: list[float] = Field(default_factory=list)
+    qps: float | None = None
+    qps_repeats: list[float] = Field(default_factory=list)
+    tpot_p50_repeats_s: list[float] = Field(default_factory=list)
+
+
+class MemoryRecord(StrictModel):
+    """A stage's memory: NVML sampled from outside (every process of the stage's session, so
+    vLLM's engine processes too), torch's allocator in the stage process, the host RSS."""
+
+    nvml: bool | None = None
+    note: str | None = None
+    cpu_max_rss_bytes: int | None = None
+    torch_peak_allocated_bytes: int | None = None
+    torch_peak_reserved_bytes: int | None = None
+    torch_allocated_bytes: int | None = None
+    after_load_allocated_bytes: int | None = None
+    device_baseline_bytes: dict[str, int] = Field(default_factory=dict)
+    device_peak_bytes: dict[str, int] = Field(default_factory=dict)
+    device_peak_delta_bytes: dict[str, int] = Field(default_factory=dict)
+    process_peak_bytes: int | None = None
+    process_peak_bytes_by_device: dict[str, int] = Field(default_factory=dict)
+
+
+class EnergyRecord(StrictModel):
+    """The NVML energy counter (whole device) over the stage's timed windows only: warm-up,
+    quality passes, clock checks and engine start-up are outside them."""
+
+    joules: float
+    seconds: float  # the timed windows' total length
+    avg_watts: float | None = None
+    output_tokens: int | None = None  # the tokens produced inside the windows
+    joules_per_output_token: float | None = None
+    windows: int | None = None
+    scope: str = "timed windows"
+    note: str | None = None
+
+
+class GpuFree(StrictModel):
+    """Whether the card was back at its baseline before the next stage started."""
+
+    free: bool
+    waited_s: float | None = None
+    processes_left: list[int] = Field(default_factory=list)
+    used_bytes: dict[str, int] = Field(default_factory=dict)
 
 
 class StageResult(StrictModel):
@@ -53,6 +107,7 @@ class StageResult(StrictModel):
     description: str = ""
     changes: str = ""
     own_workload: bool = False  # measured on its own sweep, not the fixed prompt set (Stage.own_workload)
+    quality_reference: bool = False  # its outputs are the run's quality reference (Stage.quality_reference)
     status: Status
     reason: str | None = None
     fix: str | None = None
@@ -63,12 +118,24 @@ class StageResult(StrictModel):
     load: LoadInfo | None = None
     metrics: StageMetrics | None = None
     samples: Samples | None = None
-    memory: dict[str, Any] = Field(default_factory=dict)
-    energy: dict[str, Any] | None = None
-    extra: dict[str, Any] = Field(default_factory=dict)
+    memory: MemoryRecord = Field(default_factory=MemoryRecord)
+    energy: EnergyRecord | None = None
+    quality: QualityRecord | None = None
+    facts: StageFacts = Field(default_factory=StageFacts)
+    extra: dict[str, Any] = Field(default_factory=dict)  # the stage's own record: validated by its Extra model
+    partial: dict[str, Any] | None = None  # a stage that stopped early: what it had measured (its partial.json)
     notes: list[str] = Field(default_factory=list)
     log: str | None = None
-    gpu_free_after: dict[str, Any] | None = None
+    gpu_free_after: GpuFree | None = None
+
+    @property
+    def stage_name(self) -> str:
+        """The registered stage that produced this result (its name, unless a label renamed it)."""
+        return self.stage or self.name
+
+    def extra_as(self, model: type[T]) -> T:
+        """The extra as the stage's typed model (Stage.Extra)."""
+        return model.model_validate(self.extra)
 
 
 # where a stage's peak memory comes from, best first (NVML sees every process, vLLM's too)
@@ -81,9 +148,8 @@ MEMORY_SOURCES = (
 
 
 def peak_memory(stage: StageResult) -> tuple[float | None, str | None]:
-    mem = stage.memory or {}
     for key, source in MEMORY_SOURCES:
-        value = mem.get(key)
+        value = getattr(stage.memory, key)
         if isinstance(value, dict):  # per device
             value = sum(v for v in value.values() if v) or None
         if value:
@@ -97,8 +163,11 @@ class RunResult(StrictModel):
     run_id: str
     created_at: str
     finished_at: str | None = None
-    status: Literal["running", "complete", "interrupted"] = "running"
+    wall_s: float | None = None  # the run from start to end, as the user waited for it
+    status: Literal["running", "complete", "interrupted", "failed"] = "running"
+    failure: str | None = None  # why a failed run stopped
     command: str
+    journey: list[dict[str, Any]] = Field(default_factory=list)  # the plans it was started with: --resume finishes these
     env: dict[str, Any] = Field(default_factory=dict)
     model: ModelInfo | None = None
     workload: WorkloadConfig
@@ -112,67 +181,33 @@ class RunResult(StrictModel):
         self.stages = [s for s in self.stages if s.name != result.name] + [result]
 
 
-def save_run(run: RunResult, out_dir: Path) -> Path:
-    """Write run.json atomically: a kill at any moment leaves the previous valid file."""
-    path = out_dir / "run.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(run.model_dump_json(indent=1))
-    os.replace(tmp, path)
-    return path
+def parse_run(raw: Any, where: str) -> RunResult:
+    """A run.json's content, migrated from older schema versions, validated."""
+    from llmopt_bench.migrate import migrate
+
+    if not isinstance(raw, dict):
+        raise UsageError(f"{where}: not a run.json (a JSON object expected)")
+    version = raw.get("schema_version")
+    if not isinstance(version, int) or version > SCHEMA_VERSION or version < 1:
+        raise UsageError(f"{where}: schema version {version}, this llmopt reads 1 to {SCHEMA_VERSION}",
+                         f"use llmopt {raw.get('llmopt_version', 'of that run')} or newer")
+    raw = migrate(raw)
+    try:
+        return RunResult.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise UsageError(f"{where}: does not match the result schema: {'.'.join(map(str, first['loc']))} {first['msg']}") from None
 
 
 def load_run(path: str | Path) -> RunResult:
+    """A run directory's run.json, or a run.json file (a baseline), read and migrated."""
     p = Path(path)
     if p.is_dir():
         p = p / "run.json"
     if not p.is_file():
         raise UsageError(f"no run.json at {path}", "pass a run directory written by `llmopt bench` or its run.json")
     try:
-        raw = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    version = raw.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise UsageError(f"{p}: schema version {version}, this llmopt reads {SCHEMA_VERSION}",
-                         f"re-run the benchmark, or use llmopt {raw.get('llmopt_version', 'of that run')}")
-    try:
-        return RunResult.model_validate(raw)
-    except ValidationError as e:
-        raise UsageError(f"{p}: does not match the result schema: {e.errors()[0]['loc']} {e.errors()[0]['msg']}") from None
-
-
-def append_requests(out_dir: Path, stage: str, samples: list[RequestSample]) -> None:
-    with open(out_dir / "requests.jsonl", "a", encoding="utf-8") as f:
-        for s in samples:
-            f.write(json.dumps({"stage": stage, **s.model_dump()}) + "\n")
-
-
-def drop_requests(out_dir: Path, stage: str) -> None:
-    """Remove a stage's lines (a resumed stage is measured again)."""
-    path = out_dir / "requests.jsonl"
-    if not path.is_file():
-        return
-    keep = [line for line in path.read_text(encoding="utf-8").splitlines() if json.loads(line).get("stage") != stage]
-    path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
-
-
-def git_commit() -> str | None:
-    """The checkout's commit ("-dirty" with uncommitted changes); LLMOPT_COMMIT where the code
-    travelled without its .git (a copy of the tree on a GPU machine, see scripts/device-run.sh)."""
-    here = Path(__file__).resolve().parent
-    if os.environ.get("LLMOPT_COMMIT"):
-        return os.environ["LLMOPT_COMMIT"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return (out.stdout.strip() + ("-dirty" if dirty else "")) if out.returncode == 0 else None
-
-
-def host_fingerprint() -> dict[str, Any]:
-    import platform
-
-    return {"python": sys.version.split()[0], "platform": platform.platform(), "llmopt": __version__,
-            "llmopt_commit": git_commit(), "cpu_count": os.cpu_count()}
+        raw = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{p}: not valid JSON ({e})") from None
+    return parse_run(raw, str(p))

@@ -1,18 +1,27 @@
-"""The Stage contract every plugin implements, its requirements, and the raw sample types.
+"""The Stage contract every plugin implements, its requirements, and the types that cross it.
 
-Stages return raw per-request timestamps and token counts; statistics are computed in one
-place (analysis/metrics.py) and renderers only read results. Heavy imports happen in load()."""
+A stage is an engine plus a scenario (docs/architecture.md): it loads in a child process,
+returns raw per-request samples and a typed `extra` (its own pydantic model, `Stage.Extra`),
+and, back in the parent, owns its presentation through three hooks: the story's claims it can
+judge, its blocks in the report, and its charts. Statistics are computed in one place
+(analysis/metrics.py); renderers lay out what the hooks give them and know no stage by name.
+Heavy imports happen in load()."""
 
 from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmopt_bench.errors import extra_fix
+
+if TYPE_CHECKING:  # the schema imports this module: types only, no cycle at run time
+    from llmopt_bench.models import ModelInfo
+    from llmopt_bench.results import RunResult, StageResult
+    from llmopt_bench.workload import WorkloadConfig
 
 
 class StrictModel(BaseModel):
@@ -21,6 +30,38 @@ class StrictModel(BaseModel):
 
 class NoParams(StrictModel):
     pass
+
+
+class OpenExtra(BaseModel):
+    """The extra of a stage that declares no model of its own: any JSON object."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class QualityRecord(StrictModel):
+    """Output quality next to speed (analysis/quality.py): perplexity on the shipped corpus
+    (real weights only) and agreement with the run's quality reference, teacher-forced; the
+    quality gate's verdict is written in by the runner (analysis/quality_gate.py)."""
+
+    reference: str | None = None  # the result whose outputs this one is compared with
+    engine: str | None = None
+    perplexity_meaningful: bool = True
+    perplexity: float | None = None
+    perplexity_note: str | None = None
+    perplexity_by_lang: dict[str, float] | None = None
+    perplexity_tokens: int | None = None
+    token_match_rate: float | None = None
+    first_divergence_mean: float | None = None
+    kl_mean: float | None = None
+    kl_note: str | None = None
+    nll_delta_mean: float | None = None
+    agreement_positions: int | None = None
+    agreement_method: str | None = None
+    agreement_note: str | None = None
+    gate: str | None = None
+    quality_ratio: float | None = None
+    quality_regression: bool | None = None
+    error: str | None = None  # the quality pass failed: the timing samples are kept, this says why
 
 
 @dataclass(frozen=True)
@@ -64,32 +105,73 @@ class RequestSample(StrictModel):
 
 class LoadInfo(StrictModel):
     """What load() learnt: phases in seconds (weights, quantize, compile, graphs, ...), the
-    implementation that really runs (kernel, attention backend, dtype), engine versions."""
+    implementation that really runs (kernel, attention backend, dtype), engine versions, and
+    the engine's memory split where it knows it (vLLM preallocates its KV cache)."""
 
     phases_s: dict[str, float] = Field(default_factory=dict)
     implementation: dict[str, Any] = Field(default_factory=dict)
     versions: dict[str, str] = Field(default_factory=dict)
     weights_bytes: int | None = None
+    kv_cache_bytes: int | None = None
+    kv_cache_dtype: str | None = None
     notes: list[str] = Field(default_factory=list)
+
+
+class StageFacts(StrictModel):
+    """What the generic analyses (roofline, tensor-parallel scaling) need from a stage's own
+    measurements, typed, so that they read no stage's extra."""
+
+    decode_batch: int | None = None  # sequences decoded together in the samples (default: the workload's batch)
+    batch1_tpot_s: float | None = None  # TPOT at one request in flight, where the stage measured it apart
+    saturated_tok_s: float | None = None  # the most output tokens a second it saw
+    saturated_how: str | None = None  # how that figure was measured (only like compares with like)
 
 
 class StageRun(StrictModel):
-    """What run() returns: raw samples plus anything stage-specific (sweeps, quality, kv cache)."""
+    """What run() returns: raw samples, the quality record, and the stage's own typed extra."""
 
     samples: list[RequestSample] = Field(default_factory=list)
     extra: dict[str, Any] = Field(default_factory=dict)
+    quality: QualityRecord | None = None
+    facts: StageFacts = Field(default_factory=StageFacts)
     notes: list[str] = Field(default_factory=list)
+
+
+class Claim(StrictModel):
+    """One of the story's claims judged on this run's numbers."""
+
+    key: str
+    claim: str
+    target: str
+    measured: str
+    value: float | None = None
+    verdict: Literal["held", "not held", "not measured"]
+    detail: str = ""
+
+
+class Block(StrictModel):
+    """A part of a stage's section in the report: a paragraph, a table, or both."""
+
+    text: str | None = None
+    headers: list[str] = Field(default_factory=list)
+    rows: list[list[Any]] = Field(default_factory=list)
 
 
 @dataclass
 class StageContext:
-    """Handed to a stage by the worker: where to put artefacts, how to report progress."""
+    """Handed to a stage by the worker: where to put artefacts, how to report progress, where
+    the run's quality reference lives, and the meter that times (and weighs) measured work."""
 
     run_dir: Path
     stage_dir: Path
     device: str  # "cuda" or "cpu"
     log_path: Path | None = None  # this process's stdout/stderr: engines log what they chose there
     progress: Callable[[str, int | None, int | None], None] = lambda msg, done=None, total=None: None
+    reference_file: Path | None = None  # the quality reference: written by its provider, read by the others
+    reference_name: str | None = None  # the result that provides it
+    provides_reference: bool = False
+    keep_partial: Callable[[dict[str, Any]], None] = lambda data: None  # what a long stage measured so far
+    meter: Any = None  # measure.energy.TimedMeter: wrap measured work in `with ctx.meter.window(...)`
     shared: dict[str, Any] = field(default_factory=dict)
 
 
@@ -103,7 +185,8 @@ class StageSkipped(Exception):
 
 
 class Stage:
-    """Base class for stages. Subclasses set the ClassVars and implement load/run/teardown."""
+    """Base class for stages. Subclasses set the ClassVars, implement load/run/teardown in the
+    child, and may override the presentation hooks, which run in the parent from run.json alone."""
 
     name: ClassVar[str]
     description: ClassVar[str]
@@ -111,17 +194,38 @@ class Stage:
     # True for a stage that measures its own workload (a sweep), not the fixed prompt set: its
     # row is kept out of stage-to-stage speedups, the waterfall and the overall claim.
     own_workload: ClassVar[bool] = False
+    # True for the stage whose outputs the others' quality is measured against (the FP16
+    # baseline in the journey): the run records which result it is, nobody names it.
+    quality_reference: ClassVar[bool] = False
     requires: ClassVar[Requirements] = Requirements()
     Params: ClassVar[type[BaseModel]] = NoParams
+    Extra: ClassVar[type[BaseModel]] = OpenExtra
 
-    def load(self, model: "ModelInfo", params: BaseModel, ctx: StageContext) -> LoadInfo:  # noqa: F821
+    def load(self, model: "ModelInfo", params: BaseModel, ctx: StageContext) -> LoadInfo:
         raise NotImplementedError
 
-    def warmup(self, workload: "Workload", ctx: StageContext) -> None:  # noqa: F821
+    def warmup(self, workload: "WorkloadConfig", ctx: StageContext) -> None:
         """Untimed work before measurement (compile, caches, clocks)."""
 
-    def run(self, workload: "Workload", ctx: StageContext) -> StageRun:  # noqa: F821
+    def run(self, workload: "WorkloadConfig", ctx: StageContext) -> StageRun:
         raise NotImplementedError
 
     def teardown(self) -> None:
         """Free the GPU. Must be idempotent."""
+
+    # --- presentation hooks: the parent process, run.json only ----------------------------
+
+    @classmethod
+    def claims(cls, result: "StageResult", run: "RunResult") -> list[Claim]:
+        """The story's claims this stage can judge (called for the stage's unlabelled result)."""
+        return []
+
+    @classmethod
+    def report_blocks(cls, result: "StageResult", run: "RunResult") -> list[Block]:
+        """The stage's own tables and paragraphs in its section of the report."""
+        return []
+
+    @classmethod
+    def charts(cls, result: "StageResult", run: "RunResult", out_dir: Path) -> list[Path]:
+        """PNG files the stage draws of its own measurements, into out_dir."""
+        return []

@@ -9,27 +9,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Iterable
 
-from pydantic import Field
-
-from llmopt_bench.analysis.stats import Distribution
-from llmopt_bench.stage import RequestSample, StrictModel
-
-
-class StageMetrics(StrictModel):
-    requests: int
-    failed_requests: int = 0
-    output_tokens: int
-    prompt_tokens: int
-    repeats: int
-    ttft_s: Distribution | None = None
-    tpot_s: Distribution | None = None
-    itl_s: Distribution | None = None
-    e2e_s: Distribution | None = None
-    output_tok_s: float | None = None
-    output_tok_s_repeats: list[float] = Field(default_factory=list)
-    qps: float | None = None
-    qps_repeats: list[float] = Field(default_factory=list)
-    tpot_p50_repeats_s: list[float] = Field(default_factory=list)
+from llmopt_bench.distribution import Distribution
+from llmopt_bench.results import Samples, StageMetrics
+from llmopt_bench.stage import RequestSample
 
 
 def ttft(s: RequestSample) -> float:
@@ -76,3 +58,10 @@ def compute(samples: Iterable[RequestSample]) -> StageMetrics | None:
         output_tok_s=sum(tok_s) / len(tok_s) if tok_s else None, output_tok_s_repeats=tok_s,
         qps=sum(qps) / len(qps) if qps else None, qps_repeats=qps, tpot_p50_repeats_s=tpot_p50,
     )
+
+
+def compact(samples: Iterable[RequestSample]) -> Samples:
+    """The ok requests' scalars, column-wise, as run.json keeps them."""
+    ok = [s for s in samples if s.ok]
+    return Samples(ttft_s=[ttft(s) for s in ok], tpot_s=[tpot(s) for s in ok], e2e_s=[e2e(s) for s in ok],
+                   output_tokens=[s.output_tokens for s in ok], repeat=[s.repeat for s in ok])

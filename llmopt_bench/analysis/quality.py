@@ -22,11 +22,8 @@ REFERENCE_FILE = "quality_reference.pt"
 NOT_MEANINGFUL = {"perplexity": None, "perplexity_note": "random weights: perplexity is not meaningful; agreement with FP16 only"}
 NOT_SAME_WEIGHTS = ("load_format=dummy: the weights are random and not the FP16 reference's, so agreement "
                     "would compare two unrelated models: not measured (speed and memory only)")
-NO_REFERENCE = "no FP16 reference in this run: run hf-fp16 first (same --output) for agreement and KL"
-
-
-def reference_path(run_dir: Path, stage: str = "hf-fp16") -> Path:
-    return run_dir / "stages" / stage / REFERENCE_FILE
+NO_REFERENCE = ("no quality reference in this run: run the stage that provides it (the FP16 baseline) first, "
+                "with the same --output, for agreement and KL")
 
 
 def corpus(lang: str) -> str:
@@ -133,28 +130,28 @@ def agreement(model: Any, reference: dict[str, Any]) -> dict[str, Any]:
             "agreement_method": f"teacher-forced on {len(firsts)} prompts x {CONTINUATION} reference tokens"}
 
 
-def evaluate(model: Any, encode: Callable[[str], list[int]], requests: list[Any], run_dir: Path, stage_dir: Path,
-             real_weights: bool, is_reference: bool, greedy: Callable[[list[int], int], list[int]],
-             progress: Callable[..., None]) -> dict[str, Any]:
-    """The quality block every stage reports under extra["quality"]."""
+def evaluate(model: Any, encode: Callable[[str], list[int]], requests: list[Any], reference_file: Path | None,
+             reference_name: str | None, real_weights: bool, is_reference: bool,
+             greedy: Callable[[list[int], int], list[int]], progress: Callable[..., None]) -> dict[str, Any]:
+    """The quality record of a transformers stage (stage.QualityRecord's fields). The stage that
+    provides the run's reference writes it to reference_file; the others read it from there."""
     import torch
 
-    out: dict[str, Any] = {"reference": "hf-fp16", "perplexity_meaningful": real_weights}
+    out: dict[str, Any] = {"reference": reference_name, "perplexity_meaningful": real_weights}
     if real_weights:
         progress("quality: perplexity on the shipped corpus", None, None)
         out.update(corpus_perplexity(lambda text: perplexity(model, encode, text)))
     else:
         out.update(NOT_MEANINGFUL)
     progress("quality: agreement with the FP16 reference", None, None)
-    if is_reference:
+    if is_reference and reference_file is not None:
         ref = make_reference(model, requests, greedy)
-        stage_dir.mkdir(parents=True, exist_ok=True)
-        torch.save(ref, stage_dir / REFERENCE_FILE)
+        reference_file.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(ref, reference_file)
         out.update(agreement(model, ref))
         return out
-    path = reference_path(run_dir)
-    if not path.is_file():
+    if reference_file is None or not reference_file.is_file():
         out["agreement_note"] = NO_REFERENCE
         return out
-    out.update(agreement(model, torch.load(path, weights_only=False)))
+    out.update(agreement(model, torch.load(reference_file, weights_only=False)))
     return out

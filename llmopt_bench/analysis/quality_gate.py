@@ -1,7 +1,8 @@
-"""The quality gate: a stage whose perplexity is more than (1 - min_quality) above the FP16
+"""The quality gate: a stage whose perplexity is more than (1 - min_quality) above the quality
 reference's is a quality regression (MLPerf's "99% of the reference" rule, for a metric where
 lower is better). Applied by the runner to run.json after every stage, so a stage measured
-before its reference (a resumed run) is judged once the reference exists.
+before its reference (a resumed run) is judged once the reference exists. The reference is the
+result whose stage declares `quality_reference` (the FP16 baseline in the journey).
 
 Perplexity is the only measure gated: agreement and KL on random weights say that a stage
 changed the model, not that its answers got worse, so synthetic runs record the gate as not
@@ -9,37 +10,37 @@ applied, with the reason."""
 
 from __future__ import annotations
 
-from typing import Any
+from llmopt_bench.analysis.selectors import reference
+from llmopt_bench.results import RunResult
+from llmopt_bench.stage import QualityRecord
 
-REFERENCE = "hf-fp16"
 DEFAULT_MIN_QUALITY = 0.99
 
 
-def describe(min_quality: float) -> str:
-    return f"perplexity within {(1 - min_quality) * 100:.3g}% of {REFERENCE}'s (min quality {min_quality:.3g})"
+def describe(min_quality: float, reference_name: str) -> str:
+    return f"perplexity within {(1 - min_quality) * 100:.3g}% of {reference_name}'s (min quality {min_quality:.3g})"
 
 
-def judge(quality: dict[str, Any], reference: dict[str, Any] | None, min_quality: float) -> dict[str, Any]:
-    """The gate fields for one stage's quality block: gate, quality_ratio, quality_regression."""
-    gate = describe(min_quality)
-    if not quality.get("perplexity_meaningful", True) or quality.get("perplexity") is None:
-        return {"gate": f"not applied: no meaningful perplexity ({quality.get('perplexity_note') or 'none measured'})",
+def judge(quality: QualityRecord, ref: QualityRecord | None, ref_name: str | None, min_quality: float) -> dict:
+    """The gate fields for one stage's quality record: gate, quality_ratio, quality_regression."""
+    if not quality.perplexity_meaningful or quality.perplexity is None:
+        return {"gate": f"not applied: no meaningful perplexity ({quality.perplexity_note or quality.error or 'none measured'})",
                 "quality_ratio": None, "quality_regression": None}
-    ref_ppl = (reference or {}).get("perplexity")
-    if not ref_ppl:
-        return {"gate": f"not applied: no {REFERENCE} perplexity in this run", "quality_ratio": None,
+    if ref is None or not ref.perplexity:
+        return {"gate": "not applied: no quality reference with a perplexity in this run", "quality_ratio": None,
                 "quality_regression": None}
-    ratio = quality["perplexity"] / ref_ppl
-    return {"gate": f"{gate}: {quality['perplexity']:.4g} vs {ref_ppl:.4g} ({(ratio - 1) * 100:+.2f}%)",
+    ratio = quality.perplexity / ref.perplexity
+    return {"gate": f"{describe(min_quality, ref_name or 'the reference')}: {quality.perplexity:.4g} vs "
+                    f"{ref.perplexity:.4g} ({(ratio - 1) * 100:+.2f}%)",
             "quality_ratio": ratio, "quality_regression": ratio > 1 + (1 - min_quality)}
 
 
-def apply_gate(run: Any, min_quality: float) -> None:
-    """Write the gate into every ok stage's extra["quality"] (the reference's included: it
+def apply_gate(run: RunResult, min_quality: float) -> None:
+    """Write the gate into every ok stage's quality record (the reference's included: it
     passes by definition, which shows the gate ran)."""
-    ref_stage = run.stage(REFERENCE)
-    reference = (ref_stage.extra or {}).get("quality") if ref_stage and ref_stage.status == "ok" else None
+    ref = reference(run)
     for stage in run.stages:
-        q = (stage.extra or {}).get("quality")
-        if stage.status == "ok" and isinstance(q, dict):
-            q.update(judge(q, reference, min_quality))
+        if stage.status == "ok" and stage.quality is not None:
+            for key, value in judge(stage.quality, ref.quality if ref else None, ref.name if ref else None,
+                                    min_quality).items():
+                setattr(stage.quality, key, value)

@@ -62,13 +62,13 @@ def agreement(llm: Any, reference: dict[str, Any]) -> dict[str, Any]:
             "agreement_method": f"teacher-forced on {len(firsts)} prompts x {Q.CONTINUATION} reference tokens (vLLM prompt log-probs)"}
 
 
-def evaluate(llm: Any, encode: Callable[[str], list[int]], run_dir: Path, real_weights: bool,
-             progress: Callable[..., None], dummy: bool = False) -> dict[str, Any]:
-    """The quality block of a vLLM stage, under extra["quality"]. dummy: the engine made up its
-    own random weights (load_format=dummy), so nothing compares with the reference."""
+def evaluate(llm: Any, encode: Callable[[str], list[int]], reference_file: Path | None, reference_name: str | None,
+             real_weights: bool, progress: Callable[..., None], dummy: bool = False) -> dict[str, Any]:
+    """The quality record of a vLLM stage (stage.QualityRecord's fields). dummy: the engine made
+    up its own random weights (load_format=dummy), so nothing compares with the reference."""
     import torch
 
-    out: dict[str, Any] = {"reference": "hf-fp16", "perplexity_meaningful": real_weights, "engine": "vllm"}
+    out: dict[str, Any] = {"reference": reference_name, "perplexity_meaningful": real_weights, "engine": "vllm"}
     if dummy:
         return {**out, **Q.NOT_MEANINGFUL, "agreement_note": Q.NOT_SAME_WEIGHTS}
     if real_weights:
@@ -77,9 +77,8 @@ def evaluate(llm: Any, encode: Callable[[str], list[int]], run_dir: Path, real_w
     else:
         out.update(Q.NOT_MEANINGFUL)
     progress("quality: agreement with the FP16 reference", None, None)
-    path = Q.reference_path(run_dir)
-    if not path.is_file():
+    if reference_file is None or not reference_file.is_file():
         out["agreement_note"] = Q.NO_REFERENCE
         return out
-    out.update(agreement(llm, torch.load(path, weights_only=False)))
+    out.update(agreement(llm, torch.load(reference_file, weights_only=False)))
     return out

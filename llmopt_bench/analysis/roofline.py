@@ -137,17 +137,17 @@ def stage_weight_bytes(stage: Any, model: Any) -> tuple[float | None, str]:
 
 
 def stage_batch(stage: Any, workload: Any, decode: bool = True) -> int:
-    """Sequences decoded together: the batching stage's main concurrency, else the batch size
-    (prefill: the batch size; a continuous batch prefills requests as they arrive)."""
-    sweep = (stage.extra or {}).get("sweep")
-    if decode and isinstance(sweep, dict) and sweep.get("main_concurrency"):
-        return int(sweep["main_concurrency"])
+    """Sequences decoded together: what the stage says of its samples (facts.decode_batch: a load
+    curve's main concurrency), else the batch size (prefill: the batch size; a continuous batch
+    prefills requests as they arrive)."""
+    if decode and stage.facts.decode_batch:
+        return int(stage.facts.decode_batch)
     return int((stage.params or {}).get("batch_size") or getattr(workload, "batch_size", 1) or 1)
 
 
 def kv_dtype_bytes(stage: Any, model: Any) -> float:
     impl = (stage.load.implementation if stage.load else {}) or {}
-    kv = ((stage.extra or {}).get("kv_cache") or {}).get("kv_dtype") or impl.get("kv_cache_dtype")
+    kv = (stage.load.kv_cache_dtype if stage.load else None) or impl.get("kv_cache_dtype")
     return dtype_bytes(kv if kv not in (None, "auto") else stage_dtype(stage, model))
 
 

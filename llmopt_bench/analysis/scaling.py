@@ -50,27 +50,20 @@ def tp_of(s: StageResult) -> int:
 
 
 def batch1_tpot(s: StageResult, batch_size: int) -> float | None:
-    """A stage with a load curve: its concurrency-1 point; else its metrics, when the run's
-    fixed workload is batch 1."""
-    curve = (s.extra or {}).get("curve") or []
-    one = next((r for r in curve if r.get("mode") == "continuous" and r.get("concurrency") == 1), None)
-    if one:
-        return one.get("tpot_p50_s")
-    if curve or s.own_workload or batch_size != 1 or not s.metrics or not s.metrics.tpot_s:
+    """TPOT at one request in flight: what the stage measured apart (a load curve's concurrency-1
+    point), else its metrics when the run's fixed workload is batch 1."""
+    if s.facts.batch1_tpot_s:
+        return s.facts.batch1_tpot_s
+    if s.own_workload or s.facts.saturated_how or batch_size != 1 or not s.metrics or not s.metrics.tpot_s:
         return None
     return s.metrics.tpot_s.p50
 
 
 def saturated(s: StageResult) -> tuple[float | None, str]:
-    """The most output tokens a second the stage saw: the all-at-once throughput point, else the
-    top of its load curve, else its own output tok/s (batch 1: not saturated, and said so)."""
-    x = s.extra or {}
-    tp = ((x.get("throughput_point") or {}).get("continuous") or {}).get("output_tok_s")
-    if tp:
-        return tp, "throughput point (all requests at once)"
-    curve = [r.get("output_tok_s") or 0 for r in x.get("curve") or [] if r.get("mode") == "continuous"]
-    if curve and max(curve):
-        return max(curve), "top of the load curve"
+    """The most output tokens a second the stage saw: what it says (facts: a throughput point, a
+    load curve's top), else its own output tok/s (the fixed workload, not saturated, said so)."""
+    if s.facts.saturated_tok_s:
+        return s.facts.saturated_tok_s, s.facts.saturated_how or ""
     if s.metrics and s.metrics.output_tok_s:
         return s.metrics.output_tok_s, "the fixed workload (not saturated)"
     return None, ""
@@ -99,4 +92,4 @@ def scaling_rows(run: RunResult) -> list[ScalingRow]:
 
 def per_gpu(s: StageResult) -> dict[str, Any]:
     """The stage's processes' peak bytes on each GPU it used (NVML), by device index."""
-    return {k: v for k, v in ((s.memory or {}).get("process_peak_bytes_by_device") or {}).items() if v}
+    return {k: v for k, v in s.memory.process_peak_bytes_by_device.items() if v}

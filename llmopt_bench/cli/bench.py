@@ -40,7 +40,7 @@ def parse_min_quality(text: str | None) -> float | None:
 
 @app.command("bench")
 def bench_cmd(
-    stages: str = typer.Option("all", "--stages", "-s", help="all (stages/journey.toml), a comma list (hf-fp16,vllm), or a journey .toml file."),
+    stages: Optional[str] = typer.Option(None, "--stages", "-s", help="all (stages/journey.toml), a comma list (hf-fp16,vllm), or a journey .toml file. With --resume: stages to add to the run's journey. [default: all]"),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="synthetic:tiny | synthetic:llama2-7b | bundled:smollm2-135m | a local checkpoint dir | a hub id. Default: synthetic:llama2-7b on CUDA, synthetic:tiny on CPU."),
     prompts: Optional[str] = typer.Option(None, "--prompts", help="JSONL prompt file, one {\"id\", \"text\"} per line. Default: the shipped set."),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Output length, forced (EOS ignored) so every stage does the same work. [default: 100]"),
@@ -53,7 +53,7 @@ def bench_cmd(
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Requests generated together by one-shot stages. [default: 1]"),
     workload_kind: Optional[str] = typer.Option(None, "--workload", help="fixed, or mixed (a quarter long documents, the rest short questions)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run directory. [default: results/runs/<timestamp>]"),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in DIR: only stages missing from its run.json, or interrupted there, run."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in DIR: the journey it was started with, only the stages missing from its run.json or interrupted there; --stages adds stages to it."),
     fail_fast: bool = typer.Option(False, "--fail-fast", help="Stop at the first stage that fails (error, oom, timeout)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per stage, overriding the journey's timeout_s. [default: 1800]"),
     as_json: bool = typer.Option(False, "--json", help="Print run.json to stdout instead of the table."),
@@ -73,7 +73,13 @@ def bench_cmd(
             raise UsageError("--resume DIR and --output differ", "--resume DIR writes into DIR; drop --output")
         previous = load_run(resume)
         output = resume
-    plans, named = resolve_stages(stages)
+    # --resume finishes the journey the run was started with (a schema-1 run did not record
+    # it: then --stages, default all, as before); --stages with --resume adds stages to it
+    plans, named = resolve_stages(stages or "all") if stages is not None or not (previous and previous.journey) else ([], False)
+    if previous is not None and previous.journey:
+        from llmopt_bench.runner import resume_plans
+
+        plans = resume_plans(previous, plans)
     source = model or (previous.model.source if previous and previous.model else default_model(bool(cuda_devices())))
     spec = parse_model(source)
     if workload_kind not in (None, "fixed", "mixed"):

@@ -17,8 +17,6 @@ import math
 import os
 import re
 import resource
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,17 +24,13 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from llmopt_bench import spawn
+from llmopt_bench.errors import describe, is_oom
 from llmopt_bench.measure.timing import now
 from llmopt_bench.stage import RequestSample
 from llmopt_bench.workload import Request
 
 GenFn = Callable[[Sequence[Request], int], list[RequestSample]]
-
-
-def is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, MemoryError):
-        return True
-    return type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()[:300]
 
 
 # --- static batching ----------------------------------------------------------------------------
@@ -133,31 +127,19 @@ def run_isolated(probe: str, job: dict[str, Any], timeout_s: float, workdir: Pat
     os.close(fd)
     out_path = job_path.replace(".job.json", ".out.json")
     Path(job_path).write_text(json.dumps(job))
-    sys.stdout.flush()
-    sys.stderr.flush()
     t0 = now()
-    proc = subprocess.Popen([sys.executable, "-m", "llmopt_bench.engines.static_batching", probe, job_path, out_path])
-    try:
-        code = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        return {"status": "timeout", "reason": f"probe exceeded {timeout_s:.0f} s", "wall_s": round(now() - t0, 3)}
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
+    ended = spawn.run([sys.executable, "-m", "llmopt_bench.engines.static_batching", probe, job_path, out_path],
+                      timeout_s=timeout_s, own_session=False)  # the stage's session: its sampler sees the probe
     wall = round(now() - t0, 3)
+    if ended.timed_out:
+        return {"status": "timeout", "reason": f"probe exceeded {timeout_s:.0f} s", "wall_s": wall}
     if Path(out_path).is_file():
         answer = json.loads(Path(out_path).read_text())
         answer.setdefault("wall_s", wall)
-        answer["exit_code"] = code
+        answer["exit_code"] = ended.code
         return answer
-    if code < 0 and -code == signal.SIGKILL:
-        return {"status": "oom", "reason": "probe killed by signal 9 (likely the host OOM killer)", "wall_s": wall,
-                "exit_code": code}
-    return {"status": "error", "reason": f"probe exited with code {code} without an answer (see the stage log)",
-            "wall_s": wall, "exit_code": code}
+    status, reason = ended.outcome()
+    return {"status": status, "reason": f"probe {reason} (see the stage log)", "wall_s": wall, "exit_code": ended.code}
 
 
 def _rss_bytes() -> int:
@@ -187,7 +169,7 @@ def _memory(device: str) -> dict[str, Any]:
 def _oom_details(exc: BaseException, device: str) -> dict[str, Any]:
     """Memory when the allocation failed: taken inside the except block, while the failed
     step's tensors are still referenced by the traceback."""
-    d: dict[str, Any] = {"status": "oom", "reason": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"}
+    d: dict[str, Any] = {"status": "oom", "reason": describe(exc, 300)}
     m = re.search(r"Tried to allocate ([\d.]+) (GiB|MiB|KiB)", str(exc))
     if m:
         d["tried_to_allocate_bytes"] = int(float(m.group(1)) * {"GiB": 1024**3, "MiB": 1024**2, "KiB": 1024}[m.group(2)])

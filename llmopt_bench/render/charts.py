@@ -1,44 +1,17 @@
-"""The report's charts (PNG, matplotlib Agg) from run.json alone. Each chart function returns
-the file it wrote, or None when its data is absent; write_charts returns the files written."""
+"""The report's cross-stage charts (PNG, matplotlib Agg) from run.json alone. Each chart
+function returns the file it wrote, or None when its data is absent; write_charts returns the
+files written. Charts of one stage's own measurements (a sweep, a load curve) come from that
+stage's hook (Stage.charts), drawn by write_stage_charts."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Callable
 
-from llmopt_bench.render.exports import GB, comparable_stages, ok_stages, peak_memory, quality
+from llmopt_bench.analysis.selectors import GB, comparable_stages, peak_memory
+from llmopt_bench.fmt import pct
+from llmopt_bench.plotting import ALT, BASE, BEST, DOWN, UP, legend, plt as _plt, save as _save, xlabels as _xlabels
 from llmopt_bench.results import RunResult
-
-DOWN, UP, BASE, BEST = "#2e7d32", "#c62828", "#757575", "#1565c0"
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig: Any, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    _plt().close(fig)
-    return path
-
-
-def _plain_log2(ax: Any) -> None:
-    from matplotlib.ticker import ScalarFormatter
-
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(ScalarFormatter())
-
-
-def _xlabels(ax: Any, names: list[str]) -> None:
-    ax.set_xticks(range(len(names)))
-    ax.set_xticklabels(names, rotation=25 if len(names) > 3 else 0, ha="right" if len(names) > 3 else "center")
 
 
 def _tpot_ms(s: Any) -> float | None:
@@ -53,7 +26,8 @@ def latency_waterfall(run: RunResult, path: Path) -> Path | None:
     plt = _plt()
     values = [_tpot_ms(s) for s in stages]
     best = min(range(len(values)), key=values.__getitem__)
-    names = [s.name for s in stages] + [f"best: {stages[best].name}"]
+    show_best = best != 0  # the best bar repeats nothing when the baseline is the best (or the only) stage
+    names = [s.name for s in stages] + ([f"best: {stages[best].name}"] if show_best else [])
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(names)), 4.5))
     prev = None
     for i, v in enumerate(values):
@@ -63,9 +37,10 @@ def latency_waterfall(run: RunResult, path: Path) -> Path | None:
         label = f"{v:.3g} ms" if prev is None else f"{v:.3g} ms\n{prev / v:.2f}x"
         ax.annotate(label, (i, hi), ha="center", va="bottom", fontsize=8)
         prev = v
-    ax.bar(len(values), values[best], color=BEST)
-    ax.annotate(f"{values[best]:.3g} ms\n{values[0] / values[best]:.2f}x baseline", (len(values), values[best]),
-                ha="center", va="bottom", fontsize=8)
+    if show_best:
+        ax.bar(len(values), values[best], color=BEST)
+        ax.annotate(f"{values[best]:.3g} ms\n{values[0] / values[best]:.2f}x baseline", (len(values), values[best]),
+                    ha="center", va="bottom", fontsize=8)
     _xlabels(ax, names)
     ax.set_ylabel("TPOT p50 (ms per output token)")
     ax.set_ylim(0, max(values) * 1.25)
@@ -92,13 +67,9 @@ def throughput(run: RunResult, path: Path) -> Path | None:
 
 
 def memory_parts(s: Any) -> tuple[float, float, float] | None:
-    """(weights, KV cache, other) in GB, from memory_split, else weights + kv_cache + peak."""
-    x = s.extra or {}
-    split = x.get("memory_split")
-    if isinstance(split, dict):
-        return tuple((split.get(k) or 0) / GB for k in ("weights_bytes", "kv_cache_bytes", "other_bytes"))
+    """(weights, KV cache, other) in GB: the weights and KV cache the load recorded, the rest of the peak."""
     weights = (s.load.weights_bytes or 0) if s.load else 0
-    kv = ((x.get("kv_cache") or {}).get("bytes") or 0) if isinstance(x.get("kv_cache"), dict) else 0
+    kv = (s.load.kv_cache_bytes or 0) if s.load else 0
     peak = peak_memory(s)[0] or 0
     if not (weights or kv or peak):
         return None
@@ -106,28 +77,30 @@ def memory_parts(s: Any) -> tuple[float, float, float] | None:
 
 
 def memory(run: RunResult, path: Path) -> Path | None:
-    rows = [(s.name, parts) for s in run.stages if (parts := memory_parts(s))]
+    rows = [(s.name, parts) for s in comparable_stages(run) if (parts := memory_parts(s))]
     if not rows:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4.5))
     bottom = [0.0] * len(rows)
-    for j, (label, color) in enumerate((("weights", BEST), ("KV cache", "#f9a825"), ("other (activations, runtime)", BASE))):
+    for j, (label, color) in enumerate((("weights", BEST), ("KV cache", ALT), ("other (activations, runtime)", BASE))):
         vals = [p[j] for _, p in rows]
+        if not any(vals):  # no legend entry for a part no stage has
+            continue
         ax.bar(range(len(rows)), vals, bottom=bottom, label=label, color=color)
         bottom = [b + v for b, v in zip(bottom, vals)]
     for i, total in enumerate(bottom):
         ax.annotate(f"{total:.3g} GB", (i, total), ha="center", va="bottom", fontsize=8)
-    sources = sorted({src for s in run.stages if (src := peak_memory(s)[1])})
+    sources = sorted({src for s in comparable_stages(run) if (src := peak_memory(s)[1])})
     _xlabels(ax, [n for n, _ in rows])
     ax.set_ylabel("GB")
     ax.set_title("Memory per stage" + (f" (peak: {', '.join(sources)})" if sources else ""), fontsize=10)
-    ax.legend(fontsize=8)
+    legend(ax, fontsize=8)
     return _save(fig, path)
 
 
 def distributions(run: RunResult, path: Path) -> Path | None:
-    stages = [s for s in ok_stages(run) if s.samples and s.samples.ttft_s]
+    stages = [s for s in comparable_stages(run) if s.samples and s.samples.ttft_s]
     if not stages:
         return None
     plt = _plt()
@@ -146,35 +119,6 @@ def distributions(run: RunResult, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def batching_curve(run: RunResult, path: Path) -> Path | None:
-    curves = [(s.name, s.extra["curve"]) for s in ok_stages(run) if isinstance((s.extra or {}).get("curve"), list)]
-    if not curves:
-        return None
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    xlabel = "concurrency (requests in flight)"
-    for name, curve in curves:
-        for mode, style in (("continuous", "-o"), ("static", "--s")):
-            rows = [r for r in curve if r.get("mode") == mode]
-            key = "concurrency" if any(r.get("concurrency") for r in rows) else "rate_rps" if any(r.get("rate_rps") for r in rows) else "rate"
-            if key != "concurrency":
-                xlabel = "arrival rate (requests / s)"
-            rows = sorted((r for r in rows if r.get(key) is not None), key=lambda r: r[key])
-            if not rows:
-                continue
-            xs = [r[key] for r in rows]
-            axes[0].plot(xs, [r.get("output_tok_s") or float("nan") for r in rows], style, label=f"{name} {mode}")
-            axes[1].plot(xs, [(r.get("tpot_p50_s") or float("nan")) * 1e3 for r in rows], style, label=f"{name} {mode}")
-    for ax, ylabel, title in ((axes[0], "output tokens / s", "Throughput vs load"),
-                              (axes[1], "TPOT p50 (ms)", "Per-token latency vs load")):
-        _plain_log2(ax)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.legend(fontsize=8)
-    return _save(fig, path)
-
-
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     """Indices of points no other point beats on both: lower x (latency), higher y (quality)."""
     return [i for i, (x, y) in enumerate(points)
@@ -182,11 +126,11 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
 
 
 def quality_speed(run: RunResult, path: Path) -> Path | None:
-    pts = [(s.name, _tpot_ms(s), quality(s).get("token_match_rate")) for s in ok_stages(run) if quality(s)]
-    refs = {quality(s).get("reference") for s in ok_stages(run) if quality(s)}
-    pts = [(n, x, 1.0 if y is None and n in refs else y) for n, x, y in pts]
+    """TPOT against token match with the reference: the trade-off each stage makes."""
+    pts = [(s.name, _tpot_ms(s), 1.0 if s.quality_reference else s.quality.token_match_rate)
+           for s in comparable_stages(run) if s.quality is not None]
     pts = [(n, x, y) for n, x, y in pts if x is not None and y is not None]
-    if not pts:
+    if len(pts) < 2:  # one point is no trade-off
         return None
     plt = _plt()
     front = pareto_front([(x, y) for _, x, y in pts])
@@ -195,11 +139,12 @@ def quality_speed(run: RunResult, path: Path) -> Path | None:
         ax.scatter([x], [y * 100], color=BEST if i in front else BASE, s=60, zorder=3)
         ax.annotate(n, (x, y * 100), xytext=(5, 4), textcoords="offset points", fontsize=8)
     fp = sorted((pts[i][1], pts[i][2] * 100) for i in front)
-    ax.step([x for x, _ in fp], [y for _, y in fp], where="post", color=BEST, label="Pareto front")
+    if len(fp) > 1:
+        ax.step([x for x, _ in fp], [y for _, y in fp], where="post", color=BEST, label="Pareto front")
     ax.set_xlabel("TPOT p50 (ms per output token, lower is faster)")
-    ax.set_ylabel("token match with the FP16 reference (%)")
+    ax.set_ylabel("token match with the quality reference (%)")
     ax.set_title("Quality vs speed (blue: Pareto front)")
-    ax.legend(fontsize=8)
+    legend(ax, fontsize=8)
     return _save(fig, path)
 
 
@@ -217,7 +162,7 @@ def roofline_chart(run: RunResult, path: Path) -> Path | None:
     ax.barh([y + 0.2 for y in ys], [r.measured_s * 1e3 for r in decode], height=0.4, color=BASE, label="measured TPOT p50")
     ax.barh([y - 0.2 for y in ys], [r.floor_s * 1e3 for r in decode], height=0.4, color=BEST, label="memory floor")
     for y, r in zip(ys, decode):
-        ax.annotate(f"{r.achieved * 100:.0f}% of floor, {r.bound}", (r.measured_s * 1e3, y + 0.2), va="center",
+        ax.annotate(f"{pct(r.achieved)} of floor, {r.bound}", (r.measured_s * 1e3, y + 0.2), va="center",
                     xytext=(3, 0), textcoords="offset points", fontsize=8)
     ax.set_yticks(list(ys))
     ax.set_yticklabels([r.stage for r in decode])
@@ -244,33 +189,9 @@ def roofline_chart(run: RunResult, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def flash_attention(run: RunResult, path: Path) -> Path | None:
-    rows = [r for s in ok_stages(run) for r in ((s.extra or {}).get("speedups") or []) if isinstance(r, dict)]
-    if not rows:
-        return None
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    series = sorted({(r.get("impl"), r.get("batch")) for r in rows}, key=str)
-    for impl, batch in series:
-        for phase, style in (("prefill", "-o"), ("decode", "--s")):
-            pts = sorted((r["context"], r[f"{phase}_speedup"]) for r in rows
-                         if (r.get("impl"), r.get("batch")) == (impl, batch) and r.get("context") and r.get(f"{phase}_speedup"))
-            if pts:
-                label = f"{impl} {phase}" + (f", batch {batch}" if batch is not None and len(series) > 1 else "")
-                ax.plot([c for c, _ in pts], [v for _, v in pts], style, label=label)
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    _plain_log2(ax)
-    ax.set_xlabel("context (tokens)")
-    ax.set_ylabel("speedup vs eager attention (x)")
-    ax.set_title("FlashAttention speedup by context and phase")
-    ax.legend(fontsize=8)
-    return _save(fig, path)
-
-
 CHARTS: dict[str, Callable[[RunResult, Path], Path | None]] = {
     "latency_waterfall": latency_waterfall, "throughput": throughput, "memory": memory,
-    "distributions": distributions, "batching_curve": batching_curve, "quality_speed": quality_speed,
-    "roofline": roofline_chart, "flash_attention": flash_attention,
+    "distributions": distributions, "quality_speed": quality_speed, "roofline": roofline_chart,
 }
 
 
@@ -282,3 +203,10 @@ def write_charts(run: RunResult, out_dir: Path) -> list[Path]:
         if path is not None:
             written.append(path)
     return written
+
+
+def write_stage_charts(run: RunResult, out_dir: Path) -> dict[str, list[Path]]:
+    """Each ok stage's own charts (Stage.charts), by result name."""
+    from llmopt_bench.render.hooks import stage_charts
+
+    return {s.name: paths for s in run.stages if s.status == "ok" and (paths := stage_charts(s, run, Path(out_dir)))}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmopt_bench.render.exports import GB, peak_memory, quality
+from llmopt_bench.analysis.selectors import GB, peak_memory
 from llmopt_bench.results import RunResult, StageResult
 
 
@@ -13,9 +13,9 @@ def ms(d, attr: str = "p50") -> str:
 def note(s: StageResult) -> str:
     """Why a stage did not run, or what to keep in mind about its row."""
     parts = [s.reason] if s.reason else []
-    q = quality(s)
-    if q.get("quality_regression"):
-        parts.append(f"quality regression: perplexity {(q['quality_ratio'] - 1) * 100:+.1f}% vs hf-fp16")
+    q = s.quality
+    if q and q.quality_regression and q.quality_ratio:
+        parts.append(f"quality regression: perplexity {(q.quality_ratio - 1) * 100:+.1f}% vs {q.reference or 'the reference'}")
     if s.own_workload and s.status == "ok":
         parts.append("own workload (sweep): see the report")
     return "; ".join(parts)

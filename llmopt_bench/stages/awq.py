@@ -12,14 +12,21 @@ from typing import Literal
 
 from pydantic import Field
 
-from llmopt_bench import awq
-from llmopt_bench.stage import LoadInfo, Requirements, StageContext, StageSkipped
-from llmopt_bench.stages.vllm_stage import VLLMParams, VLLMStage
+from llmopt_bench.analysis.claims import verdict
+from llmopt_bench.analysis.selectors import of_stage, perplexity, reference
+from llmopt_bench.engines import awq
+from llmopt_bench.engines.vllm_engine import VLLMEngine
+from llmopt_bench.engines.vllm_params import VLLMEngineParams
+from llmopt_bench.scenarios.fixed import FixedParams, FixedWorkloadStage
+from llmopt_bench.stage import Claim, Requirements, StageContext, StageSkipped
 
 PREQUANTIZED = ("awq", "compressed-tensors")
 
 
-class AWQParams(VLLMParams):
+NF4_STAGE = "bnb-nf4"  # the global INT4 this stage's quality is weighed against
+
+
+class AWQParams(VLLMEngineParams, FixedParams):
     checkpoint: str | None = Field(None, description="a pre-quantized AWQ checkpoint of the model (quant_method awq "
                                                      "or compressed-tensors W4A16); default: calibrate one")
     group_size: int | None = Field(None, description="default: 128 where every layer's input size allows it, else 64, else 32")
@@ -30,14 +37,14 @@ class AWQParams(VLLMParams):
     cpu_w4a16: bool = True  # vLLM-CPU on AMX otherwise quantizes activations to int8 too (W4A8)
 
 
-class AWQStage(VLLMStage):
+class AWQStage(FixedWorkloadStage):
     name = "awq-int4"
     description = "AWQ 4-bit weights (activation-aware, group-wise) on vLLM's INT4 kernels, one request at a time"
     changes = "weights in 4-bit AWQ (the careful INT4) on vLLM"
     requires = Requirements(imports={"vllm": "vllm"}, engine="vllm")
     Params = AWQParams
 
-    def load(self, model, params: AWQParams, ctx: StageContext) -> LoadInfo:
+    def start_engine(self, model, params: AWQParams, ctx: StageContext):
         path, meta, note = self._checkpoint(model, params, ctx)
         if params.dtype == "auto":  # the INT4 kernels take fp16/bf16 activations only, never fp32
             params = params.model_copy(update={"dtype": "float16" if ctx.device == "cuda" else "bfloat16"})
@@ -45,15 +52,16 @@ class AWQStage(VLLMStage):
             os.environ["VLLM_CPU_INT4_W4A8"] = "0"
         if meta.get("source") == "dummy":
             params = params.model_copy(update={"load_format": "dummy"})
-        info = super().load(model.model_copy(update={"path": str(path)}), params, ctx)
-        self.model_info = model.model_copy(update={"real_weights": model.real_weights and meta.get("source") != "dummy"})
+        real = model.real_weights and meta.get("source") != "dummy"
+        engine, info = VLLMEngine.start(model.model_copy(update={"path": str(path), "real_weights": real}), params, ctx,
+                                        max_len_cap=model.max_position_embeddings)
         info.implementation["awq"] = meta
         info.implementation["w4a16"] = ctx.device == "cuda" or params.cpu_w4a16
         if meta.get("calibrate_s") and not meta.get("cached"):
             info.phases_s["awq_calibrate_s"] = meta["calibrate_s"]
         if note:
             info.notes.append(note)
-        return info
+        return engine, info
 
     def _checkpoint(self, model, params: AWQParams, ctx: StageContext) -> tuple[Path, dict, str | None]:
         """Where the AWQ weights come from: the model itself, the user's checkpoint, a dummy
@@ -87,3 +95,17 @@ class AWQStage(VLLMStage):
         except awq.AWQUnavailable as e:
             raise StageSkipped(e.reason, e.fix) from None
         return path, {**meta, "source": "calibrated", "quant_method": "awq", "checkpoint": str(path)}, None
+
+    @classmethod
+    def claims(cls, result, run) -> list[Claim]:
+        """The story's INT4 lesson: 4 bits everywhere (NF4) costs quality that AWQ keeps."""
+        fp16, nf4, awq_ppl = perplexity(reference(run)), perplexity(of_stage(run, NF4_STAGE)), perplexity(result)
+        claim, target = "INT4 ruins quality unless done carefully (AWQ)", "AWQ's perplexity rise below NF4's"
+        if not (fp16 and nf4 and awq_ppl):
+            return [Claim(key="awq-quality", claim=claim, target=target, measured="-", verdict="not measured",
+                          detail=f"needs the quality reference, {NF4_STAGE} and {result.name} ok, with perplexity (real weights)")]
+        rise_nf4, rise_awq = nf4 / fp16 - 1, awq_ppl / fp16 - 1
+        return [Claim(key="awq-quality", claim=claim, target=target,
+                      measured=f"AWQ {rise_awq * 100:+.1f}%, NF4 {rise_nf4 * 100:+.1f}%",
+                      value=rise_awq / rise_nf4 if rise_nf4 else None, verdict=verdict(rise_awq < rise_nf4),
+                      detail=f"perplexity {fp16:.4g} (reference), {nf4:.4g} ({NF4_STAGE}), {awq_ppl:.4g} ({result.name})")]

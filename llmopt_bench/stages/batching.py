@@ -19,14 +19,17 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from llmopt_bench.errors import describe, is_oom
 from llmopt_bench.analysis.metrics import compute, tpot, ttft
 from llmopt_bench.engines import hf
 from llmopt_bench.engines import vllm as V
 from llmopt_bench.engines.lifecycle import cmdline, descendants, device_memory, rss, wait_freed
-from llmopt_bench.engines.static_batching import is_oom, load_model, run_isolated, static_serve
-from llmopt_bench.stage import LoadInfo, RequestSample, Requirements, Stage, StageContext, StageRun
-from llmopt_bench.stages.kv_capacity import hf_capacity, vllm_kv_cache
-from llmopt_bench.stages.vllm_stage import VLLMParams, engine_config, prepare_engine_env
+from llmopt_bench.engines.static_batching import load_model, run_isolated, static_serve
+from llmopt_bench.engines.vllm_kv import kv_cache_record
+from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config, prepare_engine_env
+from llmopt_bench.scenarios.arrivals_record import BatchingExtra
+from llmopt_bench.scenarios.capacity import hf_capacity, vllm_capacity_rows
+from llmopt_bench.stage import LoadInfo, RequestSample, Requirements, Stage, StageContext, StageFacts, StageRun
 from llmopt_bench.workload import Request, WorkloadConfig, build_requests, fit_length, load_prompts, poisson_arrivals
 
 Attn = Literal["eager", "sdpa", "flash_attention_2"]
@@ -35,7 +38,7 @@ H200_REFERENCE = {"vllm_fp16_batch1_ms_per_token": 4.63, "vllm_fp16_256x128_out_
                   "model": "Llama-2-7B shape, FP16, one H200"}
 
 
-class BatchingParams(VLLMParams):
+class BatchingParams(VLLMEngineParams):
     max_num_seqs: int | None = 256  # the engine's running-batch limit (the story used 32)
     max_num_batched_tokens: int | None = 4096  # tokens per engine step (prefill chunks + decodes)
     mode: Literal["closed", "poisson"] = "closed"
@@ -105,6 +108,26 @@ class ContinuousBatchingStage(Stage):
     own_workload = True  # arrivals at several concurrencies, not one request at a time
     requires = Requirements(imports={"vllm": "vllm", "transformers": "test", "torch": "test"}, engine="vllm")
     Params = BatchingParams
+    Extra = BatchingExtra
+
+    @classmethod
+    def claims(cls, result, run):
+        from llmopt_bench.scenarios.arrivals_report import batching_claim
+
+        return [batching_claim(result.extra_as(BatchingExtra), run)]
+
+    @classmethod
+    def report_blocks(cls, result, run):
+        from llmopt_bench.scenarios.arrivals_report import batching_blocks
+
+        return batching_blocks(result.extra_as(BatchingExtra))
+
+    @classmethod
+    def charts(cls, result, run, out_dir):
+        from llmopt_bench.scenarios.arrivals_report import curve_chart
+
+        path = curve_chart(result.name, result.extra_as(BatchingExtra).curve, out_dir / f"{result.name}-curve.png")
+        return [path] if path else []
 
     # --- load ---------------------------------------------------------------------------------
 
@@ -277,8 +300,9 @@ class ContinuousBatchingStage(Stage):
                                "memory_at_oom_bytes": None, "peak_bytes": None,
                                "note": "vLLM: paged KV cache preallocated at start-up, no padding; peak is the engine's footprint (see lifecycle)"})
 
-        kv, cap_rows = vllm_kv_cache(self.llm, self.model, self.cfg.dtype, p.contexts, p.max_num_seqs, ctx.log_path)
-        extra["kv_cache"] = kv
+        kv = kv_cache_record(self.llm, self.model, self.cfg.dtype, ctx.log_path, p.max_num_seqs)
+        cap_rows = vllm_capacity_rows(kv, p.contexts, p.max_num_seqs)
+        extra["kv_cache"] = kv.model_dump() if kv else None
         self._keep(extra, curve, mixed_rows)
 
         # --- the engine goes, and its memory with it ---------------------------------------
@@ -349,7 +373,7 @@ class ContinuousBatchingStage(Stage):
         else:
             extra["capacity"] = cap_rows
         extra["lifecycle"] = self.lifecycle
-        return StageRun(samples=samples, extra=extra, notes=self.notes)
+        return StageRun(samples=samples, extra=extra, notes=self.notes, facts=facts(extra, p.main_concurrency if p.mode == "closed" else None))
 
     def _keep(self, extra: dict[str, Any], curve: list[dict[str, Any]], mixed: list[dict[str, Any]]) -> None:
         """What is measured so far, on disk in the stage's directory: a stage cut off by its
@@ -357,7 +381,7 @@ class ContinuousBatchingStage(Stage):
         import json
 
         part = {**extra, "curve": curve, "mixed": mixed, "lifecycle": self.lifecycle, "notes": self.notes}
-        (self.ctx.stage_dir / "partial.json").write_text(json.dumps(part, indent=1, default=str))
+        self.ctx.keep_partial(json.loads(json.dumps(part, default=str)))
 
     # --- transformers ---------------------------------------------------------------------------
 
@@ -398,7 +422,7 @@ class ContinuousBatchingStage(Stage):
         except BaseException as e:  # noqa: BLE001 - an OOM at this batch size is a result
             if not is_oom(e):
                 raise
-            msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+            msg = describe(e, 200)
         if msg is None:
             return self._row(point, "static", got)
         if self.device == "cuda":  # the failed step's tensors are gone with the exception
@@ -411,3 +435,16 @@ class ContinuousBatchingStage(Stage):
         llm, self.llm = getattr(self, "llm", None), None
         V.shutdown(llm)
         self._unload_hf()
+
+
+def facts(extra: dict[str, Any], main_concurrency: int | None) -> StageFacts:
+    """What the roofline and the scaling table read of the curve: the decode batch of the
+    samples, TPOT at concurrency 1, and the saturated throughput (the all-at-once point, else the
+    curve's top)."""
+    curve = extra.get("curve") or []
+    one = next((r for r in curve if r.get("mode") == "continuous" and r.get("concurrency") == 1), None)
+    point = ((extra.get("throughput_point") or {}).get("continuous") or {}).get("output_tok_s")
+    top = max((r.get("output_tok_s") or 0 for r in curve if r.get("mode") == "continuous"), default=0)
+    how = "throughput point (all requests at once)" if point else "top of the load curve" if top else None
+    return StageFacts(decode_batch=main_concurrency, batch1_tpot_s=one.get("tpot_p50_s") if one else None,
+                      saturated_tok_s=point or top or None, saturated_how=how)

@@ -6,19 +6,25 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from llmopt_bench.stage import LoadInfo, Requirements, StageContext
-from llmopt_bench.stages.hf_base import HFParams, HFStage
+from llmopt_bench.analysis.claims import verdict
+from llmopt_bench.analysis.selectors import GB, reference
+from llmopt_bench.engines.transformers import HFEngineParams, TransformersEngine
+from llmopt_bench.fmt import num
+from llmopt_bench.scenarios.fixed import FixedParams, FixedWorkloadStage
+from llmopt_bench.stage import Claim, Requirements, StageContext
 
 BNB = Requirements(imports={"transformers": "test", "torch": "test", "bitsandbytes": "bnb"})
+INT8_HALVES_AT = 0.55  # INT8 weights / FP16 weights at most this
 
 
-def _layer_types(model: Any) -> dict[str, int]:
+def layer_types(model: Any) -> dict[str, int]:
     """How many Linear layers of each class the model holds: proof the quantized ones are in."""
     counts: dict[str, int] = {}
     for module in model.modules():
         name = type(module).__name__
         if "Linear" in name:
-            counts[f"{type(module).__module__}.{name}"] = counts.get(f"{type(module).__module__}.{name}", 0) + 1
+            key = f"{type(module).__module__}.{name}"
+            counts[key] = counts.get(key, 0) + 1
     return counts
 
 
@@ -37,17 +43,31 @@ class _Once(logging.Filter):
         return first
 
 
-class _BnbStage(HFStage):
-    requires = BNB
+class BnbParams(HFEngineParams, FixedParams):
+    pass
 
-    def load(self, model, params, ctx: StageContext) -> LoadInfo:
+
+class NF4Params(BnbParams):
+    double_quant: bool = True
+
+
+class _BnbStage(FixedWorkloadStage):
+    requires = BNB
+    Params = BnbParams
+
+    def quantization_config(self, params: Any, dtype: str) -> Any:
+        raise NotImplementedError
+
+    def start_engine(self, model, params, ctx: StageContext):
+        from llmopt_bench.engines.hf import resolve_dtype
+
         logging.getLogger("bitsandbytes.autograd._functions").addFilter(_Once())
-        info = super().load(model, params, ctx)
+        engine, info = TransformersEngine.start(model, params, ctx, self.quantization_config(params, resolve_dtype(params.dtype, ctx.device)))
         import bitsandbytes
 
         info.versions["bitsandbytes"] = bitsandbytes.__version__
-        info.implementation["linear_layers"] = _layer_types(self.model)
-        return info
+        info.implementation["linear_layers"] = layer_types(engine.model)
+        return engine, info
 
 
 class BnbInt8Stage(_BnbStage):
@@ -55,14 +75,27 @@ class BnbInt8Stage(_BnbStage):
     description = "transformers + bitsandbytes LLM.int8 weights"
     changes = "weights in INT8 (LLM.int8, outliers kept in FP16)"
 
-    def quantization_config(self, params: HFParams, dtype: str) -> Any:
+    def quantization_config(self, params: BnbParams, dtype: str) -> Any:
         from transformers import BitsAndBytesConfig
 
         return BitsAndBytesConfig(load_in_8bit=True)
 
-
-class NF4Params(HFParams):
-    double_quant: bool = True
+    @classmethod
+    def claims(cls, result, run) -> list[Claim]:
+        """The story's "INT8 halves the memory": this stage's weights against the reference's."""
+        ref = reference(run)
+        w = [s.load.weights_bytes if s and s.load else None for s in (ref, result)]
+        value = w[1] / w[0] if w[0] and w[1] else None
+        if value is None or ref is None:
+            detail = "needs the quality reference (FP16) and this stage, ok, with their weights' size"
+        else:
+            dtype = (ref.load.implementation or {}).get("dtype") if ref.load else None
+            detail = f"weights {num(w[1] / GB)} GB vs {num(w[0] / GB)} GB ({ref.name}, {dtype or '?'})"
+            if dtype == "float32":
+                detail += "; the reference holds FP32 here, so INT8 is compared with FP32"
+        return [Claim(key="int8-memory", claim="INT8 halves the memory", target=f"INT8 / FP16 weights <= {INT8_HALVES_AT}",
+                      measured=f"{value:.2f}" if value else "-", value=value,
+                      verdict=verdict(None if value is None else value <= INT8_HALVES_AT), detail=detail)]
 
 
 class BnbNF4Stage(_BnbStage):

@@ -33,11 +33,13 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from llmopt_bench.analysis.stats import Distribution
+from llmopt_bench.distribution import Distribution
 from llmopt_bench.engines import hf
-from llmopt_bench.errors import extra_fix
+from llmopt_bench.errors import extra_fix, first_line
 from llmopt_bench.measure.timing import make_sync, now
 from llmopt_bench.stage import LoadInfo, Requirements, Stage, StageContext, StageRun, StageSkipped, StrictModel
+from llmopt_bench.scenarios.context_sweep_report import SweepPresentation
+from llmopt_bench.scenarios.context_sweep import ContextSweepExtra, plan_contexts, speedups, sweep_claims
 from llmopt_bench.workload import Request, WorkloadConfig, build_requests, fit_length
 
 Impl = Literal["eager", "sdpa-math", "sdpa-flash", "sdpa-efficient", "flash_attention_2"]
@@ -45,15 +47,11 @@ DEFAULT_IMPLS: list[str] = ["eager", "sdpa-math", "sdpa-flash", "flash_attention
 ATTN_IMPL = {"eager": "eager", "sdpa-math": "sdpa", "sdpa-flash": "sdpa", "sdpa-efficient": "sdpa",
              "flash_attention_2": "flash_attention_2"}
 SDPA_BACKEND = {"sdpa-math": "MATH", "sdpa-flash": "FLASH_ATTENTION", "sdpa-efficient": "EFFICIENT_ATTENTION"}
-CLAIMS = [("2x at 2K", 2048, 2.0), ("4x at 8K", 8192, 4.0)]
 # Final-logit agreement to rounding: |diff| <= 20 machine epsilons of the dtype times the logit
 # scale, max(1, max |reference logit|). fp16 over 32 layers of a 7B model lands near 10 eps.
 EPS = {"float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
 TOL_EPS = 20
 FLASH_FIX = f"{extra_fix('flash')} on a CUDA machine (flash-attn builds from source: it needs CUDA and nvcc)"
-CPU_CAP_NOTE = ("context {c} capped to {cap} on CPU (cpu_max_context={cap}): eager attention at long context "
-                "takes minutes on a few cores; raise cpu_max_context to measure {c}")
-
 
 class FlashAttnParams(StrictModel):
     implementations: list[Impl] = Field(default_factory=lambda: list(DEFAULT_IMPLS), min_length=1)
@@ -66,8 +64,6 @@ class FlashAttnParams(StrictModel):
     cpu_max_context: int | None = Field(1024, ge=1, description="on CPU, contexts above this are measured at this length instead, with a note; None: no cap")
     verify_kernels: bool = True
 
-
-# --- pure helpers (unit-tested without torch) ------------------------------------------------
 
 def effective_from_ops(names: set[str] | list[str]) -> str:
     """The attention implementation a set of profiler op/kernel names shows."""
@@ -90,81 +86,23 @@ def effective_from_ops(names: set[str] | list[str]) -> str:
     return seen[0] if len(seen) == 1 else "mixed:" + "+".join(seen)
 
 
-def _row(rows: list[dict], impl: str, context: int, batch: int) -> dict | None:
-    return next((r for r in rows if r["impl"] == impl and r["context"] == context and r["batch"] == batch), None)
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b and b > 0 else None
-
-
-def speedups(rows: list[dict], baseline: str) -> list[dict]:
-    """Baseline p50 over impl p50 for every ok row that has an ok baseline row; the spread is
-    (baseline min / impl max, baseline max / impl min): the range the repeats allow."""
-    out = []
-    for r in rows:
-        if r["impl"] == baseline or r["status"] != "ok":
-            continue
-        base = _row(rows, baseline, r["context"], r["batch"])
-        if base is None or base["status"] != "ok":
-            continue
-        entry: dict[str, Any] = {"impl": r["impl"], "context": r["context"], "batch": r["batch"]}
-        for phase, key in (("prefill", "ttft_s"), ("decode", "tpot_s")):
-            b, i = base[key], r[key]
-            if not b or not i:
-                entry[f"{phase}_speedup"], entry[f"{phase}_spread"] = None, None
-                continue
-            entry[f"{phase}_speedup"] = _ratio(b["p50"], i["p50"])
-            entry[f"{phase}_spread"] = [_ratio(b["min"], i["max"]), _ratio(b["max"], i["min"])]
-        out.append(entry)
-    return out
-
-
-def claims(speeds: list[dict], impls: list[str], rows: list[dict]) -> list[dict]:
-    """The story's claims against the FlashAttention implementation that ran (flash_attention_2,
-    else sdpa-flash), batch 1 (else the smallest batch): held when the p50 ratio reaches the target."""
-    ran = [i for i in ("flash_attention_2", "sdpa-flash") if any(s["impl"] == i for s in speeds)]
-    impl = ran[0] if ran else next((i for i in ("flash_attention_2", "sdpa-flash") if i in impls), None)
-    batches = sorted({r["batch"] for r in rows}) or [1]
-    batch = 1 if 1 in batches else batches[0]
-    out = []
-    for text, context, target in CLAIMS:
-        s = next((s for s in speeds if s["impl"] == impl and s["context"] == context and s["batch"] == batch), None)
-        entry: dict[str, Any] = {"claim": text, "context": context, "target": target, "impl": impl, "batch": batch}
-        for phase in ("prefill", "decode"):
-            value = s.get(f"{phase}_speedup") if s else None
-            entry[phase] = "not measured" if value is None else ("held" if value >= target else "not held")
-            entry[f"measured_{phase}"] = value
-        out.append(entry)
-    return out
-
-
-def plan_contexts(contexts: list[int], max_positions: int | None, device: str, cpu_cap: int | None) -> tuple[list[int], list[str]]:
-    """The contexts to measure (sorted, unique) and a note for each one changed: above the
-    model's positions: dropped; on CPU above cpu_cap: measured at cpu_cap instead."""
-    keep, notes = set(), []
-    for c in sorted(set(contexts)):
-        if c < 1:
-            notes.append(f"context {c} dropped: not a positive length")
-        elif max_positions and c > max_positions:
-            notes.append(f"context {c} dropped: above the model's max_position_embeddings ({max_positions})")
-        elif device != "cuda" and cpu_cap is not None and c > cpu_cap:
-            notes.append(CPU_CAP_NOTE.format(c=c, cap=cpu_cap))
-            keep.add(cpu_cap)
-        else:
-            keep.add(c)
-    return sorted(keep), notes
-
-
 # --- the stage --------------------------------------------------------------------------------
 
-class FlashAttnStage(Stage):
+class FlashAttnStage(SweepPresentation, Stage):
     name = "flash-attn"
     description = "attention implementations (eager, SDPA math/flash, flash_attention_2) by context length, prefill and decode apart"
     changes = "attention kernel only: same weights, dtype and generate(); each kernel forced and verified by the profiler"
     own_workload = True  # a context-length sweep, not the fixed prompt set
     requires = Requirements(imports={"transformers": "test", "torch": "test"})
     Params = FlashAttnParams
+    Extra = ContextSweepExtra
+
+    @classmethod
+    def claims(cls, result, run):
+        from llmopt_bench.scenarios.context_sweep_report import flash_claim
+
+        return [flash_claim(result.extra_as(ContextSweepExtra))]
+
 
     def load(self, model, params: FlashAttnParams, ctx: StageContext) -> LoadInfo:
         import torch
@@ -265,7 +203,7 @@ class FlashAttnStage(Stage):
             try:
                 self.model, tok, info = hf.load_model(self.model_info.path, self.device, self.dtype, ATTN_IMPL[impl])
             except Exception as e:  # noqa: BLE001 - one implementation failing to load is a row, not the stage
-                reason = f"load failed: {type(e).__name__}: {_first_line(e)}"
+                reason = f"load failed: {type(e).__name__}: {first_line(e, 300)}"
                 kernels.append({"impl": impl, "requested": impl, "effective": None, "status": "failed", "reason": reason})
                 mark(impl, "failed", reason)
                 continue
@@ -287,7 +225,7 @@ class FlashAttnStage(Stage):
                         effective = impl if loaded_as == ATTN_IMPL[impl] else f"{loaded_as}?"
                         kinfo.update(effective=effective, ops=[], note="verify_kernels=false: not profiled")
             except Exception as e:  # noqa: BLE001 - a forced kernel that cannot run fails loudly here
-                reason = f"{type(e).__name__}: {_first_line(e)}" + _torch_says(seen)
+                reason = f"{type(e).__name__}: {first_line(e, 300)}" + _torch_says(seen)
                 kinfo.update(status="failed", reason=reason, effective=None)
                 kernels.append(kinfo)
                 mark(impl, "failed", reason)
@@ -312,7 +250,7 @@ class FlashAttnStage(Stage):
                             torch.cuda.empty_cache()
                         oom = "out of memory" in str(e).lower() or type(e).__name__ == "OutOfMemoryError"
                         row = {"ttft_s": None, "tpot_s": None, "peak_bytes": None, "status": "failed",
-                               "reason": ("out of memory: " if oom else "") + f"{type(e).__name__}: {_first_line(e)}" + _torch_says(seen)}
+                               "reason": ("out of memory: " if oom else "") + f"{type(e).__name__}: {first_line(e, 300)}" + _torch_says(seen)}
                         samples, logits_tokens = [], None
                     row = {"impl": impl, "effective_impl": effective, "context": context, "batch": batch, **row}
                     if row["status"] == "ok" and mismatch:
@@ -326,8 +264,8 @@ class FlashAttnStage(Stage):
             self._free()
 
         speeds = speedups(rows, self.baseline)
-        extra = {"sweep": rows, "speedups": speeds, "claims": claims(speeds, self.impls, rows),
-                 "agreement": self._agreement(ref, short, agree_batch), "kernels": kernels}
+        extra = {"sweep": rows, "speedups": speeds, "claims": sweep_claims(speeds, self.impls, rows),
+                 "agreement": self._agreement(ref, short, agree_batch), "kernels": kernels, "baseline": self.baseline}
         samples, note = self._pick_samples(rows, cell_samples)
         return StageRun(samples=samples, extra=extra, notes=self.notes + [note])
 
@@ -415,11 +353,6 @@ class FlashAttnStage(Stage):
     def teardown(self) -> None:
         if getattr(self, "model", None) is not None:
             self._free()
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:300] if text else ""
 
 
 def _torch_says(records) -> str:

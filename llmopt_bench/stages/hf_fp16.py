@@ -1,13 +1,26 @@
 """The journey's starting point: transformers from_pretrained in FP16, eager attention,
-generate() one request at a time."""
+generate() one request at a time. Its outputs are the run's quality reference."""
 
 from __future__ import annotations
 
-from llmopt_bench.stages.hf_base import HFStage
+from llmopt_bench.engines.transformers import HFEngineParams, TransformersEngine
+from llmopt_bench.scenarios.fixed import FixedParams, FixedWorkloadStage
+from llmopt_bench.stage import Requirements
+
+TRANSFORMERS = Requirements(imports={"transformers": "test", "torch": "test"})
 
 
-class HFFP16Stage(HFStage):
+class HFParams(HFEngineParams, FixedParams):
+    pass
+
+
+class HFFP16Stage(FixedWorkloadStage):
     name = "hf-fp16"
     description = "transformers FP16, eager attention, model.generate one request at a time"
     changes = "the baseline: plain transformers generate"
-    is_reference = True
+    quality_reference = True
+    requires = TRANSFORMERS
+    Params = HFParams
+
+    def start_engine(self, model, params, ctx):
+        return TransformersEngine.start(model, params, ctx)

@@ -12,38 +12,35 @@ that ran. docs/flash-attn.md."""
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field
 
+from llmopt_bench.errors import describe
 from llmopt_bench.analysis.metrics import tpot, ttft
-from llmopt_bench.analysis.stats import Distribution
+from llmopt_bench.distribution import Distribution
 from llmopt_bench.engines import vllm as V
 from llmopt_bench.engines.lifecycle import device_memory, wait_freed
-from llmopt_bench.stage import LoadInfo, Requirements, Stage, StageContext, StageRun, StageSkipped, StrictModel
-from llmopt_bench.stages.flash_attn import plan_contexts, speedups
-from llmopt_bench.engines.hf import resolve_dtype
-from llmopt_bench.stages.vllm_stage import prepare_engine_env
+from llmopt_bench.stage import LoadInfo, Requirements, Stage, StageContext, StageRun, StageSkipped
+from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config, prepare_engine_env
+from llmopt_bench.scenarios.context_sweep_report import SweepPresentation
+from llmopt_bench.scenarios.context_sweep import ContextSweepExtra, plan_contexts, speedups
 from llmopt_bench.workload import Request, WorkloadConfig, build_requests, fit_length
 
 CUDA_BACKENDS = ("FLASH_ATTN", "TRITON_ATTN", "FLASHINFER")
 NEEDS = {"FLASHINFER": "flashinfer"}  # backend -> the package it needs in vLLM's interpreter
 
 
-class VLLMAttnParams(StrictModel):
+class VLLMAttnParams(VLLMEngineParams):
+    """The engine's options (VLLMEngineParams), and the sweep's."""
+
     backends: list[str] = Field(default_factory=lambda: list(CUDA_BACKENDS), min_length=1,
                                 description="vLLM attention_backend names; 'auto' = vLLM's own choice")
     contexts: list[int] = Field(default_factory=lambda: [512, 2048, 8192], min_length=1)
     decode_tokens: int = Field(32, ge=1)
     repeats: int = Field(3, ge=1)
     warmup: int = Field(1, ge=0)
-    dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
-    gpu_memory_utilization: float = 0.9
-    enforce_eager: bool = False
     cpu_max_context: int | None = Field(1024, ge=1)
-    cpu_kvcache_space_gib: int = 1
-    load_format: str = "auto"
-    tensor_parallel_size: int = 1
 
 
 def plan_backends(requested: list[str], device: str, has_module) -> tuple[list[str], dict[str, str]]:
@@ -62,13 +59,15 @@ def plan_backends(requested: list[str], device: str, has_module) -> tuple[list[s
     return run, skipped
 
 
-class VLLMAttnStage(Stage):
+class VLLMAttnStage(SweepPresentation, Stage):
     name = "vllm-attn"
     description = "vLLM attention backends (FLASH_ATTN, TRITON_ATTN, FLASHINFER) by context length, prefill and decode apart"
     changes = "attention backend only, inside vLLM: same weights, dtype and engine; each backend forced and verified"
     requires = Requirements(imports={"vllm": "vllm"}, engine="vllm")
     Params = VLLMAttnParams
+    Extra = ContextSweepExtra
     own_workload = True
+
 
     def load(self, model, params: VLLMAttnParams, ctx: StageContext) -> LoadInfo:
         self.params, self.model, self.device = params, model, ctx.device
@@ -127,11 +126,10 @@ class VLLMAttnStage(Stage):
             max_len = min(max_len, self.model.max_position_embeddings)
         for i, backend in enumerate(self.backends):
             ctx.progress(f"starting vLLM with attention backend {backend} ({i + 1}/{len(self.backends)})", None, None)
-            cfg = V.EngineConfig(dtype=resolve_dtype(p.dtype, self.device), max_model_len=max_len,
-                                 gpu_memory_utilization=p.gpu_memory_utilization, enforce_eager=p.enforce_eager,
-                                 tensor_parallel_size=p.tensor_parallel_size, load_format=p.load_format,
-                                 attention_backend=None if backend == "auto" else backend,
-                                 extra={"enable_prefix_caching": False})  # every TTFT a real prefill
+            # every TTFT a real prefill: prefix caching off whatever the params say
+            cfg = engine_config(p.model_copy(update={"max_model_len": max_len, "enable_prefix_caching": False,
+                                                     "attention_backend": None if backend == "auto" else backend}),
+                                self.device, None)
             before = device_memory(use_torch=False)
             llm = None
             try:
@@ -148,7 +146,7 @@ class VLLMAttnStage(Stage):
                         f", ttft {row['ttft_s']['p50'] * 1e3:.1f} ms, tpot {row['tpot_s']['p50'] * 1e3:.2f} ms/tok"
                         if row["status"] == "ok" else f" ({row['reason']})"), None, None)
             except Exception as e:  # noqa: BLE001 - one backend failing must not end the sweep
-                reason = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                reason = describe(e, 300)
                 engine = {"backend": backend, "error": reason}
                 rows += [self._row(backend, c, status="failed", reason=reason) for c in self.contexts
                          if (backend, c) not in cells]

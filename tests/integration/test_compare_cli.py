@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from testkit import run_cli
-from llmopt_bench.analysis.stats import Distribution
+from llmopt_bench.distribution import Distribution
 
 BENCH = ("--stages", "hf-fp16", "--model", "synthetic:tiny", "--num-prompts", "16", "--max-new-tokens", "16",
          "--repeats", "2", "--warmup", "1", "--no-report")

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from llmopt_bench.analysis.metrics import StageMetrics
-from llmopt_bench.analysis.stats import Distribution
+from llmopt_bench.results import StageMetrics
+from llmopt_bench.distribution import Distribution
 from llmopt_bench.models import ModelInfo
-from llmopt_bench.render import exports
-from llmopt_bench.render.report import SECTIONS, conclusions, write_outputs
+from llmopt_bench.analysis.conclusions import conclusions as _conclusions
+from llmopt_bench.render.hooks import collect_claims
+from llmopt_bench.render.report import SECTIONS, write_outputs
 from llmopt_bench.results import RunResult, Samples, StageResult
-from llmopt_bench.stage import LoadInfo
+from llmopt_bench.stage import LoadInfo, QualityRecord, StageFacts
 from llmopt_bench.workload import WorkloadConfig
 from testkit import read_run, run_cli
 
@@ -107,7 +108,7 @@ def test_csv_and_json_exports_parse_and_match(real_run, tmp_path):
     assert rows[0]["stage"] == "hf-fp16" and float(rows[0]["tpot_p50_ms"]) == pytest.approx(tpot)
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["stages"][0]["tpot_p50_ms"] == pytest.approx(tpot)
-    assert [c["verdict"] for c in data["claims"]] == ["not measured"] * len(exports.claims(run_of()))  # one stage: nothing to compare
+    assert [c["verdict"] for c in data["claims"]] == ["not measured"]  # one stage: only the overall claim, not measured
     assert {r["phase"] for r in data["roofline"]} == {"decode", "prefill"}
 
 
@@ -129,7 +130,7 @@ def d(v: float) -> Distribution:
 
 
 def stage(name: str, tpot: float | None = None, e2e: float | None = None, weights: int | None = None, tok_s=None,
-          extra=None, status="ok") -> StageResult:
+          extra=None, status="ok", quality=None, kv=None, facts=None) -> StageResult:
     if status != "ok":
         return StageResult(name=name, status=status, reason="bitsandbytes not installed", fix="pip install x")
     tpot = tpot or 0.03
@@ -140,8 +141,10 @@ def stage(name: str, tpot: float | None = None, e2e: float | None = None, weight
     samples = Samples(ttft_s=[0.045, 0.05, 0.055], tpot_s=[tpot * 0.9, tpot, tpot * 1.1], e2e_s=[e2e] * 3,
                       output_tokens=[100] * 3, repeat=[0] * 3)
     return StageResult(name=name, status="ok", changes=f"{name} changes", metrics=m, samples=samples,
-                       load=LoadInfo(weights_bytes=weights, implementation={"dtype": "float16"}),
-                       memory={"process_peak_bytes": (weights or 0) + 2 * GB}, extra=extra or {})
+                       load=LoadInfo(weights_bytes=weights, implementation={"dtype": "float16"}, kv_cache_bytes=kv),
+                       memory={"process_peak_bytes": (weights or 0) + (kv or 0) + 2 * GB}, extra=extra or {},
+                       quality=quality, quality_reference=name == "hf-fp16", facts=facts or StageFacts(),
+                       own_workload=name in ("flash-attn", "continuous-batching"))
 
 
 def run_of(*stages: StageResult) -> RunResult:
@@ -153,7 +156,11 @@ def run_of(*stages: StageResult) -> RunResult:
 
 
 def verdict(run: RunResult, key: str) -> str:
-    return next(c for c in exports.claims(run) if c.key == key).verdict
+    return next(c for c in collect_claims(run) if c.key == key).verdict
+
+
+def conclusions(run: RunResult) -> list[str]:
+    return _conclusions(run, collect_claims(run))
 
 
 def test_int8_halving_memory_holds():
@@ -166,11 +173,11 @@ def test_int8_not_halving_memory_is_not_held():
                    "int8-memory") == "not held"
 
 
-def test_missing_or_skipped_stage_is_not_measured():
-    assert verdict(run_of(stage("hf-fp16", weights=13 * GB)), "int8-memory") == "not measured"
+def test_skipped_stage_is_not_measured_and_a_missing_one_not_judged():
     assert verdict(run_of(stage("hf-fp16", weights=13 * GB), stage("bnb-int8", status="skipped")),
                    "int8-memory") == "not measured"
-    assert verdict(run_of(stage("hf-fp16")), "vllm-latency") == "not measured"
+    assert verdict(run_of(stage("hf-fp16", weights=13 * GB), stage("vllm", status="skipped")), "vllm-latency") == "not measured"
+    assert [c.key for c in collect_claims(run_of(stage("hf-fp16")))] == ["overall"]  # no stage, no claim of it
 
 
 @pytest.mark.parametrize("best_e2e,expected", [(2.0, "held"), (10.0, "not held")])
@@ -199,10 +206,11 @@ def test_flash_attention_claim(speedups, expected):
 
 
 def curve(cont: float, static: float | None) -> list[dict]:
-    rows = [{"mode": "continuous", "concurrency": 16, "output_tok_s": cont, "ttft_p50_s": 0.1, "tpot_p50_s": 0.01},
-            {"mode": "continuous", "concurrency": 4, "output_tok_s": cont / 3, "ttft_p50_s": 0.05, "tpot_p50_s": 0.008}]
+    n = {"requests": 32, "completed": 32}
+    rows = [{"mode": "continuous", "concurrency": 16, "output_tok_s": cont, "ttft_p50_s": 0.1, "tpot_p50_s": 0.01, **n},
+            {"mode": "continuous", "concurrency": 4, "output_tok_s": cont / 3, "ttft_p50_s": 0.05, "tpot_p50_s": 0.008, **n}]
     if static:
-        rows.append({"mode": "static", "concurrency": 16, "output_tok_s": static, "ttft_p50_s": 1.0, "tpot_p50_s": 0.03})
+        rows.append({"mode": "static", "concurrency": 16, "output_tok_s": static, "ttft_p50_s": 1.0, "tpot_p50_s": 0.03, **n})
     return rows
 
 
@@ -215,46 +223,46 @@ def test_continuous_batching_claim(cont, static, expected):
 
 
 def full_run() -> RunResult:
-    quality = lambda rate, reg: {"perplexity": None, "perplexity_meaningful": False, "token_match_rate": rate,  # noqa: E731
-                                 "first_divergence_mean": 12.0, "kl_mean": 0.01, "reference": "hf-fp16",
-                                 "quality_regression": reg, "gate": "token match >= 0.9"}
+    quality = lambda rate, reg: QualityRecord(perplexity_meaningful=False, token_match_rate=rate,  # noqa: E731
+                                              first_divergence_mean=12.0, kl_mean=0.01, reference="hf-fp16",
+                                              quality_regression=reg, gate="token match >= 0.9")
     sweep = [{"impl": i, "effective_impl": i, "context": c, "batch": 1, "ttft_s": d(0.1 * c / 2048).model_dump(),
-              "tpot_s": d(0.02).model_dump(), "peak_bytes": 14 * GB} for i in ("eager", "flash_attention_2") for c in (2048, 8192)]
+              "tpot_s": d(0.02).model_dump(), "peak_bytes": 14 * GB, "status": "ok"}
+             for i in ("eager", "flash_attention_2") for c in (2048, 8192)]
     speedups = [{"impl": "flash_attention_2", "context": 2048, "prefill_speedup": 2.1, "decode_speedup": 1.2,
                  "prefill_spread": [2.0, 2.2], "decode_spread": [1.1, 1.3]},
                 {"impl": "flash_attention_2", "context": 8192, "prefill_speedup": 3.0, "decode_speedup": 1.4,
                  "prefill_spread": [2.9, 3.1], "decode_spread": [1.3, 1.5]}]
     return run_of(
-        stage("hf-fp16", tpot=31.5e-3, weights=13_480 * 10**6, extra={"quality": quality(1.0, False)}),
-        stage("bnb-int8", tpot=60e-3, weights=7_100 * 10**6, extra={"quality": quality(0.97, False)}),
-        stage("bnb-nf4", tpot=40e-3, weights=3_900 * 10**6, extra={"quality": quality(0.7, True)}),
+        stage("hf-fp16", tpot=31.5e-3, weights=13_480 * 10**6, quality=quality(1.0, False)),
+        stage("bnb-int8", tpot=60e-3, weights=7_100 * 10**6, quality=quality(0.97, False)),
+        stage("bnb-nf4", tpot=40e-3, weights=3_900 * 10**6, quality=quality(0.7, True)),
         stage("awq-int4", status="skipped"),
-        stage("vllm", tpot=4.63e-3, weights=13_480 * 10**6, extra={"quality": quality(0.99, False),
-              "kv_cache": {"num_blocks": 7000, "block_size": 16, "bytes": 58 * GB, "max_concurrency": 27.3},
-              "memory_split": {"weights_bytes": 13_480 * 10**6, "kv_cache_bytes": 58 * GB, "other_bytes": 3 * GB}}),
+        stage("vllm", tpot=4.63e-3, weights=13_480 * 10**6, quality=quality(0.99, False), kv=58 * GB,
+              extra={"kv_cache": {"num_blocks": 7000, "block_size": 16, "bytes": 58 * GB, "max_concurrency": 27.3}}),
         stage("flash-attn", tpot=25e-3, weights=13_480 * 10**6, extra={"sweep": sweep, "speedups": speedups}),
         stage("continuous-batching", tpot=9e-3, weights=13_480 * 10**6, tok_s=3000,
-              extra={"curve": curve(3000, 600), "sweep": {"main_concurrency": 16}}))
+              extra={"curve": curve(3000, 600), "sweep": {"main_concurrency": 16}}, facts=StageFacts(decode_batch=16)))
 
 
 def test_full_run_renders_every_extra_block_chart_and_conclusion(tmp_path):
     run = full_run()
     paths = write_outputs(run, tmp_path, ("md", "csv", "json"))
     names = {p.name for p in paths}
-    for chart in ("latency_waterfall", "throughput", "memory", "distributions", "batching_curve", "quality_speed",
-                  "roofline", "flash_attention"):
+    for chart in ("latency_waterfall", "throughput", "memory", "distributions", "continuous-batching-curve",
+                  "quality_speed", "roofline", "flash-attn-speedups"):
         assert f"{chart}.png" in names and non_blank(tmp_path / "charts" / f"{chart}.png"), chart
     text = (tmp_path / "report.md").read_text()
     assert "| awq-int4 | skipped | bitsandbytes not installed | pip install x |" in text
     assert "**quality regression**" in text and "KV cache: 7000 blocks of 16 tokens" in text
-    assert "| flash_attention_2 | 2048 | - | 2.10x | 1.20x | 2.00-2.20x | 1.10-1.30x |" in text and "| continuous | 16 |" in text
-    assert "Memory split: weights 13.5 GB, kv cache 58.0 GB, other 3.00 GB" in text
+    assert "| flash_attention_2 | 2048 | 1 | 2.10x | 1.20x | 2.00-2.20x | 1.10-1.30x |" in text and "| continuous | 16 |" in text
+    assert "![flash-attn: flash-attn-speedups](charts/flash-attn-speedups.png)" in text
     said = conclusions(run)
     assert "The fastest decode is vllm at 4.63 ms/token, 6.80x the baseline (hf-fp16)." in said
     assert any(c.startswith("Decode in vllm is memory-bound at 68.") for c in said)
     assert any(c.startswith("Decode in hf-fp16 is overhead-bound") for c in said)
     assert "bnb-nf4 fails its quality gate (token match >= 0.9)." in said
-    verdicts = {c.key: c.verdict for c in exports.claims(run)}
+    verdicts = {c.key: c.verdict for c in collect_claims(run)}
     assert verdicts == {"overall": "not held", "int8-memory": "held", "awq-quality": "not measured",
                         "vllm-latency": "held", "flash-attention": "not held", "continuous-batching": "held"}
     row = md_row(text, "bnb-int8")
@@ -264,9 +272,9 @@ def test_full_run_renders_every_extra_block_chart_and_conclusion(tmp_path):
 @pytest.mark.parametrize("awq_ppl,expected", [(19.0, "held"), (23.0, "not held"), (None, "not measured")])
 def test_awq_quality_claim_compares_perplexity_rises(awq_ppl, expected):
     # the smollm2 figures measured on CPU: FP16 15.65, NF4 22.28, AWQ 19.00
-    ppl = lambda v: {"quality": {"perplexity": v, "perplexity_meaningful": v is not None}}  # noqa: E731
-    run = run_of(stage("hf-fp16", extra=ppl(15.65)), stage("bnb-nf4", extra=ppl(22.28)), stage("awq-int4", extra=ppl(awq_ppl)))
-    c = next(c for c in exports.claims(run) if c.key == "awq-quality")
+    ppl = lambda v: QualityRecord(perplexity=v, perplexity_meaningful=v is not None)  # noqa: E731
+    run = run_of(stage("hf-fp16", quality=ppl(15.65)), stage("bnb-nf4", quality=ppl(22.28)), stage("awq-int4", quality=ppl(awq_ppl)))
+    c = next(c for c in collect_claims(run) if c.key == "awq-quality")
     assert c.verdict == expected
     if awq_ppl:
         assert c.measured == f"AWQ {(awq_ppl / 15.65 - 1) * 100:+.1f}%, NF4 +42.4%"

@@ -388,17 +388,19 @@ def test_interrupt_then_resume(tmp_path, plugin_env, started_ignoring_sigint):
     good, slow = stage(run, "t-good"), stage(run, "t-slow")
     assert good["status"] == "ok" and slow["status"] == "interrupted"
     assert "--resume" in slow["fix"] and slow["log"] == "logs/t-slow.log"
-    assert slow["extra"] == {"partial": {"curve": [1, 2], "mixed": []}}  # what it measured is kept
+    assert slow["partial"] == {"curve": [1, 2], "mixed": []} and slow["extra"] == {}  # what it measured is kept
     assert run_cli("report", str(out), env=plugin_env).returncode == 0
-    assert "t-slow stopped early; what it had measured is in run.json, extra.partial: curve." in \
+    assert "t-slow stopped early; what it had measured is in run.json, partial: curve." in \
         (out / "report.md").read_text()
     assert {x["stage"] for x in requests_lines(out)} == {"t-good"}
 
-    r = run_cli("bench", "--stages", "t-good,t-slow", "--resume", str(out), "--no-report", env=plugin_env)
+    # no --stages: the resume finishes the journey the run was started with, not the default one
+    r = run_cli("bench", "--resume", str(out), "--no-report", env=plugin_env)
     assert r.returncode == 0, r.stderr[-3000:]
     resumed = read_run(out)
     assert resumed["status"] == "complete"
     assert [s["name"] for s in resumed["stages"]] == ["t-good", "t-slow"]
+    assert [p["name"] for p in resumed["journey"]] == ["t-good", "t-slow"]
     assert stage(resumed, "t-good") == good  # kept as it was (started_at, load_s, ...), not measured again
     slow2 = stage(resumed, "t-slow")
     assert slow2["status"] == "ok" and slow2["extra"] == {"quick": True}
@@ -406,6 +408,13 @@ def test_interrupt_then_resume(tmp_path, plugin_env, started_ignoring_sigint):
     lines = requests_lines(out)
     assert sum(x["stage"] == "t-good" for x in lines) == 2
     assert sum(x["stage"] == "t-slow" for x in lines) == 2
+
+    # --stages with --resume adds to the journey: only the new stage runs
+    r = run_cli("bench", "--resume", str(out), "--stages", "t-param", "--no-report", env=plugin_env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    added = read_run(out)
+    assert [s["name"] for s in added["stages"]] == ["t-good", "t-slow", "t-param"]
+    assert stage(added, "t-slow") == slow2 and [p["name"] for p in added["journey"]] == ["t-good", "t-slow", "t-param"]
 
 
 # --- (a) the baseline stage, really measured ----------------------------------------------

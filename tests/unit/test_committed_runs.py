@@ -7,10 +7,21 @@ from pathlib import Path
 
 import pytest
 
+from llmopt_bench.analysis.conclusions import conclusions as _conclusions
+from llmopt_bench.analysis.selectors import speedup_rows
+from llmopt_bench.fmt import num
 from llmopt_bench.registry import journey_path, parse_journey
-from llmopt_bench.render import exports
-from llmopt_bench.render.report import conclusions, render_markdown
+from llmopt_bench.render.hooks import collect_claims
+from llmopt_bench.render.report import render_markdown
 from llmopt_bench.results import load_run
+
+
+def conclusions(run):
+    return _conclusions(run, collect_claims(run))
+
+
+def claim(run, key):
+    return next(c for c in collect_claims(run) if c.key == key)
 
 ROOT = Path(__file__).resolve().parents[2]
 H200_TRANSFORMERS = ROOT / "results" / "h200" / "20261203-transformers"
@@ -29,8 +40,8 @@ def test_h200_run_is_the_measured_one(h200):
 
 def test_sweep_stage_stays_out_of_the_speedups_and_the_overall_claim(h200):
     assert h200.stage("flash-attn").own_workload and not h200.stage("hf-fp16").own_workload
-    assert [r["stage"] for r in exports.speedup_rows(h200)] == ["hf-fp16", "bnb-nf4"]
-    overall = next(c for c in exports.claims(h200) if c.key == "overall")
+    assert [r["stage"] for r in speedup_rows(h200)] == ["hf-fp16", "bnb-nf4"]
+    overall = claim(h200, "overall")
     assert "flash-attn" not in overall.detail and "bnb-nf4" in overall.detail
     said = conclusions(h200)
     assert not any(c.startswith("The fastest decode is flash-attn") for c in said)
@@ -38,7 +49,7 @@ def test_sweep_stage_stays_out_of_the_speedups_and_the_overall_claim(h200):
 
 def test_flash_attention_claims_follow_the_sweep(h200):
     sp = {(r["impl"], r["context"]): r for r in h200.stage("flash-attn").extra["speedups"]}
-    flash = next(c for c in exports.claims(h200) if c.key == "flash-attention")
+    flash = claim(h200, "flash-attention")
     best_2k = max(sp[(i, 2048)]["prefill_speedup"] for i in ("sdpa-flash", "flash_attention_2"))
     assert f"2K: {best_2k:.2f}x (prefill" in flash.measured
     assert flash.verdict == ("held" if best_2k >= 1.6 and sp[("sdpa-flash", 8192)]["prefill_speedup"] >= 3.2 else "not held")
@@ -103,9 +114,9 @@ def test_quantized_stages_ran_quantized_layers_at_their_sizes(journey):
     assert nf4.implementation["linear_layers"] == {"bitsandbytes.nn.modules.Linear4bit": 224, "torch.nn.modules.linear.Linear": 1}
     assert 0.5 < int8.weights_bytes / fp16 < 0.55 and 0.25 < nf4.weights_bytes / fp16 < 0.3
     # random weights: agreement only, and INT8 stays closer to FP16 than NF4
-    q8, q4 = journey.stage("bnb-int8").extra["quality"], journey.stage("bnb-nf4").extra["quality"]
-    assert q8["perplexity"] is None and q4["perplexity"] is None
-    assert q8["kl_mean"] < q4["kl_mean"] and q8["token_match_rate"] > q4["token_match_rate"]
+    q8, q4 = journey.stage("bnb-int8").quality, journey.stage("bnb-nf4").quality
+    assert q8.perplexity is None and q4.perplexity is None
+    assert q8.kl_mean < q4.kl_mean and q8.token_match_rate > q4.token_match_rate
 
 
 def test_roofline_puts_vllm_near_the_memory_floor_and_transformers_far_from_it(journey):
@@ -120,14 +131,19 @@ def test_roofline_puts_vllm_near_the_memory_floor_and_transformers_far_from_it(j
 
 
 def test_dummy_awq_weights_report_no_agreement(journey):
+    """Schema 1 measured agreement on weights vLLM made up; reading the run drops those figures."""
+    import json
+
+    raw = json.loads((H200_JOURNEY / "run.json").read_text())
+    awq_raw = next(s for s in raw["stages"] if s["name"] == "awq-int4")
+    measured = (awq_raw.get("quality") or awq_raw["extra"].get("quality"))["token_match_rate"]
     awq = journey.stage("awq-int4")
     assert awq.load.implementation["load_format"] == "dummy"
-    assert awq.extra["quality"]["token_match_rate"] is not None  # measured before the stage stopped doing so
-    q = exports.quality(awq)
-    assert q.get("token_match_rate") is None and "random" in q["agreement_note"]
+    assert awq.quality.token_match_rate is None and "random" in awq.quality.agreement_note
+    assert raw["schema_version"] > 1 or measured is not None  # schema 1 holds the figure, migration hides it
     row = next(line for line in render_markdown(journey, charts={}).splitlines() if line.startswith("| awq-int4 | ok"))
     assert "match" not in row and "n/a" in row
-    assert exports.quality(journey.stage("vllm"))["token_match_rate"] == journey.stage("vllm").extra["quality"]["token_match_rate"]
+    assert journey.stage("vllm").quality.token_match_rate is not None
 
 
 def test_baseline_is_the_committed_journey_and_compares_clean_with_itself():
@@ -169,11 +185,11 @@ def test_continuous_batching_finished_every_part(journey):
     # the capacity search did not probe at 4096 a batch that ran out at 2048
     hf = {r["context"]: r for r in x["capacity"] if r["engine"] == "transformers"}
     assert hf[4096]["ruled_out"]["batches"] == [hf[2048]["oom_at"]] and hf[4096]["max_batch"] < hf[2048]["max_batch"]
-    claim = next(c for c in exports.claims(journey) if c.key == "continuous-batching")
+    claim_ = claim(journey, "continuous-batching")
     tok_s = {(r["mode"], r["concurrency"]): r["output_tok_s"] for r in x["curve"]}
     best = max((tok_s[("continuous", c)] / tok_s[("static", c)], c) for c in (1, 4, 16, 32, 64))
-    assert claim.value == pytest.approx(best[0]) and f"concurrency {best[1]}" in claim.detail
-    assert claim.verdict == ("held" if best[0] >= 4 else "not held")
+    assert claim_.value == pytest.approx(best[0]) and f"concurrency {best[1]}" in claim_.detail
+    assert claim_.verdict == ("held" if best[0] >= 4 else "not held")
 
 
 # --- the quantization stages on a real model on the H200, against the same run on CPU ---
@@ -187,11 +203,11 @@ def test_smollm2_quality_agrees_across_devices():
     the H200 are the CPU run's, and AWQ's INT4 keeps more of FP16's quality than NF4."""
     gpu, cpu = load_run(H200_SMOLLM2), load_run(CPU_SMOLLM2)
     assert gpu.env["gpu"] == "NVIDIA H200" and gpu.workload == cpu.workload and gpu.model.source == cpu.model.source
-    ppl = {s.name: (s.extra["quality"]["perplexity"], cpu.stage(s.name).extra["quality"]["perplexity"]) for s in gpu.stages}
+    ppl = {s.name: (s.quality.perplexity, cpu.stage(s.name).quality.perplexity) for s in gpu.stages}
     assert set(ppl) == {"hf-fp16", "bnb-int8", "bnb-nf4", "awq-int4"} and all(s.status == "ok" for s in gpu.stages)
     assert all(abs(g / c - 1) < 0.01 for g, c in ppl.values()), ppl
     assert ppl["hf-fp16"][0] < ppl["bnb-int8"][0] < ppl["awq-int4"][0] < ppl["bnb-nf4"][0]
-    assert next(c for c in exports.claims(gpu) if c.key == "awq-quality").verdict == "held"
+    assert claim(gpu, "awq-quality").verdict == "held"
     assert any("Machete" in k for k in gpu.stage("awq-int4").load.implementation["linear_kernels"])
 
 
@@ -221,10 +237,9 @@ def test_a_stage_without_reference_keeps_its_perplexity_line():
     from llmopt_bench.analysis.quality import NO_REFERENCE
 
     run = load_run(ROOT / "results" / "cpu" / "20261203-smollm2-quantization")
-    q = run.stage("awq-int4").extra["quality"]
-    for k in exports.AGREEMENT_KEYS:
-        q.pop(k, None)
-    q["agreement_note"] = NO_REFERENCE
+    q = run.stage("awq-int4").quality
+    q.token_match_rate = q.first_divergence_mean = q.kl_mean = q.nll_delta_mean = None
+    q.agreement_note = NO_REFERENCE
     text = render_markdown(run, charts={})
     line = next(x for x in text[text.index("### awq-int4"):].splitlines() if x.startswith("Quality"))
-    assert f"perplexity {exports.num(q['perplexity'])}" in line
+    assert f"perplexity {num(q.perplexity)}" in line

@@ -12,7 +12,7 @@ import pytest
 
 from testkit import run_cli
 from llmopt_bench.analysis import compare as C
-from llmopt_bench.analysis.stats import Distribution
+from llmopt_bench.distribution import Distribution
 from llmopt_bench.errors import UsageError
 from llmopt_bench.results import RunResult
 
@@ -188,7 +188,6 @@ def test_bootstrap_is_seeded():
     (lambda r: r["env"].update(gpu="NVIDIA H200"), "device"),
     (lambda r: r["model"].update(source="synthetic:llama2-7b"), "model"),
     (lambda r: r["workload"].update(max_new_tokens=99), "workload"),
-    (lambda r: r.update(schema_version=2), "schema"),
 ])
 def test_mismatched_runs_are_refused_unless_forced(raw, edit, what):
     other = copy.deepcopy(raw)

@@ -2,12 +2,13 @@
 
 from llmopt_bench.registry import StagePlan, journey_path, parse_journey
 from llmopt_bench.results import RunResult, StageResult
-from llmopt_bench.runner import journey_order
+from llmopt_bench.registry import journey_order
 from llmopt_bench.workload import WorkloadConfig
 
 
-def _run(names):
-    run = RunResult(run_id="r", created_at="2026-12-03T00:00:00+00:00", command="llmopt bench", workload=WorkloadConfig())
+def _run(names, journey=()):
+    run = RunResult(run_id="r", created_at="2026-12-03T00:00:00+00:00", command="llmopt bench", workload=WorkloadConfig(),
+                    journey=[StagePlan(n).as_dict() for n in journey])
     for n in names:
         run.put(StageResult(name=n, status="ok"))
     return run
@@ -15,16 +16,14 @@ def _run(names):
 
 def test_resumed_stages_take_their_journey_places():
     journey = [p.name for p in parse_journey(journey_path())]
-    previous = _run(["hf-fp16", "vllm", "awq-int4", "vllm-fp8"])
     run = _run(["hf-fp16", "vllm", "awq-int4", "vllm-fp8", "bnb-int8", "bnb-nf4"])
-    run.stages.sort(key=journey_order(previous, [StagePlan("bnb-int8"), StagePlan("bnb-nf4")]))
+    run.stages.sort(key=journey_order(run, [StagePlan("bnb-int8"), StagePlan("bnb-nf4")]))
     names = [s.name for s in run.stages]
     assert names == [n for n in journey if n in names]
     assert names.index("bnb-int8") < names.index("awq-int4")
 
 
 def test_stages_outside_the_journey_keep_their_order_after_it():
-    previous = _run(["t-slow", "hf-fp16"])
-    run = _run(["t-slow", "hf-fp16", "t-good"])
-    run.stages.sort(key=journey_order(previous, [StagePlan("t-good")]))
+    run = _run(["t-slow", "hf-fp16", "t-good"], journey=["t-slow", "hf-fp16"])
+    run.stages.sort(key=journey_order(run, [StagePlan("t-good")]))
     assert [s.name for s in run.stages] == ["hf-fp16", "t-slow", "t-good"]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from llmopt_bench.analysis import roofline as rl
-from llmopt_bench.analysis.metrics import StageMetrics
-from llmopt_bench.analysis.stats import Distribution
+from llmopt_bench.results import StageMetrics
+from llmopt_bench.distribution import Distribution
 from llmopt_bench.models import ModelInfo
 from llmopt_bench.results import RunResult, StageResult
-from llmopt_bench.stage import LoadInfo
+from llmopt_bench.stage import LoadInfo, StageFacts
 from llmopt_bench.workload import WorkloadConfig
 
 H200_BW = 4.28e12
@@ -25,11 +25,12 @@ def d(v: float) -> Distribution:
 
 
 def stage(name: str, tpot: float, ttft: float = 0.02, weights: int | None = int(PARAMS_7B * 2), status="ok",
-          dtype="float16", extra=None, prompt=100, output=16, params=None) -> StageResult:
+          dtype="float16", extra=None, prompt=100, output=16, params=None, facts=None, kv_dtype=None) -> StageResult:
     m = StageMetrics(requests=4, output_tokens=4 * output, prompt_tokens=4 * prompt, repeats=1, ttft_s=d(ttft),
                      tpot_s=d(tpot), e2e_s=d(ttft + tpot * (output - 1)))
     return StageResult(name=name, status=status, metrics=m if status == "ok" else None, params=params or {},
-                       load=LoadInfo(weights_bytes=weights, implementation={"dtype": dtype}), extra=extra or {})
+                       load=LoadInfo(weights_bytes=weights, implementation={"dtype": dtype}, kv_cache_dtype=kv_dtype),
+                       extra=extra or {}, facts=facts or StageFacts())
 
 
 def run_of(*stages: StageResult, env=None) -> RunResult:
@@ -89,7 +90,7 @@ def test_weights_fall_back_to_params_times_dtype_size():
 def test_run_rows_use_measured_weights_tpot_and_batch():
     fp16 = stage("hf-fp16", 31.5e-3)
     int8 = stage("bnb-int8", 40e-3, weights=int(PARAMS_7B))
-    cb = stage("continuous-batching", 10e-3, extra={"sweep": {"main_concurrency": 16}, "kv_cache": {"kv_dtype": "fp8"}})
+    cb = stage("continuous-batching", 10e-3, facts=StageFacts(decode_batch=16), kv_dtype="fp8")
     rows = {(r.stage, r.phase): r for r in rl.roofline(run_of(fp16, int8, cb))}
     assert set(rows) == {(s, p) for s in ("hf-fp16", "bnb-int8", "continuous-batching") for p in ("decode", "prefill")}
     assert rows["bnb-int8", "decode"].weight_bytes == int(PARAMS_7B)

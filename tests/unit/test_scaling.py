@@ -10,7 +10,7 @@ import pytest
 
 from llmopt_bench.analysis.scaling import scaling_rows
 from llmopt_bench.render.report import render_markdown
-from llmopt_bench.results import load_run
+from llmopt_bench.results import MemoryRecord, load_run
 
 JOURNEY = Path(__file__).resolve().parents[2] / "results" / "h200"
 
@@ -54,9 +54,8 @@ def test_copies_scale_by_one(run):
 
 def test_a_twin_with_its_own_numbers_scales_by_them(run):
     cb = run.stage("continuous-batching")
-    extra = {**cb.extra, "throughput_point": {"continuous": {**cb.extra["throughput_point"]["continuous"],
-                                                             "output_tok_s": 1.6 * cb.extra["throughput_point"]["continuous"]["output_tok_s"]}}}
-    twin(run, "continuous-batching", extra=extra, memory={"process_peak_bytes_by_device": {"0": 70e9, "1": 71e9}})
+    facts = cb.facts.model_copy(update={"saturated_tok_s": 1.6 * cb.facts.saturated_tok_s})
+    twin(run, "continuous-batching", facts=facts, memory=MemoryRecord(process_peak_bytes_by_device={"0": 70e9, "1": 71e9}))
     (r,) = scaling_rows(run)
     assert r.throughput_scaling == pytest.approx(1.6) and r.efficiency == pytest.approx(0.8)
     assert "| 70.0, 71.0 |" in render_markdown(run, charts={})
@@ -64,6 +63,7 @@ def test_a_twin_with_its_own_numbers_scales_by_them(run):
 
 def test_throughput_of_different_kinds_is_not_compared(run):
     cb = run.stage("continuous-batching")
-    twin(run, "continuous-batching", extra={k: v for k, v in cb.extra.items() if k != "throughput_point"})
+    top = max(r["output_tok_s"] for r in cb.extra["curve"] if r["mode"] == "continuous")
+    twin(run, "continuous-batching", facts=cb.facts.model_copy(update={"saturated_tok_s": top, "saturated_how": "top of the load curve"}))
     (r,) = scaling_rows(run)
     assert r.saturated_how == "top of the load curve" and r.throughput_scaling is None

@@ -1,7 +1,7 @@
 """KV-cache capacity: how many sequences of a given context length fit at once.
 
-Part of the `continuous-batching` stage (one vLLM start serves the sweep and this), recorded
-under extra["kv_cache"] and extra["capacity"]:
+Part of the load scenario of `continuous-batching` (one vLLM start serves the sweep and this),
+recorded under extra["kv_cache"] and extra["capacity"]:
 
 - vLLM: from the engine's KV-cache block count, floor(num_blocks * block_size / context),
   and the engine's own "Maximum concurrency for N tokens per request" log line. The scheduler
@@ -14,51 +14,21 @@ under extra["kv_cache"] and extra["capacity"]:
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Callable
 
 from llmopt_bench.engines.static_batching import run_isolated
+from llmopt_bench.engines.vllm_kv import KVCacheRecord
 
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 CPU_NOTE = "no OOM boundary on CPU: batch 1 and 2 probed only (host memory, no OOM in reasonable time)"
 
 
-def kv_bytes_per_token(model: Any, dtype: str) -> int | None:
-    """K and V of every layer for one token: 2 * layers * kv_heads * head_dim * dtype bytes."""
-    if not (model.num_layers and model.num_kv_heads and model.head_dim):
-        return None
-    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * DTYPE_BYTES.get(dtype, 2)
-
-
-def vllm_kv_cache(llm: Any, model: Any, dtype: str, contexts: list[int], max_num_seqs: int | None,
-                  log_path: Path | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """extra["kv_cache"] and the vLLM rows of extra["capacity"], from a running engine."""
-    cfg = llm.llm_engine.vllm_config
-    cache = cfg.cache_config
-    kv_dtype = cache.cache_dtype if getattr(cache, "cache_dtype", "auto") not in (None, "auto") else dtype
-    blocks, block_size = cache.num_gpu_blocks, cache.block_size
-    per_token = kv_bytes_per_token(model, kv_dtype)
-    text = log_path.read_text(errors="replace") if log_path and log_path.is_file() else ""
-    logged = re.findall(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
-    avail = re.findall(r"Available KV cache memory: ([\d.]+) GiB", text)
-    tokens = blocks * block_size if blocks and block_size else None
-    kv: dict[str, Any] = {
-        "num_blocks": blocks, "block_size": block_size, "tokens": tokens, "kv_dtype": kv_dtype,
-        "bytes_per_token": per_token, "bytes": tokens * per_token if tokens and per_token else None,
-        "available_bytes_logged": int(float(avail[-1]) * 1024**3) if avail else None,
-        "max_model_len": cfg.model_config.max_model_len, "max_num_seqs": max_num_seqs,
-        "max_concurrency": float(logged[-1][1]) if logged else None,
-        "max_concurrency_at_tokens": int(logged[-1][0].replace(",", "")) if logged else None,
-        "max_concurrency_source": "engine log line 'Maximum concurrency for N tokens per request'",
-    }
-    rows = []
-    for c in contexts:
-        fit = tokens // c if tokens else None
-        rows.append({"engine": "vllm", "context": c, "max_batch": fit, "oom_at": None,
-                     "peak_bytes": kv["bytes"], "scheduler_limit": max_num_seqs,
-                     "method": "num_blocks * block_size / context (KV cache preallocated: peak is its size)"})
-    return kv, rows
+def vllm_capacity_rows(kv: KVCacheRecord | None, contexts: list[int], max_num_seqs: int | None) -> list[dict[str, Any]]:
+    """vLLM's rows: floor(KV-cache tokens / context); the scheduler admits at most max_num_seqs."""
+    tokens = kv.tokens if kv else None
+    return [{"engine": "vllm", "context": c, "max_batch": tokens // c if tokens else None, "oom_at": None,
+             "peak_bytes": kv.bytes if kv else None, "scheduler_limit": max_num_seqs,
+             "method": "num_blocks * block_size / context (KV cache preallocated: peak is its size)"} for c in contexts]
 
 
 def hf_capacity(model_path: str, device: str, dtype: str, attn: str, contexts: list[int], max_batch: int,

@@ -1,4 +1,4 @@
-"""One distribution summary type, reused for every latency."""
+"""One distribution summary type, reused for every latency (part of the result schema)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ calibration on the shipped calibration text, once, into the model cache.
 The library is GPTQModel's AWQ (docs/awq.md says why: AutoAWQ is archived; GPTQModel writes
 the AutoAWQ "gemm" layout, quant_method "awq", that vLLM serves with its INT4 kernels on GPU
 and CPU and transformers loads through gptqmodel; on SmolLM2-135M it also kept more quality
-than llm-compressor's AWQ). Calibration runs in its own process (`python -m llmopt_bench.awq`)
+than llm-compressor's AWQ). Calibration runs in its own process (`python -m llmopt_bench.engines.awq`)
 under the interpreter that has gptqmodel, which need not be vLLM's.
 
 For synthetic models on CUDA, speed is measured on an AWQ-shaped checkpoint of random weights
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from llmopt_bench import spawn
 from llmopt_bench.models import cache_dir
 
 GROUP_SIZES = (128, 64, 32)
@@ -101,17 +102,17 @@ def ensure_calibrated(src: Path, group_size: int, samples: int, seq_len: int, ti
                              "checkpoint param, or point LLMOPT_AWQ_PYTHON at a python that has gptqmodel")
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    cmd = [python, "-m", "llmopt_bench.awq", str(src), str(tmp), str(group_size), str(samples), str(seq_len)]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [python, "-m", "llmopt_bench.engines.awq", str(src), str(tmp), str(group_size), str(samples), str(seq_len)]
     work = out.with_name(out.name + ".work")  # gptqmodel writes logs/ into its working directory
     work.mkdir(parents=True, exist_ok=True)
     try:
         with open(log_path or os.devnull, "a") as log:
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s, cwd=work)
+            ended = spawn.run(cmd, timeout_s=timeout_s, log=log, env=spawn.child_env(), cwd=work, own_session=False)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if proc.returncode != 0 or not (tmp / "llmopt_awq.json").is_file():
-        raise RuntimeError(f"AWQ calibration failed (exit {proc.returncode}); see {log_path or 'the stage log'}")
+    if ended.code != 0 or not (tmp / "llmopt_awq.json").is_file():
+        raise RuntimeError(f"AWQ calibration failed ({ended.outcome()[1] if ended.code else 'no checkpoint written'}); "
+                           f"see {log_path or 'the stage log'}")
     tmp.rename(out)
     return out, {**json.loads(meta_path.read_text()), "cached": False}
 

@@ -1,0 +1,31 @@
+"""The journey's own claim ("30 s to 2 s a request"), judged on any run, and the helpers that
+stages use to judge theirs (Stage.claims): verdicts, and when an "N x" claim holds."""
+
+from __future__ import annotations
+
+from llmopt_bench.analysis.selectors import baseline, comparable_stages, p50_of, ratio
+from llmopt_bench.fmt import num, times
+from llmopt_bench.results import RunResult
+from llmopt_bench.stage import Claim
+
+HELD_FRACTION = 0.8  # an "N x" claim holds when this run reaches 80% of N
+
+
+def verdict(ok: bool | None) -> str:
+    return "not measured" if ok is None else "held" if ok else "not held"
+
+
+def holds(value: float | None, target: float) -> bool | None:
+    """An "N x" claim: held at HELD_FRACTION of N."""
+    return None if value is None else value >= target * HELD_FRACTION
+
+
+def claim_overall(run: RunResult) -> Claim:
+    base = baseline(run)
+    others = [s for s in comparable_stages(run) if s is not base and p50_of(s, "e2e_s")]
+    best = min(others, key=lambda s: p50_of(s, "e2e_s") or 0.0, default=None)
+    value = ratio(p50_of(base, "e2e_s"), p50_of(best, "e2e_s")) if best else None
+    detail = (f"{base.name} E2E p50 {num(p50_of(base, 'e2e_s'))} s -> {best.name} {num(p50_of(best, 'e2e_s'))} s"
+              if value and base and best else "needs the baseline and at least one other ok stage")
+    return Claim(key="overall", claim="30 s to 2 s a request", target="15x lower E2E p50 (held at >= 12x)",
+                 measured=times(value), value=value, verdict=verdict(holds(value, 15)), detail=detail)

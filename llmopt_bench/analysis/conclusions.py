@@ -1,0 +1,78 @@
+"""The report's conclusions: sentences computed from the numbers alone (and the claims the
+stages judged), so that a report says nothing its run.json does not support."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmopt_bench.analysis.selectors import GB, baseline, comparable_stages, ok_stages, p50_of, ratio
+from llmopt_bench.fmt import num, pct, times
+from llmopt_bench.results import RunResult
+from llmopt_bench.stage import Claim
+
+
+def roofline_sentence(r: Any) -> str:
+    where = f"{r.phase.capitalize()} in {r.stage} is {r.bound}"
+    if r.bound == "memory-bound":
+        return f"{where} at {pct(r.achieved)} of the memory floor ({num(r.floor_s * 1e3)} ms floor vs {num(r.measured_s * 1e3)} ms measured)."
+    if r.bound == "compute-bound":
+        return f"{where}: the FLOPs at the matmul ceiling take {pct(r.compute_fraction)} of the measured {num(r.measured_s * 1e3)} ms."
+    return (f"{where}: it runs at {pct(r.achieved)} of the memory floor and {pct(r.compute_fraction)} of the compute "
+            f"ceiling ({r.roof} roof), so most of its {num(r.measured_s * 1e3)} ms is neither bytes nor FLOPs.")
+
+
+def prefill_sentences(rows: list[Any]) -> list[str]:
+    """Prefill rows grouped by bound, one sentence per bound."""
+    out = []
+    for bound in ("compute-bound", "memory-bound", "overhead-bound"):
+        group = [r for r in rows if r.bound == bound]
+        if group:
+            fr = [r.compute_fraction for r in group if r.compute_fraction is not None]
+            span = f"{pct(min(fr))} to {pct(max(fr))}" if fr and min(fr) != max(fr) else pct(fr[0]) if fr else "-"
+            out.append(f"Prefill is {bound} in {', '.join(r.stage for r in group)}: TTFT p50 spends {span} of its time "
+                       "on FLOPs at the matmul ceiling.")
+    return out
+
+
+def conclusions(run: RunResult, claims: list[Claim]) -> list[str]:
+    """Sentences computed from the numbers: fastest decode, best throughput, smallest weights, the
+    roofline's verdicts, quality regressions, noisy repeats, stages that stopped, the claims' tally."""
+    from llmopt_bench.analysis.roofline import roofline
+
+    out: list[str] = []
+    every, ok, base = ok_stages(run), comparable_stages(run), baseline(run)
+    timed = [s for s in ok if s is not base and p50_of(s, "tpot_s")]
+    if timed and base and p50_of(base, "tpot_s"):
+        f = min(timed, key=lambda s: p50_of(s, "tpot_s"))
+        x = ratio(p50_of(base, "tpot_s"), p50_of(f, "tpot_s"))
+        lead = "The fastest decode is" if x >= 1 else f"No stage decodes faster than the baseline ({base.name}); the fastest other is"
+        out.append(f"{lead} {f.name} at {num(p50_of(f, 'tpot_s') * 1e3)} ms/token, {times(x)} the baseline"
+                   + (f" ({base.name})." if x >= 1 else "."))
+    tput = [s for s in ok if s is not base and s.metrics.output_tok_s]
+    if tput and base and base.metrics.output_tok_s:
+        t = max(tput, key=lambda s: s.metrics.output_tok_s)
+        x = ratio(t.metrics.output_tok_s, base.metrics.output_tok_s)
+        lead = "The highest output throughput is" if x >= 1 else "No stage beats the baseline's output throughput; the best other is"
+        out.append(f"{lead} {t.name} at {num(t.metrics.output_tok_s)} tok/s, {times(x)} the baseline.")
+    weighed = [s for s in ok if s.load and s.load.weights_bytes]
+    if len(weighed) > 1 and base in weighed:
+        w = min(weighed, key=lambda s: s.load.weights_bytes)
+        out.append(f"The smallest weights are {w.name}'s at {num(w.load.weights_bytes / GB)} GB, "
+                   f"{pct(w.load.weights_bytes / base.load.weights_bytes)} of the baseline's.")
+    rows = roofline(run)
+    out += [roofline_sentence(r) for r in rows if r.phase == "decode"]
+    out += prefill_sentences([r for r in rows if r.phase == "prefill"])
+    for s in every:
+        if s.quality and s.quality.quality_regression:
+            out.append(f"{s.name} fails its quality gate ({s.quality.gate or 'see its quality block'}).")
+        reps = s.metrics.tpot_p50_repeats_s
+        if len(reps) > 1 and min(reps) > 0 and max(reps) / min(reps) > 1.5:
+            out.append(f"{s.name}'s TPOT p50 varies {max(reps) / min(reps):.1f}x between repeats: the machine was "
+                       "noisy, read its numbers with care.")
+    missed = [s.name for s in run.stages if s.status != "ok"]
+    if missed:
+        out.append(f"{len(missed)} stage(s) did not run to completion: {', '.join(missed)}.")
+    counts = {v: sum(c.verdict == v for c in claims) for v in ("held", "not held", "not measured")}
+    out.append(f"Of the story's {len(claims)} claims, {counts['held']} held, {counts['not held']} did not, "
+               f"{counts['not measured']} could not be measured in this run.")
+    return out

@@ -1,0 +1,104 @@
+"""Which results a table or a comparison takes, and the figures read off them: plain functions
+of a RunResult that know no stage by name (the quality reference is a flag on its result)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmopt_bench.results import RunResult, StageResult, peak_memory
+
+GB = 1e9
+
+
+def ok_stages(run: RunResult) -> list[StageResult]:
+    return [s for s in run.stages if s.status == "ok" and s.metrics]
+
+
+def comparable_stages(run: RunResult) -> list[StageResult]:
+    """Ok stages measured on the run's fixed workload: the ones whose rows compare with each other."""
+    return [s for s in ok_stages(run) if not s.own_workload]
+
+
+def baseline(run: RunResult) -> StageResult | None:
+    """The first comparable stage in journey order: what every speedup is against."""
+    ok = comparable_stages(run)
+    return ok[0] if ok else None
+
+
+def reference(run: RunResult) -> StageResult | None:
+    """The ok result that provides the run's quality reference (Stage.quality_reference)."""
+    return next((s for s in run.stages if s.quality_reference and s.status == "ok"), None)
+
+
+def of_stage(run: RunResult, stage: str) -> StageResult | None:
+    """The unlabelled ok result of a registered stage (a labelled twin never stands in for it)."""
+    s = run.stage(stage)
+    return s if s and s.status == "ok" and s.stage_name == stage else None
+
+
+def p(dist: Any, attr: str, scale: float = 1.0) -> float | None:
+    return getattr(dist, attr) * scale if dist is not None else None
+
+
+def p50_of(stage: StageResult | None, attr: str) -> float | None:
+    d = getattr(stage.metrics, attr, None) if stage and stage.status == "ok" and stage.metrics else None
+    return d.p50 if d else None
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num and den else None
+
+
+def perplexity(stage: StageResult | None) -> float | None:
+    """A meaningful perplexity (real weights), else None."""
+    q = stage.quality if stage and stage.status == "ok" else None
+    return q.perplexity if q and q.perplexity_meaningful else None
+
+
+STAGE_COLUMNS = ("stage", "status", "load_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
+                 "e2e_p50_s", "output_tok_s", "qps", "requests", "peak_mem_gb", "peak_mem_source", "weights_gb",
+                 "token_match_rate", "kl_mean", "perplexity", "quality_regression", "reason")
+
+
+def stage_row(stage: StageResult) -> dict[str, Any]:
+    m, q = stage.metrics, stage.quality
+    peak, source = peak_memory(stage)
+    weights = stage.load.weights_bytes if stage.load else None
+    return {
+        "stage": stage.name, "status": stage.status, "load_s": stage.load_s,
+        "ttft_p50_ms": p(m and m.ttft_s, "p50", 1e3), "ttft_p99_ms": p(m and m.ttft_s, "p99", 1e3),
+        "tpot_p50_ms": p(m and m.tpot_s, "p50", 1e3), "tpot_p99_ms": p(m and m.tpot_s, "p99", 1e3),
+        "e2e_p50_s": p(m and m.e2e_s, "p50"), "output_tok_s": m.output_tok_s if m else None,
+        "qps": m.qps if m else None, "requests": m.requests if m else None,
+        "peak_mem_gb": peak / GB if peak else None, "peak_mem_source": source,
+        "weights_gb": weights / GB if weights else None, "token_match_rate": q.token_match_rate if q else None,
+        "kl_mean": q.kl_mean if q else None, "perplexity": q.perplexity if q else None,
+        "quality_regression": q.quality_regression if q else None, "reason": stage.reason,
+    }
+
+
+def stage_rows(run: RunResult) -> list[dict[str, Any]]:
+    return [stage_row(s) for s in run.stages]
+
+
+def speedup(stage: StageResult, ref: StageResult) -> dict[str, float | None]:
+    """How many times better `stage` is than `ref`: latencies ref/stage, throughput stage/ref."""
+    a, b = stage.metrics, ref.metrics
+    return {"tpot": ratio(p(b.tpot_s, "p50"), p(a.tpot_s, "p50")),
+            "ttft": ratio(p(b.ttft_s, "p50"), p(a.ttft_s, "p50")),
+            "e2e": ratio(p(b.e2e_s, "p50"), p(a.e2e_s, "p50")),
+            "output_tok_s": ratio(a.output_tok_s, b.output_tok_s)}
+
+
+def speedup_rows(run: RunResult) -> list[dict[str, Any]]:
+    ok = comparable_stages(run)
+    rows = []
+    for i, s in enumerate(ok):
+        base, prev = ok[0], ok[i - 1] if i else None
+        vs_base = speedup(s, base)
+        vs_prev = speedup(s, prev) if prev else {}
+        rows.append({"stage": s.name, "baseline": base.name, "previous": prev.name if prev else None,
+                     **{f"{k}_x_baseline": v for k, v in vs_base.items()},
+                     **{f"{k}_x_previous": vs_prev.get(k) for k in vs_base},
+                     "changes": s.changes})
+    return rows

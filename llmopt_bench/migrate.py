@@ -1,0 +1,81 @@
+"""run.json from older schema versions, brought to the current one with its numbers unchanged.
+
+Schema 1 -> 2: the quality block leaves `extra` for the typed `quality` field; the quality
+reference, named "hf-fp16" in schema 1, becomes a flag on its result; the KV cache's size and
+dtype join the load record; what the generic analyses read of a stage's own measurements
+(decode batch, batch-1 TPOT, saturated throughput) becomes `facts`; the energy record says it
+covered the whole run() (schema 1 read the counter around all of it, untimed work included)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+SCHEMA_1_REFERENCE = "hf-fp16"  # the only stage schema 1 compared quality against
+SCHEMA_1_ENERGY = "whole run() (schema 1: quality passes, clock checks and sweeps included)"
+
+
+def migrate(raw: dict[str, Any]) -> dict[str, Any]:
+    if raw.get("schema_version") == 1:
+        raw = v1_to_v2(raw)
+    return raw
+
+
+def v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(raw)
+    for stage in out.get("stages", []):
+        _stage_v1_to_v2(stage)
+    out["schema_version"] = 2
+    return out
+
+
+def _stage_v1_to_v2(s: dict[str, Any]) -> None:
+    extra = s.get("extra") or {}
+    quality = extra.pop("quality", None)
+    if isinstance(quality, dict):
+        s["quality"] = _hide_made_up_agreement(quality, (s.get("load") or {}).get("implementation") or {})
+    s["quality_reference"] = (s.get("stage") or s["name"]) == SCHEMA_1_REFERENCE and s.get("status") == "ok"
+    kv = extra.get("kv_cache")
+    if isinstance(kv, dict) and s.get("load"):
+        s["load"]["kv_cache_bytes"] = kv.get("bytes")
+        s["load"]["kv_cache_dtype"] = kv.get("kv_dtype")
+    s["facts"] = facts_from_v1_extra(extra)
+    extra.pop("memory_split", None)  # documented in schema 1, written by no stage
+    if isinstance(extra.get("partial"), dict):
+        s["partial"] = extra.pop("partial")
+    if s.get("energy"):
+        s["energy"]["scope"] = SCHEMA_1_ENERGY
+    s["extra"] = extra
+
+
+AGREEMENT_KEYS = ("token_match_rate", "first_divergence_mean", "kl_mean", "nll_delta_mean")
+NOT_SAME_WEIGHTS = ("load_format=dummy: the weights are random and not the FP16 reference's, so agreement "
+                    "would compare two unrelated models: not measured (speed and memory only)")
+
+
+def _hide_made_up_agreement(quality: dict[str, Any], impl: dict[str, Any]) -> dict[str, Any]:
+    """Early schema-1 runs measured agreement on weights vLLM made up (load_format=dummy): it
+    compares two unrelated models, so the figures go and the note says why."""
+    if impl.get("load_format") == "dummy" and any(quality.get(k) is not None for k in AGREEMENT_KEYS):
+        quality = {k: v for k, v in quality.items() if k not in AGREEMENT_KEYS}
+        quality["agreement_note"] = NOT_SAME_WEIGHTS
+    return quality
+
+
+def facts_from_v1_extra(extra: dict[str, Any]) -> dict[str, Any]:
+    """What schema 1's renderers read out of continuous-batching's extra by key."""
+    facts: dict[str, Any] = {}
+    sweep = extra.get("sweep")
+    if isinstance(sweep, dict) and sweep.get("main_concurrency"):
+        facts["decode_batch"] = int(sweep["main_concurrency"])
+    curve = extra.get("curve") if isinstance(extra.get("curve"), list) else []
+    one = next((r for r in curve if r.get("mode") == "continuous" and r.get("concurrency") == 1), None)
+    if one and one.get("tpot_p50_s"):
+        facts["batch1_tpot_s"] = one["tpot_p50_s"]
+    point = ((extra.get("throughput_point") or {}).get("continuous") or {}).get("output_tok_s")
+    tops = [r.get("output_tok_s") or 0 for r in curve if r.get("mode") == "continuous"]
+    if point:
+        facts.update(saturated_tok_s=point, saturated_how="throughput point (all requests at once)")
+    elif tops and max(tops):
+        facts.update(saturated_tok_s=max(tops), saturated_how="top of the load curve")
+    return facts

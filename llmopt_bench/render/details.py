@@ -1,0 +1,86 @@
+"""The report's per-stage details: what every stage has (implementation, params, weights,
+energy, notes, quality), then the stage's own blocks and charts from its hooks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmopt_bench.analysis.scaling import per_gpu
+from llmopt_bench.analysis.selectors import GB, ok_stages
+from llmopt_bench.fmt import num, pct, table
+from llmopt_bench.render.hooks import stage_blocks
+from llmopt_bench.results import EnergyRecord, RunResult, StageResult
+from llmopt_bench.stage import Block, QualityRecord
+
+
+def per_gpu_line(s: StageResult) -> list[str]:
+    """The stage's processes' peak on each GPU, where it used more than one (tensor parallelism)."""
+    by_dev = per_gpu(s)
+    if len(by_dev) < 2:
+        return []
+    return ["- peak memory per GPU (the stage's processes): " + ", ".join(f"GPU {k} {num(v / GB)} GB" for k, v in sorted(by_dev.items()))]
+
+
+def stage_notes(s: StageResult) -> list[str]:
+    """The stage's notes, then its load's, each once: a stage may repeat at run time what it said at load."""
+    return list(dict.fromkeys([*s.notes, *(s.load.notes if s.load else [])]))
+
+
+def energy_line(e: EnergyRecord | None) -> list[str]:
+    if e is None:
+        return []
+    per_token = f", {num(e.joules_per_output_token)} J per output token" if e.joules_per_output_token else ""
+    windows = f" in {e.windows} timed window(s)" if e.windows else ""
+    return [f"- energy: {num(e.joules)} J over {num(e.seconds)} s{windows}, {num(e.avg_watts)} W average{per_token} "
+            f"(whole device; scope: {e.scope})"]
+
+
+def quality_line(q: QualityRecord | None) -> list[str]:
+    if q is None:
+        return []
+    if q.error:
+        return [f"Quality: not measured, the quality pass failed ({q.error}); the timing samples are kept.", ""]
+    ppl = num(q.perplexity) if q.perplexity_meaningful else "not meaningful (random weights)"
+    if q.agreement_note and q.token_match_rate is None:
+        return [f"Quality: perplexity {ppl}; agreement: {q.agreement_note}", ""]
+    return [f"Quality vs {q.reference or 'the reference'}: token match {pct(q.token_match_rate)}, first divergence at token "
+            f"{num(q.first_divergence_mean)} on average, KL {num(q.kl_mean)}, perplexity {ppl}; gate: {q.gate or '-'}"
+            + (" — **quality regression**" if q.quality_regression else ""), ""]
+
+
+def quality_cell(q: QualityRecord | None) -> str:
+    """The quality column of the stage table: agreement, perplexity, the gate's verdict."""
+    if q is None:
+        return "-"
+    if q.error:
+        return "quality pass failed"
+    parts = [f"match {pct(q.token_match_rate)}" if q.token_match_rate is not None else "",
+             f"KL {num(q.kl_mean)}" if q.kl_mean is not None else "",
+             f"ppl {num(q.perplexity)}" if q.perplexity is not None and q.perplexity_meaningful else "",
+             "REGRESSION" if q.quality_regression else "",
+             "agreement n/a (see details)" if q.agreement_note and q.token_match_rate is None else ""]
+    return "; ".join(x for x in parts if x) or "-"
+
+
+def block_lines(b: Block) -> list[str]:
+    out = [b.text, ""] if b.text else []
+    if b.headers:
+        out += table(b.headers, b.rows) + [""]
+    return out
+
+
+def details(run: RunResult, stage_charts: dict[str, list[Path]]) -> list[str]:
+    out: list[str] = []
+    for s in ok_stages(run):
+        impl = (s.load.implementation if s.load else {}) or {}
+        out += [f"### {s.name}", "", s.description or "", "",
+                "- implementation: " + (", ".join(f"{k} {v}" for k, v in impl.items()) or "-"),
+                f"- params: {s.params or '-'}; weights {num((s.load.weights_bytes or 0) / GB or None) if s.load else '-'} GB",
+                *energy_line(s.energy), *per_gpu_line(s),
+                *(f"- note: {n}" for n in stage_notes(s)), "", *quality_line(s.quality)]
+        for b in stage_blocks(s, run):
+            out += block_lines(b)
+        out += [f"![{s.name}: {p.stem}](charts/{p.name})" for p in stage_charts.get(s.name, [])]
+        if stage_charts.get(s.name):
+            out.append("")
+    return out or ["No stage finished."]

@@ -1,0 +1,94 @@
+"""What a load scenario records (continuous-batching's extra), typed: the load curve, the
+all-at-once throughput point, KV-cache capacity, and the mixed-length pitfall. docs/batching.md
+defines every field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ConfigDict, Field
+
+from llmopt_bench.engines.vllm_kv import KVCacheRecord
+from llmopt_bench.stage import StrictModel
+
+
+class CurveRow(StrictModel):
+    """One load point: a mode (continuous or static) at a concurrency or an arrival rate."""
+
+    mode: str | None = None
+    concurrency: int | None = None
+    rate_rps: float | None = None
+    static_batch: int | None = None
+    input_len: int | None = None
+    output_len: int | None = None
+    requests: int
+    completed: int
+    repeats: int = 1
+    output_tok_s: float | None = None
+    qps: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p99_s: float | None = None
+    tpot_p50_s: float | None = None
+    tpot_p99_s: float | None = None
+    e2e_p50_s: float | None = None
+    e2e_p99_s: float | None = None
+    goodput_rps: float | None = None
+    failed: int = 0
+    oom: bool = False
+    error: str | None = None
+    continuous_speedup: float | None = None
+    energy: dict[str, Any] | None = None  # J per output token over this point's timed window
+
+
+class ThroughputPoint(StrictModel):
+    continuous: CurveRow | None = None
+    static: CurveRow | None = None
+    reference_h200_out_tok_s: float | None = None
+
+
+class CapacityRow(StrictModel):
+    """How many sequences of a context fit at once, in one engine."""
+
+    model_config = ConfigDict(extra="allow")  # a probe's own diagnostics (bytes tried, free at OOM)
+    engine: str
+    context: int
+    max_batch: int | None = None
+    oom_at: int | None = None
+    peak_bytes: int | None = None
+    scheduler_limit: int | None = None
+    method: str | None = None
+    note: str | None = None
+    probed: list[int] | None = None
+    ruled_out: dict[str, Any] | None = None
+    memory_at_oom_bytes: int | None = None
+    attn_implementation: str | None = None
+    error: str | None = None
+
+
+class MixedRow(StrictModel):
+    """One configuration of the mixed-length set (static-mixed, cap-context, bucketed, continuous)."""
+
+    model_config = ConfigDict(extra="allow")  # the probe's memory diagnostics
+    config: str
+    status: str
+    requests: int | None = None
+    output_tok_s: float | None = None
+    peak_bytes: int | None = None
+    memory_at_oom_bytes: int | None = None
+    padding_fraction: float | None = None
+    all_tokens_produced: bool | None = None
+    reason: str | None = None
+
+
+class BatchingExtra(StrictModel):
+    sweep: dict[str, Any] = Field(default_factory=dict)  # the sweep's settings (mode, main point, SLO, lengths)
+    engine: dict[str, Any] = Field(default_factory=dict)  # the engine's scheduler limits
+    h200_reference: dict[str, Any] = Field(default_factory=dict)
+    curve: list[CurveRow] = Field(default_factory=list)
+    throughput_point: ThroughputPoint | None = None
+    kv_cache: KVCacheRecord | None = None
+    capacity: list[CapacityRow] = Field(default_factory=list)
+    capacity_probes: list[dict[str, Any]] = Field(default_factory=list)
+    mixed: list[MixedRow] = Field(default_factory=list)
+    mixed_setup: dict[str, Any] | None = None
+    lifecycle: dict[str, Any] = Field(default_factory=dict)  # device memory and processes around the engine

@@ -1,0 +1,135 @@
+"""The context-length sweep, written once for every engine: which contexts to measure, rows
+of prefill (TTFT) and decode (TPOT) per implementation and context, speedups against a
+baseline implementation with the spread the repeats allow, and the story's FlashAttention
+claims. flash-attn runs it on transformers' attention implementations, vllm-attn on vLLM's
+attention backends (docs/flash-attn.md). The typed record both keep in their extra is here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ConfigDict, Field
+
+from llmopt_bench.distribution import Distribution
+from llmopt_bench.stage import StrictModel
+
+CLAIMS = [("2x at 2K", 2048, 2.0), ("4x at 8K", 8192, 4.0)]
+CPU_CAP_NOTE = ("context {c} capped to {cap} on CPU (cpu_max_context={cap}): eager attention at long context "
+                "takes minutes on a few cores; raise cpu_max_context to measure {c}")
+
+
+class SweepRow(StrictModel):
+    impl: str
+    effective_impl: str | None = None
+    context: int
+    batch: int = 1
+    ttft_s: Distribution | None = None
+    tpot_s: Distribution | None = None
+    peak_bytes: int | None = None
+    status: str
+    reason: str | None = None
+    energy: dict[str, Any] | None = None  # J per output token over this cell's timed generations
+
+
+class SweepSpeedup(StrictModel):
+    impl: str
+    context: int
+    batch: int = 1
+    prefill_speedup: float | None = None
+    prefill_spread: list[float | None] | None = None
+    decode_speedup: float | None = None
+    decode_spread: list[float | None] | None = None
+
+
+class SweepClaim(StrictModel):
+    claim: str
+    context: int
+    target: float
+    impl: str | None = None
+    batch: int = 1
+    prefill: str
+    measured_prefill: float | None = None
+    decode: str
+    measured_decode: float | None = None
+
+
+class OpenRecord(StrictModel):
+    """A diagnostic record kept whole (kernels the profiler saw, an engine's start-up)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ContextSweepExtra(StrictModel):
+    sweep: list[SweepRow] = Field(default_factory=list)
+    speedups: list[SweepSpeedup] = Field(default_factory=list)
+    claims: list[SweepClaim] = Field(default_factory=list)
+    baseline: str | None = None
+    agreement: OpenRecord | None = None  # flash-attn: logits and tokens of each implementation vs the baseline
+    kernels: list[OpenRecord] = Field(default_factory=list)  # flash-attn: what the profiler saw per implementation
+    engines: list[OpenRecord] = Field(default_factory=list)  # vllm-attn: one engine per backend
+
+
+def plan_contexts(contexts: list[int], max_positions: int | None, device: str, cpu_cap: int | None) -> tuple[list[int], list[str]]:
+    """The contexts to measure (sorted, unique) and a note for each one changed: above the
+    model's positions: dropped; on CPU above cpu_cap: measured at cpu_cap instead."""
+    keep, notes = set(), []
+    for c in sorted(set(contexts)):
+        if c < 1:
+            notes.append(f"context {c} dropped: not a positive length")
+        elif max_positions and c > max_positions:
+            notes.append(f"context {c} dropped: above the model's max_position_embeddings ({max_positions})")
+        elif device != "cuda" and cpu_cap is not None and c > cpu_cap:
+            notes.append(CPU_CAP_NOTE.format(c=c, cap=cpu_cap))
+            keep.add(cpu_cap)
+        else:
+            keep.add(c)
+    return sorted(keep), notes
+
+
+def _row(rows: list[dict], impl: str, context: int, batch: int) -> dict | None:
+    return next((r for r in rows if r["impl"] == impl and r["context"] == context and r["batch"] == batch), None)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b and b > 0 else None
+
+
+def speedups(rows: list[dict], baseline: str) -> list[dict]:
+    """Baseline p50 over impl p50 for every ok row that has an ok baseline row; the spread is
+    (baseline min / impl max, baseline max / impl min): the range the repeats allow."""
+    out = []
+    for r in rows:
+        if r["impl"] == baseline or r["status"] != "ok":
+            continue
+        base = _row(rows, baseline, r["context"], r["batch"])
+        if base is None or base["status"] != "ok":
+            continue
+        entry: dict[str, Any] = {"impl": r["impl"], "context": r["context"], "batch": r["batch"]}
+        for phase, key in (("prefill", "ttft_s"), ("decode", "tpot_s")):
+            b, i = base[key], r[key]
+            if not b or not i:
+                entry[f"{phase}_speedup"], entry[f"{phase}_spread"] = None, None
+                continue
+            entry[f"{phase}_speedup"] = _ratio(b["p50"], i["p50"])
+            entry[f"{phase}_spread"] = [_ratio(b["min"], i["max"]), _ratio(b["max"], i["min"])]
+        out.append(entry)
+    return out
+
+
+def sweep_claims(speeds: list[dict], impls: list[str], rows: list[dict]) -> list[dict]:
+    """The story's claims against the FlashAttention implementation that ran (flash_attention_2,
+    else sdpa-flash), batch 1 (else the smallest batch): held when the p50 ratio reaches the target."""
+    ran = [i for i in ("flash_attention_2", "sdpa-flash") if any(s["impl"] == i for s in speeds)]
+    impl = ran[0] if ran else next((i for i in ("flash_attention_2", "sdpa-flash") if i in impls), None)
+    batches = sorted({r["batch"] for r in rows}) or [1]
+    batch = 1 if 1 in batches else batches[0]
+    out = []
+    for text, context, target in CLAIMS:
+        s = next((s for s in speeds if s["impl"] == impl and s["context"] == context and s["batch"] == batch), None)
+        entry: dict[str, Any] = {"claim": text, "context": context, "target": target, "impl": impl, "batch": batch}
+        for phase in ("prefill", "decode"):
+            value = s.get(f"{phase}_speedup") if s else None
+            entry[phase] = "not measured" if value is None else ("held" if value >= target else "not held")
+            entry[f"measured_{phase}"] = value
+        out.append(entry)
+    return out

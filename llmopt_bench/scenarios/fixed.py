@@ -1,0 +1,125 @@
+"""The fixed workload: the run's prompt set, the output length forced, `repeats` times, one
+batch of `batch_size` requests at a time, on any engine that offers `FixedEngine`. Every
+stage of the journey that compares with the others (hf-fp16, bnb, awq, vllm, vllm-fp8) is this
+scenario on one engine; the stage says which engine (FixedWorkloadStage.start_engine).
+
+Each repeat is a timed window (energy and time over the measured work only); the quality pass
+runs after, untimed, and if it fails the samples are kept and the failure is recorded."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar, Protocol, Sequence
+
+from pydantic import BaseModel, Field
+
+from llmopt_bench.errors import describe
+from llmopt_bench.engines.vllm_kv import KVCacheRecord, kv_line
+from llmopt_bench.stage import (Block, LoadInfo, QualityRecord, RequestSample, Stage, StageContext, StageRun,
+                                StrictModel)
+from llmopt_bench.workload import Request, WorkloadConfig, build_requests
+
+
+class FixedParams(StrictModel):
+    quality: bool = True  # perplexity (real weights) and agreement with the quality reference, after the timed run
+
+
+class Instrumentation(StrictModel):
+    """The per-token clock's own cost (transformers engines; engines/hf.py)."""
+
+    model_config = {"extra": "allow"}  # the measure's fields (engines/hf.instrumentation_overhead)
+    overhead_pct: float | None = None
+
+
+class FixedExtra(StrictModel):
+    greedy_tokens: dict[str, list[int]] = Field(default_factory=dict)  # repeat 0's output ids, per request
+    instrumentation: Instrumentation | None = None
+    kv_cache: KVCacheRecord | None = None  # vLLM engines: the preallocated KV cache
+
+
+class FixedEngine(Protocol):
+    """What the fixed workload needs of an engine."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def serve(self, requests: Sequence[Request], max_new_tokens: int, *, batch_size: int, repeat: int,
+              tokens_out: dict[str, list[int]] | None, progress: Callable[[int], None]) -> list[RequestSample]: ...
+
+    def quality(self, workload: WorkloadConfig, ctx: StageContext) -> QualityRecord: ...
+
+    def records(self, requests: Sequence[Request], workload: WorkloadConfig, ctx: StageContext) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+def warmup(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext) -> None:
+    if workload.warmup:
+        ctx.progress(f"warm-up: {workload.warmup} requests", None, None)
+        reqs = build_requests(workload, engine.encode, count=workload.warmup, tag="w")
+        engine.serve(reqs, workload.max_new_tokens, batch_size=workload.batch_size, repeat=0, tokens_out=None,
+                     progress=lambda n: None)
+
+
+def measure(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext) -> tuple[list[Request], list[RequestSample], dict]:
+    """The timed repeats: requests, samples, and repeat 0's output token ids."""
+    reqs = build_requests(workload, engine.encode)
+    samples: list[RequestSample] = []
+    tokens: dict[str, list[int]] = {}
+    for rep in range(workload.repeats):
+        def done(n: int, rep: int = rep) -> None:
+            ctx.progress(f"repeat {rep + 1}/{workload.repeats}", n, len(reqs))
+
+        with ctx.meter.window("main") as window:
+            got = engine.serve(reqs, workload.max_new_tokens, batch_size=workload.batch_size, repeat=rep,
+                               tokens_out=tokens if rep == 0 else None, progress=done)
+            window.tokens = sum(s.output_tokens for s in got if s.ok)
+        samples += got
+    return reqs, samples, {r.id: tokens.get(r.id, []) for r in reqs}
+
+
+def quality_or_failure(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext) -> QualityRecord:
+    """The quality pass; its failure (a full disk writing the reference, say) is recorded, not raised."""
+    try:
+        return engine.quality(workload, ctx)
+    except Exception as e:  # noqa: BLE001 - the timed samples are worth keeping whatever broke here
+        print(f"quality pass failed: {describe(e, 300)}", flush=True)
+        return QualityRecord(reference=ctx.reference_name, error=describe(e, 300))
+
+
+class FixedWorkloadStage(Stage):
+    """A stage that runs the fixed workload on the engine start_engine() gives."""
+
+    Extra: ClassVar[type[BaseModel]] = FixedExtra
+
+    def start_engine(self, model: Any, params: Any, ctx: StageContext) -> tuple[FixedEngine, LoadInfo]:
+        raise NotImplementedError
+
+    def load(self, model, params, ctx: StageContext) -> LoadInfo:
+        self.params, self.model_info, self.engine = params, model, None
+        self.engine, info = self.start_engine(model, params, ctx)
+        return info
+
+    def warmup(self, workload: WorkloadConfig, ctx: StageContext) -> None:
+        warmup(self.engine, workload, ctx)
+
+    def run(self, workload: WorkloadConfig, ctx: StageContext) -> StageRun:
+        reqs, samples, tokens = measure(self.engine, workload, ctx)
+        extra = FixedExtra(greedy_tokens=tokens, **self.engine.records(reqs, workload, ctx))
+        quality = quality_or_failure(self.engine, workload, ctx) if self.params.quality else None
+        return StageRun(samples=samples, extra=extra.model_dump(mode="json", exclude_none=True), quality=quality)
+
+    def teardown(self) -> None:
+        engine, self.engine = getattr(self, "engine", None), None
+        if engine is not None:
+            engine.close()
+
+    @classmethod
+    def report_blocks(cls, result, run) -> list[Block]:
+        from llmopt_bench.analysis.overhead import overhead_sentence
+
+        extra = result.extra_as(FixedExtra)
+        out = []
+        if extra.kv_cache:
+            out.append(Block(text=kv_line(extra.kv_cache)))
+        if extra.instrumentation:
+            out.append(Block(text=overhead_sentence(extra.instrumentation.model_dump())))
+        return out

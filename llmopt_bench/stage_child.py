@@ -1,0 +1,139 @@
+"""One stage's child process seen from the runner: write its job, spawn the worker in a session
+of its own, follow its events (progress, load, result) while NVML samples the session's memory
+from outside, enforce the timeout, and turn what came back (or how the child ended) into the
+stage's result. The card must be free again before the next stage starts."""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import time
+from typing import Any
+
+from llmopt_bench.errors import first_line
+from llmopt_bench import spawn
+from llmopt_bench.analysis.metrics import compact, compute
+from llmopt_bench.events import FD_ENV, start_reader
+from llmopt_bench.measure.memory import MemorySampler, wait_until_free
+from llmopt_bench.models import ModelInfo
+from llmopt_bench.registry import StagePlan, engine_python, entry_value
+from llmopt_bench.results import FAILED, EnergyRecord, MemoryRecord, RunResult, StageResult, utcnow
+from llmopt_bench.rundir import RunDir
+from llmopt_bench.stage import StageRun
+
+FIXES = {"oom": "lower --batch-size, --input-len or the stage's max_model_len, or use a smaller model",
+         "timeout": "raise --timeout, or lower --num-prompts / --max-new-tokens",
+         "killed": "something outside llmopt killed the stage; --resume runs it again"}
+
+
+def write_job(plan: StagePlan, run: RunResult, model: ModelInfo, rd: RunDir, ref: Any) -> float:
+    """The child's job, with paths relative to the run directory (a committed run leaks no
+    machine's layout). Returns the spawn time the child measures its load from."""
+    spawned = time.time()
+    rd.write_json(rd.job(plan.name), {
+        "stage": plan.name, "entry": entry_value(plan.stage), "params": plan.params,
+        "model": model.model_dump(mode="json"), "workload": run.workload.model_dump(mode="json"),
+        "stage_dir": rd.relative(rd.stage_dir(plan.name)), "log": rd.relative(rd.log(plan.name)),
+        "reference_file": rd.relative(ref.file) if ref.file else None, "reference_name": ref.name,
+        "provides_reference": ref.name == plan.name, "spawned_at": spawned})
+    return spawned
+
+
+def follow(proc: subprocess.Popen, events: "queue.Queue", plan: StagePlan, timeout: float, reporter: Any) -> tuple[dict | None, dict]:
+    """The child's events until its result, its death or the timeout: (load event, final event)."""
+    load_evt, final = None, None
+    deadline = time.monotonic() + timeout
+    while final is None:
+        try:
+            evt = events.get(timeout=max(0.05, min(1.0, deadline - time.monotonic())))
+        except queue.Empty:
+            if time.monotonic() > deadline:
+                final = {"type": "timeout", "reason": f"exceeded its {timeout:.0f} s timeout"}
+            continue
+        if evt is None:  # the pipe closed without a result: the child died
+            final = {"type": "died", "code": proc.wait()}
+        elif evt["type"] == "progress":
+            reporter.progress(plan.name, evt["msg"], evt.get("done"), evt.get("total"))
+        elif evt["type"] == "load":
+            load_evt = evt
+            reporter.progress(plan.name, f"loaded in {evt['load_s']:.1f} s", None, None)
+        elif evt["type"] != "log":
+            final = evt
+    return load_evt, final
+
+
+def supervise(plan: StagePlan, cls: Any, run: RunResult, model: ModelInfo, rd: RunDir, timeout: float, ref: Any,
+              env: dict[str, str], reporter: Any) -> StageResult:
+    rd.stage_dir(plan.name).mkdir(parents=True, exist_ok=True)
+    spawned = write_job(plan, run, model, rd, ref)
+    before = spawn.oom_kills()
+    rfd, wfd = os.pipe()
+    with open(rd.log(plan.name), "w") as log:
+        proc = spawn.start([engine_python(cls.requires.engine), "-m", "llmopt_bench.worker", str(rd.job(plan.name))],
+                           log=log, env=spawn.child_env({**env, FD_ENV: str(wfd)}), pass_fds=(wfd,))
+    # from here on an interrupt (Ctrl-C, SIGTERM) must take the worker's session with it, even
+    # one that lands before the event loop (seen under load: the worker outlived llmopt)
+    load_evt: dict | None = None
+    final: dict | None = None
+    try:
+        os.close(wfd)
+        events = start_reader(rfd)
+        with MemorySampler(proc.pid) as sampler:
+            load_evt, final = follow(proc, events, plan, timeout, reporter)
+    except BaseException:
+        spawn.kill_session(proc.pid)
+        raise
+    finally:
+        try:
+            proc.wait(timeout=60 if final and final["type"] in ("result", "skipped") else 1)
+        except subprocess.TimeoutExpired:
+            pass
+        spawn.kill_session(proc.pid)
+        proc.wait()
+    rd.scrub(rd.log(plan.name))
+    if final["type"] == "died":
+        status, reason = spawn.Exit(final["code"], oom_killed=spawn.oom_evidence(before)).outcome()
+        final = {"type": status, "reason": f"worker {reason}"}
+    free = wait_until_free(proc.pid, sampler.peaks.device_baseline_bytes) if sampler.peaks.nvml else None
+    common = dict(started_at=utcnow(), log=rd.relative(rd.log(plan.name)), duration_s=round(time.time() - spawned, 3),
+                  memory=memory_of(load_evt, final, sampler), gpu_free_after=free,
+                  load_s=load_evt["load_s"] if load_evt else None, load=(load_evt or {}).get("info"))
+    return outcome(plan, cls, final, common, rd, spawned)
+
+
+def memory_of(load_evt: dict | None, final: dict, sampler: MemorySampler) -> MemoryRecord:
+    memory = {**(load_evt or {}).get("memory", {}), **final.get("memory", {}), **sampler.peaks.as_dict()}
+    if load_evt and "torch_allocated_bytes" in load_evt.get("memory", {}):
+        memory["after_load_allocated_bytes"] = load_evt["memory"]["torch_allocated_bytes"]
+    return MemoryRecord(**memory)
+
+
+def outcome(plan: StagePlan, cls: Any, final: dict, common: dict, rd: RunDir, spawned: float) -> StageResult:
+    from llmopt_bench.runner import skipped
+
+    kind = final["type"]
+    if kind != "result":
+        rd.put_requests(plan.name, [])  # an earlier attempt's requests are not this result's
+    if kind == "skipped":
+        return skipped(plan, cls, "skipped", final["reason"], final.get("fix"), **common)
+    if kind != "result":
+        status = kind if kind in FAILED + ("interrupted",) else "error"
+        return skipped(plan, cls, status, final.get("reason", kind), FIXES.get(status, f"see {rd.log(plan.name)}"),
+                       partial=rd.read_partial(plan.name, spawned), **common)
+    stage_run = StageRun(**final["run"])
+    samples = stage_run.samples
+    result = StageResult(name=plan.name, stage=plan.stage if plan.stage != plan.name else None, description=cls.description,
+                         changes=cls.changes, own_workload=cls.own_workload, quality_reference=cls.quality_reference,
+                         status="ok", params=plan.params, metrics=compute(samples), samples=compact(samples),
+                         energy=EnergyRecord(**final["energy"]) if final.get("energy") else None,
+                         quality=stage_run.quality, facts=stage_run.facts, extra=stage_run.extra, notes=stage_run.notes,
+                         **common)
+    rd.put_requests(plan.name, samples)
+    try:  # the stage's own record must match the model it declares
+        cls.Extra.model_validate(result.extra)
+    except Exception as e:  # noqa: BLE001 - a stage's bug: its measurements stay, the result says what broke
+        result.status, result.reason = "error", f"its extra does not match {cls.__name__}.Extra: {first_line(e)}"
+    if result.metrics is None and samples:
+        result.status, result.reason = "error", f"all {len(samples)} requests failed: {samples[0].error}"
+    return result
