@@ -68,14 +68,14 @@ def facts_from_v1_extra(extra: dict[str, Any]) -> dict[str, Any]:
     sweep = extra.get("sweep")
     if isinstance(sweep, dict) and sweep.get("main_concurrency"):
         facts["decode_batch"] = int(sweep["main_concurrency"])
-    curve = extra.get("curve") if isinstance(extra.get("curve"), list) else []
+    curve: list[dict[str, Any]] = extra["curve"] if isinstance(extra.get("curve"), list) else []
     one = next((r for r in curve if r.get("mode") == "continuous" and r.get("concurrency") == 1), None)
     if one and one.get("tpot_p50_s"):
         facts["batch1_tpot_s"] = one["tpot_p50_s"]
     point = ((extra.get("throughput_point") or {}).get("continuous") or {}).get("output_tok_s")
-    tops = [r.get("output_tok_s") or 0 for r in curve if r.get("mode") == "continuous"]
+    top = max((float(r.get("output_tok_s") or 0.0) for r in curve if r.get("mode") == "continuous"), default=0.0)
     if point:
         facts.update(saturated_tok_s=point, saturated_how="throughput point (all requests at once)")
-    elif tops and max(tops):
-        facts.update(saturated_tok_s=max(tops), saturated_how="top of the load curve")
+    elif top:
+        facts.update(saturated_tok_s=top, saturated_how="top of the load curve")
     return facts

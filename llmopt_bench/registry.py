@@ -1,5 +1,7 @@
 """Stages arrive through the entry-point group "llmopt.stages" (the built-ins too); journeys
-are TOML files in stages/ that name stages in order, with their params."""
+are TOML files that name stages in order, with their params: the shipped ones are package data
+(llmopt_bench/journeys/, which the checkout's top-level stages/ links to), so a wheel install
+finds `--stages all` too."""
 
 from __future__ import annotations
 
@@ -7,13 +9,13 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+import tomllib
 from pydantic import ValidationError
 
 from llmopt_bench.errors import UsageError
@@ -21,7 +23,7 @@ from llmopt_bench.measure import nvml
 from llmopt_bench.stage import Stage
 
 GROUP = "llmopt.stages"
-JOURNEY_DIR = Path(__file__).resolve().parent.parent / "stages"
+JOURNEY_DIR = Path(__file__).resolve().parent / "journeys"
 DEFAULT_TIMEOUT_S = 1800.0
 
 
@@ -128,6 +130,7 @@ def validate_params(cls: type[Stage], params: dict[str, Any]) -> dict[str, Any]:
 
 
 def journey_path(name: str = "journey") -> Path:
+    """A shipped journey by name: journey (the default, `--stages all`), batching-vllm-only, tp-scaling."""
     return JOURNEY_DIR / f"{name}.toml"
 
 
@@ -138,7 +141,7 @@ def parse_journey(path: Path) -> list[StagePlan]:
         raise UsageError(f"journey file not found: {path}", "pass --stages a,b or a TOML file with [[stage]] tables") from None
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"{path}: not valid TOML ({e})") from None
-    plans = []
+    plans: list[StagePlan] = []
     for i, entry in enumerate(data.get("stage", [])):
         if "name" not in entry:
             raise UsageError(f"{path}: [[stage]] #{i + 1} has no name")

@@ -166,7 +166,7 @@ class StageContext:
     stage_dir: Path
     device: str  # "cuda" or "cpu"
     log_path: Path | None = None  # this process's stdout/stderr: engines log what they chose there
-    progress: Callable[[str, int | None, int | None], None] = lambda msg, done=None, total=None: None
+    progress: Callable[..., None] = lambda msg, done=None, total=None: None  # (message, done, total)
     reference_file: Path | None = None  # the quality reference: written by its provider, read by the others
     reference_name: str | None = None  # the result that provides it
     provides_reference: bool = False

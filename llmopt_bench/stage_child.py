@@ -11,9 +11,9 @@ import subprocess
 import time
 from typing import Any
 
-from llmopt_bench.errors import first_line
 from llmopt_bench import spawn
 from llmopt_bench.analysis.metrics import compact, compute
+from llmopt_bench.errors import first_line
 from llmopt_bench.events import FD_ENV, start_reader
 from llmopt_bench.measure.memory import MemorySampler, wait_until_free
 from llmopt_bench.models import ModelInfo

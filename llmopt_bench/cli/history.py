@@ -51,8 +51,9 @@ def show_cmd(
 ) -> None:
     """Show a metric per stage across runs, oldest first, each run judged against the stage's previous run."""
     from llmopt_bench.analysis.compare import parse_thresholds
-    from llmopt_bench.errors import extra_fix, MissingDependency
-    from llmopt_bench.history import chart as draw, dump, metric_name, trend
+    from llmopt_bench.errors import MissingDependency, extra_fix
+    from llmopt_bench.history import chart as draw
+    from llmopt_bench.history import dump, metric_name, trend
 
     points = trend(_db(db), metric, stage, parse_thresholds(max_regression))
     if as_json:

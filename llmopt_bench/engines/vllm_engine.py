@@ -51,11 +51,11 @@ class VLLMEngine:
         return kv_cache_record(self.llm, self.model_info, self.cfg.dtype, None, max_num_seqs)
 
     def quality(self, workload: WorkloadConfig, ctx: StageContext) -> QualityRecord:
-        from llmopt_bench.analysis import quality_vllm
+        from llmopt_bench.engines import vllm_quality
 
         dummy = self.params.load_format == "dummy"
         real = self.model_info.real_weights and not dummy
-        return QualityRecord(**quality_vllm.evaluate(self.llm, self.encode, ctx.reference_file, ctx.reference_name,
+        return QualityRecord(**vllm_quality.evaluate(self.llm, self.encode, ctx.reference_file, ctx.reference_name,
                                                      real, ctx.progress, dummy=dummy))
 
     def records(self, requests: Sequence[Request], workload: WorkloadConfig, ctx: StageContext) -> dict[str, Any]:

@@ -10,7 +10,10 @@ from typing import Any, Callable
 
 from llmopt_bench.analysis.selectors import GB, comparable_stages, peak_memory
 from llmopt_bench.fmt import pct
-from llmopt_bench.plotting import ALT, BASE, BEST, DOWN, UP, legend, plt as _plt, save as _save, xlabels as _xlabels
+from llmopt_bench.plotting import ALT, BASE, BEST, DOWN, UP, legend
+from llmopt_bench.plotting import plt as _plt
+from llmopt_bench.plotting import save as _save
+from llmopt_bench.plotting import xlabels as _xlabels
 from llmopt_bench.results import RunResult
 
 

@@ -12,10 +12,9 @@ from typing import Any, Callable, ClassVar, Protocol, Sequence
 
 from pydantic import BaseModel, Field
 
-from llmopt_bench.errors import describe
 from llmopt_bench.engines.vllm_kv import KVCacheRecord, kv_line
-from llmopt_bench.stage import (Block, LoadInfo, QualityRecord, RequestSample, Stage, StageContext, StageRun,
-                                StrictModel)
+from llmopt_bench.errors import describe
+from llmopt_bench.stage import Block, LoadInfo, QualityRecord, RequestSample, Stage, StageContext, StageRun, StrictModel
 from llmopt_bench.workload import Request, WorkloadConfig, build_requests
 
 
@@ -93,8 +92,10 @@ class FixedWorkloadStage(Stage):
     def start_engine(self, model: Any, params: Any, ctx: StageContext) -> tuple[FixedEngine, LoadInfo]:
         raise NotImplementedError
 
+    engine: FixedEngine
+
     def load(self, model, params, ctx: StageContext) -> LoadInfo:
-        self.params, self.model_info, self.engine = params, model, None
+        self.params, self.model_info = params, model
         self.engine, info = self.start_engine(model, params, ctx)
         return info
 
@@ -108,8 +109,9 @@ class FixedWorkloadStage(Stage):
         return StageRun(samples=samples, extra=extra.model_dump(mode="json", exclude_none=True), quality=quality)
 
     def teardown(self) -> None:
-        engine, self.engine = getattr(self, "engine", None), None
+        engine = getattr(self, "engine", None)
         if engine is not None:
+            del self.engine
             engine.close()
 
     @classmethod

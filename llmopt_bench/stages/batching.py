@@ -19,7 +19,6 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from llmopt_bench.errors import describe, is_oom
 from llmopt_bench.analysis.metrics import compute, tpot, ttft
 from llmopt_bench.engines import hf
 from llmopt_bench.engines import vllm as V
@@ -27,6 +26,7 @@ from llmopt_bench.engines.lifecycle import cmdline, descendants, device_memory, 
 from llmopt_bench.engines.static_batching import load_model, run_isolated, static_serve
 from llmopt_bench.engines.vllm_kv import kv_cache_record
 from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config, prepare_engine_env
+from llmopt_bench.errors import describe, is_oom
 from llmopt_bench.scenarios.arrivals_record import BatchingExtra
 from llmopt_bench.scenarios.capacity import hf_capacity, vllm_capacity_rows
 from llmopt_bench.stage import LoadInfo, RequestSample, Requirements, Stage, StageContext, StageFacts, StageRun

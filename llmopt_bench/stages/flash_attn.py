@@ -37,9 +37,9 @@ from llmopt_bench.distribution import Distribution
 from llmopt_bench.engines import hf
 from llmopt_bench.errors import extra_fix, first_line
 from llmopt_bench.measure.timing import make_sync, now
-from llmopt_bench.stage import LoadInfo, Requirements, Stage, StageContext, StageRun, StageSkipped, StrictModel
-from llmopt_bench.scenarios.context_sweep_report import SweepPresentation
 from llmopt_bench.scenarios.context_sweep import ContextSweepExtra, plan_contexts, speedups, sweep_claims
+from llmopt_bench.scenarios.context_sweep_report import SweepPresentation
+from llmopt_bench.stage import LoadInfo, Requirements, Stage, StageContext, StageRun, StageSkipped, StrictModel
 from llmopt_bench.workload import Request, WorkloadConfig, build_requests, fit_length
 
 Impl = Literal["eager", "sdpa-math", "sdpa-flash", "sdpa-efficient", "flash_attention_2"]

@@ -16,15 +16,15 @@ from typing import Any
 
 from pydantic import Field
 
-from llmopt_bench.errors import describe
 from llmopt_bench.analysis.metrics import tpot, ttft
 from llmopt_bench.distribution import Distribution
 from llmopt_bench.engines import vllm as V
 from llmopt_bench.engines.lifecycle import device_memory, wait_freed
-from llmopt_bench.stage import LoadInfo, Requirements, Stage, StageContext, StageRun, StageSkipped
 from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config, prepare_engine_env
-from llmopt_bench.scenarios.context_sweep_report import SweepPresentation
+from llmopt_bench.errors import describe
 from llmopt_bench.scenarios.context_sweep import ContextSweepExtra, plan_contexts, speedups
+from llmopt_bench.scenarios.context_sweep_report import SweepPresentation
+from llmopt_bench.stage import LoadInfo, Requirements, Stage, StageContext, StageRun, StageSkipped
 from llmopt_bench.workload import Request, WorkloadConfig, build_requests, fit_length
 
 CUDA_BACKENDS = ("FLASH_ATTN", "TRITON_ATTN", "FLASHINFER")
