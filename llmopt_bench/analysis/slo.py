@@ -17,7 +17,7 @@ llama3_1-8b.Server.ttft_latency = 2000, tpot_latency = 100, in ms, and
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from llmopt_bench.analysis import metrics as M
 from llmopt_bench.analysis.stats import percentile
@@ -98,7 +98,7 @@ def _parse_target(key: str, value: str) -> Target:
     pct = float(m["pct"])
     if pct not in PERCENTILES:
         raise UsageError(f"SLO target {key!r}: percentile p{m['pct']} is not one of "
-                         f"{', '.join('p%d' % p for p in PERCENTILES)}", FIX)
+                         f"{', '.join(f'p{p}' for p in PERCENTILES)}", FIX)
     v = _VALUE.match(value)
     if not v:
         raise UsageError(f"SLO target {key}: {value!r} is not a duration", FIX)

@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from llmopt_bench.errors import UsageError
 from llmopt_bench.measure.timing import now
@@ -158,7 +159,7 @@ class OpenAIClient:
         self._max_connections = max_connections
         self._http: Any = None
 
-    async def __aenter__(self) -> "OpenAIClient":
+    async def __aenter__(self) -> OpenAIClient:
         import httpx
 
         e = self.endpoint
@@ -170,7 +171,7 @@ class OpenAIClient:
             timeout=httpx.Timeout(e.request_timeout_s, connect=e.connect_timeout_s, pool=None))
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self._http.aclose()
 
     def payload(self, prompt: str | Sequence[int], max_tokens: int) -> dict[str, Any]:

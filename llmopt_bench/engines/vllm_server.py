@@ -43,7 +43,7 @@ def vllm_python() -> str:
 def vllm_cli_works(python: str) -> bool:
     """Whether `python -m vllm.entrypoints.cli.main` can start: it needs a 'vllm' distribution."""
     probe = subprocess.run([python, "-c", "import importlib.metadata as m; m.version('vllm')"],
-                           capture_output=True, timeout=60)
+                           capture_output=True, timeout=60, check=False)
     return probe.returncode == 0
 
 
@@ -246,11 +246,11 @@ class VLLMServer:
         return {"stopped": True, "exit_code": proc.returncode, "killed": killed, "processes_left": len(left),
                 "left": [lifecycle.cmdline(p)[:120] for p in left], "stop_s": round(time.perf_counter() - t0, 3), **memory}
 
-    def __enter__(self) -> "VLLMServer":
+    def __enter__(self) -> VLLMServer:
         self.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

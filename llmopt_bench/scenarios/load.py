@@ -23,8 +23,9 @@ import itertools
 import math
 import random
 from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Iterator, Sequence, TypeVar
+from typing import TypeVar
 
 from pydantic import Field
 
@@ -80,7 +81,7 @@ class LoadPoint(StrictModel):
     warmup_requests: int = Field(0, ge=0)
     seed: int = 0
 
-    def check(self) -> "LoadPoint":
+    def check(self) -> LoadPoint:
         if (self.concurrency is None) == (self.rate is None):
             raise UsageError("a load point has either a concurrency (closed loop) or a request rate (open loop)",
                              "set exactly one of concurrency and rate")

@@ -13,8 +13,8 @@ rate and distribution, not the same instants."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from llmopt_bench.errors import UsageError
 from llmopt_bench.workload import Request

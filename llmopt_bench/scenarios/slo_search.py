@@ -17,7 +17,8 @@ than the load. It needs three probed rates, and a curve that bends (else None)."
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from pydantic import Field
 

@@ -6,6 +6,7 @@ scale off by the burstiness, the shape and scale swapped) misses by far more."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 
@@ -19,7 +20,7 @@ N = 20_000
 
 def gaps(rate: float, burstiness: float, seed: int) -> list[float]:
     times = arrival_times(rate, N + 1, burstiness, seed)
-    return [b - a for a, b in zip(times, times[1:])]
+    return [b - a for a, b in itertools.pairwise(times)]
 
 
 def test_same_seed_same_times_other_seed_other_times():
@@ -27,7 +28,7 @@ def test_same_seed_same_times_other_seed_other_times():
         a = arrival_times(5.0, 200, burstiness, seed=7)
         assert a == arrival_times(5.0, 200, burstiness, seed=7)
         assert a != arrival_times(5.0, 200, burstiness, seed=8)
-        assert a[0] == 0.0 and all(y > x for x, y in zip(a, a[1:]))
+        assert a[0] == 0.0 and all(y > x for x, y in itertools.pairwise(a))
 
 
 def test_duration_bound_schedule_is_the_prefix_of_the_count_bound_one():
