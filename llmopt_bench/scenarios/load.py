@@ -95,6 +95,13 @@ class LoadPoint(StrictModel):
                              "make warmup_requests smaller than num_requests")
         return self
 
+    @classmethod
+    def at_rate(cls, rate: float, duration_s: float, warmup_s: float = 0.0, min_requests: int = 0,
+                **kw: object) -> LoadPoint:
+        """An open-loop point at `rate`, long enough that about min_requests arrive after the
+        warm-up: a capacity search probes low rates too, where a fixed duration holds few."""
+        return cls(rate=rate, duration_s=max(duration_s, warmup_s + min_requests / rate), warmup_s=warmup_s, **kw)
+
     @property
     def label(self) -> str:
         if self.concurrency is not None:
@@ -200,7 +207,8 @@ def summarize(point: LoadPoint, records: list[_Record], t0: float) -> PointResul
     measured = [r for r in records if r.arrival >= start and r.index >= point.warmup_requests]
     samples = [r.sample for r in measured if r.sample is not None]
     if not measured:
-        raise UsageError(f"{point.label}: no request arrived after the warm-up", "lengthen the load point or its warm-up less")
+        raise UsageError(f"{point.label}: all {len(records)} requests arrived during the warm-up",
+                         "lengthen the load point (LoadPoint.at_rate sizes it by requests), or shorten the warm-up")
     w_start = min(r.arrival for r in measured)
     w_end = t0 + point.duration_s if point.duration_s is not None else max(r.arrival for r in measured)
     ok = [s for s in samples if s.ok]

@@ -98,3 +98,18 @@ def test_failures_are_counted_by_kind_and_the_point_goes_on():
     assert svc.calls == 16 and res.sent == 16
     assert res.failed == 4 and res.failure_rate == 0.25 and res.errors == {"timeout": 4}
     assert res.metrics.requests == 12 and res.metrics.failed_requests == 4
+
+
+def test_a_point_at_a_low_rate_is_stretched_to_hold_its_requests():
+    p = LoadPoint.at_rate(0.5, duration_s=6.0, warmup_s=1.0, min_requests=10, seed=2)
+    assert p.duration_s == 21.0 and p.warmup_s == 1.0 and p.seed == 2
+    assert LoadPoint.at_rate(50.0, duration_s=6.0, warmup_s=1.0, min_requests=10).duration_s == 6.0
+
+
+def test_a_point_whose_requests_all_fell_in_the_warmup_says_so():
+    from llmopt_bench.errors import UsageError
+
+    svc = FifoService(step_s=0.001, tokens=1)
+    with pytest.raises(UsageError) as e:  # seed 0 at 0.1 req/s: the second arrival comes at 18.6 s
+        run(LoadPoint(rate=0.1, duration_s=0.3, warmup_s=0.2), svc)
+    assert "during the warm-up" in e.value.message and "at_rate" in e.value.fix
