@@ -129,16 +129,18 @@ class VLLMServer:
         return f"http://{self.host}:{self.port}"
 
     def args(self) -> list[str]:
-        """The model and the engine config: what `vllm serve` needs to reproduce this server."""
-        return ["--model", self.model_path, "--served-model-name", self.served_model_name, *engine_args(self.cfg),
-                *self.extra_args]
+        """The engine config after the model: what `vllm serve MODEL` needs to reproduce this server."""
+        return ["--served-model-name", self.served_model_name, *engine_args(self.cfg), *self.extra_args]
 
     def command(self) -> list[str]:
-        return [self.python, *self.entry, *self.args(), "--host", self.host, "--port", str(self.port)]
+        # `vllm serve` takes the model as its first argument (--model there is deprecated); the
+        # module entry has no subcommand to move it into place, and wants --model
+        model = [self.model_path] if self.entry == CLI_ENTRY else ["--model", self.model_path]
+        return [self.python, *self.entry, *model, *self.args(), "--host", self.host, "--port", str(self.port)]
 
     def reproduce(self) -> str:
         """The `vllm serve` line a user types to get this server (the key stays a variable)."""
-        line = "vllm serve " + shlex.join(self.args())
+        line = "vllm serve " + shlex.join([self.model_path, *self.args()])
         return line + (f' --api-key "${self.api_key_env}"' if self.api_key_env else "")
 
     def environment(self) -> dict[str, str]:

@@ -88,7 +88,7 @@ def sender(client, max_tokens=N):
 def test_the_server_started_and_says_how(served):
     server, info = served
     assert info.phases_s["server_ready_s"] > 0
-    assert info.implementation["command"].startswith("vllm serve --model ")
+    assert info.implementation["command"].startswith(f"vllm serve {server.model_path} --served-model-name {NAME} ")
     assert "--dtype float32" in info.implementation["command"] and "--no-enable-prefix-caching" in info.implementation["command"]
     key = os.environ[KEY_ENV]
     # the key reaches the server through its environment only: not argv, not the log, not the result
