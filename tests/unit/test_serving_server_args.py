@@ -7,7 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmopt_bench.engines import vllm as V
-from llmopt_bench.engines.vllm_server import CLI_ENTRY, MODULE_ENTRY, VLLMServer, engine_args
+from llmopt_bench.engines.vllm_server import (
+    CLI_ENTRY,
+    MODULE_ENTRY,
+    VLLMServer,
+    engine_args,
+)
 
 FULL = V.EngineConfig(dtype="bfloat16", quantization="fp8", max_model_len=4096, gpu_memory_utilization=0.85,
                       enforce_eager=True, tensor_parallel_size=2, attention_backend="FLASH_ATTN", load_format="dummy",
