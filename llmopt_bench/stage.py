@@ -72,6 +72,9 @@ class Requirements:
     cuda: bool = False
     min_compute_capability: tuple[int, int] | None = None
     engine: str | None = None  # "vllm": may run in another interpreter (LLMOPT_VLLM_PYTHON)
+    # False: the engine's imports are checked in its interpreter, but the stage's own process runs
+    # in llmopt's (a stage that starts the engine as a server and talks to it over HTTP)
+    child_in_engine: bool = True
 
     def missing_imports(self, find_spec: Callable[[str], Any] = importlib.util.find_spec) -> list[tuple[str, str]]:
         """(reason, fix) for each import this interpreter cannot find."""
@@ -197,6 +200,9 @@ class Stage:
     # True for the stage whose outputs the others' quality is measured against (the FP16
     # baseline in the journey): the run records which result it is, nobody names it.
     quality_reference: ClassVar[bool] = False
+    # False: the stage measures a server llmopt did not start (any OpenAI endpoint): no device
+    # memory or energy is sampled or claimed for it
+    owns_device: ClassVar[bool] = True
     requires: ClassVar[Requirements] = Requirements()
     Params: ClassVar[type[BaseModel]] = NoParams
     Extra: ClassVar[type[BaseModel]] = OpenExtra

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import subprocess
 import time
 from typing import Any
@@ -27,7 +28,7 @@ FIXES = {"oom": "lower --batch-size, --input-len or the stage's max_model_len, o
          "killed": "something outside llmopt killed the stage; --resume runs it again"}
 
 
-def write_job(plan: StagePlan, run: RunResult, model: ModelInfo, rd: RunDir, ref: Any) -> float:
+def write_job(plan: StagePlan, cls: Any, run: RunResult, model: ModelInfo, rd: RunDir, ref: Any) -> float:
     """The child's job, with paths relative to the run directory (a committed run leaks no
     machine's layout). Returns the spawn time the child measures its load from."""
     spawned = time.time()
@@ -36,7 +37,7 @@ def write_job(plan: StagePlan, run: RunResult, model: ModelInfo, rd: RunDir, ref
         "model": model.model_dump(mode="json"), "workload": run.workload.model_dump(mode="json"),
         "stage_dir": rd.relative(rd.stage_dir(plan.name)), "log": rd.relative(rd.log(plan.name)),
         "reference_file": rd.relative(ref.file) if ref.file else None, "reference_name": ref.name,
-        "provides_reference": ref.name == plan.name, "spawned_at": spawned})
+        "provides_reference": ref.name == plan.name, "spawned_at": spawned, "owns_device": getattr(cls, "owns_device", True)})
     return spawned
 
 
@@ -66,11 +67,12 @@ def follow(proc: subprocess.Popen, events: "queue.Queue", plan: StagePlan, timeo
 def supervise(plan: StagePlan, cls: Any, run: RunResult, model: ModelInfo, rd: RunDir, timeout: float, ref: Any,
               env: dict[str, str], reporter: Any) -> StageResult:
     rd.stage_dir(plan.name).mkdir(parents=True, exist_ok=True)
-    spawned = write_job(plan, run, model, rd, ref)
+    spawned = write_job(plan, cls, run, model, rd, ref)
     before = spawn.oom_kills()
     rfd, wfd = os.pipe()
     with open(rd.log(plan.name), "w") as log:
-        proc = spawn.start([engine_python(cls.requires.engine), "-m", "llmopt_bench.worker", str(rd.job(plan.name))],
+        python = engine_python(cls.requires.engine) if cls.requires.child_in_engine else sys.executable
+        proc = spawn.start([python, "-m", "llmopt_bench.worker", str(rd.job(plan.name))],
                            log=log, env=spawn.child_env({**env, FD_ENV: str(wfd)}), pass_fds=(wfd,))
     # from here on an interrupt (Ctrl-C, SIGTERM) must take the worker's session with it, even
     # one that lands before the event loop (seen under load: the worker outlived llmopt)
@@ -79,7 +81,7 @@ def supervise(plan: StagePlan, cls: Any, run: RunResult, model: ModelInfo, rd: R
     try:
         os.close(wfd)
         events = start_reader(rfd)
-        with MemorySampler(proc.pid) as sampler:
+        with MemorySampler(proc.pid, enabled=cls.owns_device) as sampler:
             load_evt, final = follow(proc, events, plan, timeout, reporter)
     except BaseException:
         spawn.kill_session(proc.pid)
@@ -104,6 +106,8 @@ def supervise(plan: StagePlan, cls: Any, run: RunResult, model: ModelInfo, rd: R
 
 def memory_of(load_evt: dict | None, final: dict, sampler: MemorySampler) -> MemoryRecord:
     memory = {**(load_evt or {}).get("memory", {}), **final.get("memory", {}), **sampler.peaks.as_dict()}
+    if sampler.error:
+        memory["note"] = sampler.error
     if load_evt and "torch_allocated_bytes" in load_evt.get("memory", {}):
         memory["after_load_allocated_bytes"] = load_evt["memory"]["torch_allocated_bytes"]
     return MemoryRecord(**memory)

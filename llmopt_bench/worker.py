@@ -47,7 +47,8 @@ def context(job: dict[str, Any], job_path: Path, device: str, events: EventWrite
         progress=lambda msg, done=None, total=None: events.send("progress", msg=msg, done=done, total=total),
         reference_file=rd.root / job["reference_file"] if job.get("reference_file") else None,
         reference_name=job.get("reference_name"), provides_reference=bool(job.get("provides_reference")),
-        keep_partial=lambda data: rd.write_json(rd.partial(job["stage"]), data), meter=TimedMeter())
+        keep_partial=lambda data: rd.write_json(rd.partial(job["stage"]), data),
+        meter=TimedMeter() if job.get("owns_device", True) else TimedMeter(read_mj=lambda: None))
 
 
 def main(job_path: str) -> int:

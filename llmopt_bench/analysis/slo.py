@@ -20,7 +20,7 @@ import re
 from collections.abc import Sequence
 
 from llmopt_bench.analysis import metrics as M
-from llmopt_bench.analysis.stats import percentile
+from llmopt_bench.distribution import percentile
 from llmopt_bench.errors import UsageError
 from llmopt_bench.stage import RequestSample, StrictModel
 

@@ -75,10 +75,11 @@ class MemoryPeaks:
 class MemorySampler:
     """Samples device memory and the stage's processes' memory every `interval` seconds."""
 
-    def __init__(self, sid: int, interval: float = 0.1):
+    def __init__(self, sid: int, interval: float = 0.1, enabled: bool = True):
         self.sid = sid
         self.interval = interval
-        self.devices = nvml.device_indices()
+        self.devices = nvml.device_indices() if enabled else []
+        self.error: str | None = None
         self.peaks = MemoryPeaks(nvml=bool(self.devices))
         for i in self.devices:
             used = nvml.used_bytes(i) or 0
@@ -98,10 +99,16 @@ class MemorySampler:
             self._thread.join(timeout=2)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            pids = session_pids(self.sid)
-            self.peaks.update({i: nvml.used_bytes(i) for i in self.devices},
-                              {i: nvml.process_bytes(i) for i in self.devices}, pids)
+        try:
+            while not self._stop.wait(self.interval):
+                pids = session_pids(self.sid)
+                self.peaks.update({i: nvml.used_bytes(i) for i in self.devices},
+                                  {i: nvml.process_bytes(i) for i in self.devices}, pids)
+        except Exception as e:  # noqa: BLE001 - said, not swallowed: the peaks stop where the sampler died
+            import sys
+
+            self.error = f"the NVML sampler stopped: {type(e).__name__}: {e}"
+            print(f"warning: {self.error}; the stage's peak memory is what it saw until then", file=sys.stderr)
 
 
 def wait_until_free(sid: int, baseline: dict[int, int], timeout: float = 120.0,

@@ -30,7 +30,7 @@ from typing import TypeVar
 from pydantic import Field
 
 from llmopt_bench.analysis.metrics import StageMetrics, compute
-from llmopt_bench.analysis.stats import Distribution
+from llmopt_bench.distribution import Distribution
 from llmopt_bench.errors import UsageError
 from llmopt_bench.measure.timing import now
 from llmopt_bench.stage import RequestSample, StrictModel

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from llmopt_bench.analysis.slo import DEFAULT_SLO, judge, meets, parse_slo
-from llmopt_bench.analysis.stats import percentile
+from llmopt_bench.distribution import percentile
 from llmopt_bench.errors import UsageError
 from llmopt_bench.stage import RequestSample
 

@@ -1,4 +1,4 @@
-"""analysis/stats.py: percentile and Distribution.of against expectations computed here
+"""distribution.py: percentile and Distribution.of against expectations computed here
 independently (the `statistics` module and sorted-list arithmetic)."""
 
 from __future__ import annotations
