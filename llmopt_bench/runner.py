@@ -181,14 +181,34 @@ def _save_last(rd: RunDir, run: RunResult) -> None:
         print(f"error: {e.message}", file=sys.stderr)
 
 
+def _duration_key(run: RunResult, plan: StagePlan) -> str:
+    from llmopt_bench import durations
+
+    device = run.env.get("gpu") or run.env.get("cpu")
+    return durations.key(device, run.model.source if run.model else "", run.workload, plan.stage, plan.params)
+
+
+def say_eta(run: RunResult, plans: list[StagePlan], reporter: Reporter) -> None:
+    """The time the remaining stages took last time here (the journey's ETA), when known."""
+    from llmopt_bench import durations
+
+    seconds, known = durations.eta([_duration_key(run, p) for p in plans])
+    if known:
+        rest = "" if known == len(plans) else f" (+ {len(plans) - known} stage(s) never timed here)"
+        reporter.phase(f"ETA ~{seconds / 60:.0f} min for {known} stage(s), from their last run here{rest}")
+
+
 def _run_plans(run: RunResult, previous: RunResult | None, model: ModelInfo, rd: RunDir, opts: RunOptions,
                reporter: Reporter) -> None:
+    from llmopt_bench import durations
+
     ref = find_reference(rd, opts.plans, previous)
+    todo = [p for p in opts.plans if not ((d := previous.stage(p.name) if previous else None) and d.status != "interrupted")]
     for i, plan in enumerate(opts.plans):
-        done = previous.stage(plan.name) if previous else None
-        if done and done.status != "interrupted":
-            reporter.progress(plan.name, f"already in the run ({done.status}): kept (resume)", None, None)
+        if plan not in todo:
+            reporter.progress(plan.name, f"already in the run ({previous.stage(plan.name).status}): kept (resume)", None, None)
             continue
+        say_eta(run, todo[todo.index(plan):], reporter)
         reporter.stage_start(plan.name, i + 1, len(opts.plans))
         started = time.time()
         try:
@@ -199,6 +219,8 @@ def _run_plans(run: RunResult, previous: RunResult | None, model: ModelInfo, rd:
                             partial=rd.read_partial(plan.name, started)))
             raise
         run.put(result)
+        if result.status == "ok" and result.duration_s:
+            durations.record(_duration_key(run, plan), result.duration_s)
         apply_gate(run, run.min_quality)
         rd.save(run)
         reporter.stage_end(result)

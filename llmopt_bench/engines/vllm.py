@@ -81,18 +81,28 @@ def attention_backends(llm: Any) -> list[str] | None:
     return names or None
 
 
+def engine_defaults() -> dict[str, str]:
+    """The environment every vLLM engine of llmopt starts with, unless the user set it:
+    - its compile and CUDA-graph caches under LLMOPT_CACHE, so a nightly runner is warm after its
+      first night (torch.compile of a configuration seen before is read back, not recompiled);
+    - no FlashInfer sampler: every request here decodes greedily, so top-k/top-p sampling never
+      runs, yet vLLM JIT-compiles that sampler at start-up (~100 s on a fresh H200; docs/gpu-runs.md)."""
+    from llmopt_bench.models import cache_dir
+
+    return {"VLLM_CACHE_ROOT": str(cache_dir() / "vllm"), "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+
+
 def build_engine(model_path: str, cfg: EngineConfig, log_path: Path | None) -> tuple[Any, LoadInfo]:
     import os
+
+    for key, value in engine_defaults().items():
+        os.environ.setdefault(key, value)
 
     # collective_rpc with a function (attention_backends) pickles it to our own engine processes
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     # The stage process has touched CUDA (memory sampling) before the engine starts; a forked
     # engine core then fails ("Cannot re-initialize CUDA in forked subprocess", seen on the H200)
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    # Every request here decodes greedily, so top-k/top-p sampling never runs; with FlashInfer
-    # installed, vLLM still JIT-compiles its sampler at start-up: ~100 s on a fresh H200, most
-    # of the first engine's start (docs/gpu-runs.md). Export VLLM_USE_FLASHINFER_SAMPLER=1 to keep it.
-    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     t0 = now()
     import vllm
     from vllm import LLM

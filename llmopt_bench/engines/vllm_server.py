@@ -144,10 +144,9 @@ class VLLMServer:
         return line + (f' --api-key "${self.api_key_env}"' if self.api_key_env else "")
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        # as build_engine does for the offline engine: every request is greedy, and FlashInfer's
-        # sampler JIT costs ~100 s at start on a fresh GPU
-        env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        from llmopt_bench.engines.vllm import engine_defaults
+
+        env = {**engine_defaults(), **os.environ}  # as the offline engine starts (build_engine)
         env.pop("VLLM_API_KEY", None)  # only the key the caller names, never one left in the environment
         if self.api_key_env:  # the key travels in the environment: argv is readable by every user (ps)
             key = os.environ.get(self.api_key_env)

@@ -17,8 +17,8 @@ from llmopt_bench.render.details import details, quality_cell
 from llmopt_bench.render.hooks import collect_claims
 from llmopt_bench.results import RunResult
 
-SECTIONS = ("Environment and workload", "Stages", "Speedups", "Stages that did not run", "The story's claims",
-            "Conclusions", "Roofline", "Stage details", "Metric definitions")
+SECTIONS = ("Environment and workload", "Stages", "Speedups", "Stages that did not run", "Where the time went",
+            "The story's claims", "Conclusions", "Roofline", "Stage details", "Metric definitions")
 
 
 def environment(run: RunResult) -> list[str]:
@@ -86,6 +86,19 @@ def not_run(run: RunResult) -> list[str]:
     return table(("stage", "status", "reason", "fix", "log"), rows) + ([""] + kept if kept else [])
 
 
+def time_section(run: RunResult) -> list[str]:
+    """Each stage's wall time (its process, start to end) and load time, and the run's own."""
+    timed = [s for s in run.stages if s.duration_s]
+    if not timed:
+        return ["No stage recorded its duration."]
+    total = sum(s.duration_s or 0 for s in timed)
+    rows = [(s.name, s.status, s.duration_s, s.load_s, pct((s.duration_s or 0) / total) if total else "-") for s in timed]
+    wall = (f"The run took {num(run.wall_s)} s end to end ({num(run.wall_s / 60)} min), probe and report included"
+            + (" (over several invocations: --resume adds each one's time)" if "--resume" in run.command else "") + "."
+            if run.wall_s else "The run's own wall time was not recorded (a run older than schema 2).")
+    return [wall, ""] + table(("stage", "status", "wall s", "load s", "share of the stages' time"), rows)
+
+
 def roofline_section(run: RunResult) -> list[str]:
     from llmopt_bench.analysis.roofline import roofline
 
@@ -146,6 +159,7 @@ def render_markdown(run: RunResult, charts: dict[str, Path], stage_charts: dict[
         + img("memory", "memory per stage") + img("distributions", "TTFT and TPOT distributions"),
         "Speedups": speedups(run),
         "Stages that did not run": not_run(run),
+        "Where the time went": time_section(run),
         "The story's claims": table(("claim", "target", "this run", "verdict", "how"),
                                     [(c.claim, c.target, c.measured, f"**{c.verdict}**", c.detail) for c in cl]),
         "Conclusions": [f"- {c}" for c in conclusions(run, cl)],
