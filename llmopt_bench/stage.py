@@ -120,14 +120,47 @@ class LoadInfo(StrictModel):
     notes: list[str] = Field(default_factory=list)
 
 
+class SLOPoint(StrictModel):
+    """One open-loop load point a serving stage measured, kept so that another SLO can judge it
+    again (analysis/recommend.py): each successful request's TTFT, TPOT and E2E in seconds (TPOT
+    None for a one-token answer), the pooled inter-token gaps' percentiles, and what failed."""
+
+    rate_rps: float  # the arrival rate asked for
+    burstiness: float = 1.0
+    window_s: float  # the measurement window goodput is counted over
+    requests: int  # measured requests sent (warm-up left out)
+    failed: int = 0
+    ttft_s: list[float] = Field(default_factory=list)
+    tpot_s: list[float | None] = Field(default_factory=list)
+    e2e_s: list[float] = Field(default_factory=list)
+    itl_s: dict[str, float] = Field(default_factory=dict)  # "p50", "p90", "p99" of every gap
+    output_tok_s: float | None = None
+    slo_ok: bool | None = None  # the stage's own verdict under its SLO (StageFacts.slo)
+    goodput_rps: float | None = None
+
+
 class StageFacts(StrictModel):
-    """What the generic analyses (roofline, tensor-parallel scaling) need from a stage's own
-    measurements, typed, so that they read no stage's extra."""
+    """What the generic analyses (roofline, tensor-parallel scaling, what to deploy) need from a
+    stage's own measurements, typed, so that they read no stage's extra."""
 
     decode_batch: int | None = None  # sequences decoded together in the samples (default: the workload's batch)
     batch1_tpot_s: float | None = None  # TPOT at one request in flight, where the stage measured it apart
+    batch1_ttft_s: float | None = None  # TTFT at one request in flight, likewise
     saturated_tok_s: float | None = None  # the most output tokens a second it saw
     saturated_how: str | None = None  # how that figure was measured (only like compares with like)
+    # serving under an SLO (scenarios/serving.py): the highest arrival rate that met it, the
+    # interval it is known within ([last passing, first failing]; failing None: never failed),
+    # the goodput at that rate, the knee of the latency curve, and every open-loop point measured
+    slo: str | None = None  # the SLO judged, as `--slo` takes it: ttft_p99=2s,tpot_p99=100ms
+    slo_max_failure_rate: float | None = None
+    slo_capacity_rps: float | None = None
+    slo_capacity_interval: list[float | None] | None = None
+    slo_capacity_converged: bool | None = None
+    goodput_rps: float | None = None
+    knee_rps: float | None = None
+    slo_points: list[SLOPoint] = Field(default_factory=list)
+    devices: int | None = None  # GPUs the served engine used (tensor x pipeline parallel); None: not known
+    serve_command: str | None = None  # the exact `vllm serve ...` line that reproduces the server
 
 
 class StageRun(StrictModel):

@@ -35,3 +35,23 @@ def write_plugin(tmp: Path, name: str, stages: dict[str, str], module_source: st
 
 def read_run(out: Path) -> dict:
     return json.loads((out / "run.json").read_text())
+
+
+def worktree_stages_env(tmp: Path) -> dict[str, str]:
+    """The stages this checkout's pyproject.toml registers that the installed llmopt's metadata
+    does not list yet (a branch that adds a stage, before `pip install -e .` runs again), made
+    visible to a child process the way a plugin is: the same classes, from this checkout."""
+    import tomllib
+    from importlib.metadata import entry_points
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["llmopt.stages"]
+    installed = {ep.name for ep in entry_points(group="llmopt.stages")}
+    missing = {k: v for k, v in declared.items() if k not in installed}
+    if not missing:
+        return {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    site = tmp / "worktree-stages-site"
+    dist = site / "llmopt_worktree_stages-0.0.dist-info"
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: llmopt-worktree-stages\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text("[llmopt.stages]\n" + "".join(f"{k} = {v}\n" for k, v in missing.items()))
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(site), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}

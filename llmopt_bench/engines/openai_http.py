@@ -4,7 +4,8 @@ Each request streams (server-sent events, parsed by httpx-sse); the clock is rea
 chunk arrives, and a chunk that carries k tokens gives its time to each of them, as the
 in-process vLLM engine does (engines/vllm.py serve()). Tokens are counted from what arrived:
 the chunk's `token_ids` (vLLM's `return_token_ids`), else the growth of the streamed usage
-(`continuous_usage_stats`), else one token per chunk. The server's final `usage` is checked
+(`continuous_usage_stats`), else the chunk's text through the tokenizer the caller gives (a
+chunk's own tokens; merges across chunk edges can move a count by one), else one token per chunk. The server's final `usage` is checked
 against that count and every disagreement is kept (Tally).
 
 A request that fails comes back as a sample with ok=False and error "KIND: detail" (KINDS),
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,9 +101,10 @@ class _Stream:
     streamed_usage: int = 0  # completion_tokens of the last chunk that carried usage
     counted_by: str | None = None
     finished: bool = False
+    count_text: Callable[[str], int] | None = None  # the tokenizer's count of a chunk's text
 
 
-def _classify_status(status: int, body: str, model: str) -> RequestFailed:
+def classify_status(status: int, body: str, model: str) -> RequestFailed:
     detail = _error_message(body) or body[:200]
     if status in (401, 403):
         return RequestFailed("unauthorized", f"HTTP {status}: {detail}")
@@ -145,15 +147,21 @@ def _chunk_tokens(data: dict[str, Any], state: _Stream) -> int:
         state.streamed_usage = int(usage["completion_tokens"])
         state.counted_by = "continuous_usage"
         return max(k, 0)
+    text = choice.get("text")
+    if state.count_text is not None and isinstance(text, str):
+        state.counted_by = "tokenizer"
+        return state.count_text(text)
     state.counted_by = "chunks"
-    return 1 if (choice.get("text") or choice.get("finish_reason") is None) else 0
+    return 1 if (text or choice.get("finish_reason") is None) else 0
 
 
 class OpenAIClient:
     """async with OpenAIClient(endpoint) as c: sample = await c.complete(...)."""
 
-    def __init__(self, endpoint: Endpoint, max_connections: int | None = None):
+    def __init__(self, endpoint: Endpoint, max_connections: int | None = None,
+                 count_text: Callable[[str], int] | None = None):
         self.endpoint = endpoint
+        self.count_text = count_text  # where the stream carries neither token ids nor usage
         self.tally = Tally()
         self._key = endpoint.api_key()
         self._max_connections = max_connections
@@ -187,7 +195,7 @@ class OpenAIClient:
     async def complete(self, request_id: str, prompt_id: str, prompt: str | Sequence[int], max_tokens: int,
                        *, prompt_tokens: int | None = None, repeat: int = 0) -> RequestSample:
         """Send one streaming completion; returns its sample, failed ones included."""
-        state = _Stream(t_submit=now())
+        state = _Stream(t_submit=now(), count_text=self.count_text)
         try:
             await asyncio.wait_for(self._stream(prompt, max_tokens, state), self.endpoint.request_timeout_s)
             error = None
@@ -217,7 +225,7 @@ class OpenAIClient:
             response = source.response
             if response.status_code != 200:
                 body = (await response.aread()).decode(errors="replace")
-                raise _classify_status(response.status_code, body, self.endpoint.model)
+                raise classify_status(response.status_code, body, self.endpoint.model)
             try:
                 async for event in source.aiter_sse():
                     t = now()
@@ -264,10 +272,10 @@ class OpenAIClient:
             r = await self._http.get(url)
         except httpx.HTTPError as e:
             err = _transport_error(e, self.endpoint)
-            raise UsageError(err.detail, _fix_for(err.kind, self.endpoint)) from None
+            raise UsageError(err.detail, fix_for(err.kind, self.endpoint)) from None
         if r.status_code != 200:
-            err = _classify_status(r.status_code, r.text, self.endpoint.model)
-            raise UsageError(f"GET {url}: {err.detail}", _fix_for(err.kind, self.endpoint))
+            err = classify_status(r.status_code, r.text, self.endpoint.model)
+            raise UsageError(f"GET {url}: {err.detail}", fix_for(err.kind, self.endpoint))
         try:
             return [m["id"] for m in r.json()["data"]]
         except (ValueError, KeyError, TypeError):
@@ -305,7 +313,7 @@ def _root_cause(e: BaseException) -> BaseException:
     return seen
 
 
-def _fix_for(kind: str, endpoint: Endpoint) -> str:
+def fix_for(kind: str, endpoint: Endpoint) -> str:
     if kind == "connection":
         return "start the server, or check the endpoint's host and port"
     if kind == "unauthorized":
@@ -314,4 +322,8 @@ def _fix_for(kind: str, endpoint: Endpoint) -> str:
         return "the server wants an API key: put it in a variable and name it with --api-key-env"
     if kind == "timeout":
         return "the server did not answer in time: check that it is up and not overloaded"
+    if kind == "unknown_model":
+        return "pass the model name the server answers to (its /v1/models lists them)"
+    if kind == "not_streaming":
+        return "llmopt times every token from a stream: use a server (or a setting of it) that streams /v1/completions"
     return "check that the endpoint is an OpenAI-compatible server"

@@ -8,7 +8,10 @@ as for transformers (analysis/quality.py) through vLLM's prompt log-probabilitie
 
 vLLM returns the top-k log-probs only, not whole distributions, so KL is not computed here;
 nll_delta_mean (the stage's NLL of the reference's tokens minus the reference's own) stands in,
-and transformers stages report it too."""
+and transformers stages report it too.
+
+The same measures run against vLLM's server (engines/served_quality.py): everything below takes
+a `prompt_logprobs(prompts, k)` function, the offline engine's or the server's."""
 
 from __future__ import annotations
 
@@ -16,6 +19,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from llmopt_bench.analysis import quality as Q
+
+# prompts (token ids), k -> per prompt, per position: {token id: an object with .logprob and
+# .rank} (None at position 0), as vLLM's RequestOutput.prompt_logprobs
+PromptLogprobs = Callable[[list[list[int]], int], list[list[Any]]]
 
 
 def _prompt_logprobs(llm: Any, prompts: list[list[int]], k: int) -> list[list[dict]]:
@@ -27,20 +34,24 @@ def _prompt_logprobs(llm: Any, prompts: list[list[int]], k: int) -> list[list[di
     return [o.prompt_logprobs for o in outs]
 
 
-def chunk_nlls(llm: Any) -> Callable[[list[list[int]]], list[list[float]]]:
+def offline(llm: Any) -> PromptLogprobs:
+    return lambda prompts, k: _prompt_logprobs(llm, prompts, k)
+
+
+def chunk_nlls(logprobs: PromptLogprobs) -> Callable[[list[list[int]]], list[list[float]]]:
     def nlls(chunks: list[list[int]]) -> list[list[float]]:
         return [[-lp[tok].logprob for tok, lp in zip(chunk[1:], per[1:])]
-                for chunk, per in zip(chunks, _prompt_logprobs(llm, chunks, 0))]
+                for chunk, per in zip(chunks, logprobs(chunks, 0))]
     return nlls
 
 
-def agreement(llm: Any, reference: dict[str, Any]) -> dict[str, Any]:
+def agreement(logprobs: PromptLogprobs, reference: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     items = reference["items"]
     # prompt + the whole continuation: vLLM scores every prompt token given those before it,
     # so position len(prompt) + k holds the log-probs that predict continuation[k]
-    per_item = _prompt_logprobs(llm, [list(it["prompt"]) + list(it["continuation"]) for it in items], 1)
+    per_item = logprobs([list(it["prompt"]) + list(it["continuation"]) for it in items], 1)
     matches = positions = 0
     firsts, deltas = [], []
     for item, per in zip(items, per_item):
@@ -63,22 +74,24 @@ def agreement(llm: Any, reference: dict[str, Any]) -> dict[str, Any]:
 
 
 def evaluate(llm: Any, encode: Callable[[str], list[int]], reference_file: Path | None, reference_name: str | None,
-             real_weights: bool, progress: Callable[..., None], dummy: bool = False) -> dict[str, Any]:
+             real_weights: bool, progress: Callable[..., None], dummy: bool = False, engine: str = "vllm") -> dict[str, Any]:
     """The quality record of a vLLM stage (stage.QualityRecord's fields). dummy: the engine made
-    up its own random weights (load_format=dummy), so nothing compares with the reference."""
+    up its own random weights (load_format=dummy), so nothing compares with the reference.
+    llm: the offline engine, or a PromptLogprobs function (the server's)."""
     import torch
 
-    out: dict[str, Any] = {"reference": reference_name, "perplexity_meaningful": real_weights, "engine": "vllm"}
+    logprobs = llm if callable(llm) else offline(llm)
+    out: dict[str, Any] = {"reference": reference_name, "perplexity_meaningful": real_weights, "engine": engine}
     if dummy:
         return {**out, **Q.NOT_MEANINGFUL, "agreement_note": Q.NOT_SAME_WEIGHTS}
     if real_weights:
         progress("quality: perplexity on the shipped corpus", None, None)
-        out.update(Q.corpus_perplexity(lambda text: Q.perplexity_of(encode(text)[:Q.PPL_MAX_TOKENS], chunk_nlls(llm))))
+        out.update(Q.corpus_perplexity(lambda text: Q.perplexity_of(encode(text)[:Q.PPL_MAX_TOKENS], chunk_nlls(logprobs))))
     else:
         out.update(Q.NOT_MEANINGFUL)
     progress("quality: agreement with the FP16 reference", None, None)
     if reference_file is None or not reference_file.is_file():
         out["agreement_note"] = Q.NO_REFERENCE
         return out
-    out.update(agreement(llm, torch.load(reference_file, weights_only=False)))
+    out.update(agreement(logprobs, torch.load(reference_file, weights_only=False)))
     return out

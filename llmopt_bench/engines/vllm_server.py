@@ -83,9 +83,10 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def session_processes(sid: int) -> list[int]:
+def session_processes(sid: int, field: int = 3) -> list[int]:
     """Live processes of session `sid`: the server and every process it started, including
-    those whose parent died (they are no longer our descendants, but stay in the session)."""
+    those whose parent died (they are no longer our descendants, but stay in the session).
+    field=2: of process group `sid` instead (a server kept in its caller's session)."""
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -95,9 +96,21 @@ def session_processes(sid: int) -> list[int]:
                 rest = f.read().rsplit(")", 1)[-1].split()
         except OSError:
             continue
-        if len(rest) > 3 and rest[0] not in ("Z", "X") and int(rest[3]) == sid:
+        if len(rest) > 3 and rest[0] not in ("Z", "X") and int(rest[field]) == sid:
             out.append(int(entry))
     return out
+
+
+def peak_rss(pid: int) -> int:
+    """A process's peak resident memory (VmHWM), bytes; 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def log_tail(path: Path, lines: int = 25) -> str:
@@ -109,12 +122,19 @@ def log_tail(path: Path, lines: int = 25) -> str:
 
 
 class VLLMServer:
-    """with VLLMServer(model_path, cfg, log_path=...) as server: ... server.base_url ..."""
+    """with VLLMServer(model_path, cfg, log_path=...) as server: ... server.base_url ...
+
+    own_session=True puts the server in a session of its own; False keeps it in the caller's
+    session, in a process group of its own: a stage does that, so that the runner's memory
+    sampler (which follows the stage's session) sees the server's GPU memory, and a stage killed
+    on timeout takes its server with it."""
 
     def __init__(self, model_path: str, cfg: V.EngineConfig, *, log_path: Path, python: str | None = None,
                  host: str = "127.0.0.1", port: int | None = None, served_model_name: str | None = None,
-                 api_key_env: str | None = None, env: dict[str, str] | None = None, extra_args: list[str] | None = None):
+                 api_key_env: str | None = None, env: dict[str, str] | None = None, extra_args: list[str] | None = None,
+                 own_session: bool = True):
         self.model_path, self.cfg, self.log_path = model_path, cfg, Path(log_path)
+        self.own_session = own_session
         self.python = python or vllm_python()
         self.host, self.port = host, port
         self.served_model_name = served_model_name or model_path
@@ -181,9 +201,15 @@ class VLLMServer:
         with open(self.log_path, "ab") as log:
             log.write(f"$ {shlex.join(self.command())}\n".encode())
             log.flush()
-            # its own session: one signal reaches the API server, the engine core and its workers
+            # its own session (or process group): one signal reaches the API server, the engine
+            # core and its workers
             self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=self.environment(), start_new_session=True)
+                                         env=self.environment(), start_new_session=self.own_session,
+                                         process_group=None if self.own_session else 0)
+
+    def members(self, pid: int) -> list[int]:
+        """The live processes of the server started as `pid`: its session, or its group."""
+        return session_processes(pid, 3 if self.own_session else 2)
 
     def _wait_healthy(self, t0: float, timeout_s: float, poll_s: float) -> None:
         import httpx
@@ -229,22 +255,24 @@ class VLLMServer:
             return {"stopped": False}
         sid = proc.pid
         t0 = time.perf_counter()
-        _signal_session(sid, signal.SIGTERM)
+        rss = sum(peak_rss(pid) for pid in self.members(sid))  # before they go: each process's own peak
+        _signal_session(sid, signal.SIGTERM, self.members)
         try:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
-        while session_processes(sid) and time.perf_counter() - t0 < grace_s:
+        while self.members(sid) and time.perf_counter() - t0 < grace_s:
             time.sleep(0.2)  # the engine core and workers exit after the API server
-        killed = bool(session_processes(sid))
+        killed = bool(self.members(sid))
         if killed:
-            _signal_session(sid, signal.SIGKILL)
+            _signal_session(sid, signal.SIGKILL, self.members)
         proc.wait()
-        while session_processes(sid) and time.perf_counter() - t0 < grace_s + 10:
+        while self.members(sid) and time.perf_counter() - t0 < grace_s + 10:
             time.sleep(0.1)
-        left = session_processes(sid)
+        left = self.members(sid)
         memory = wait_device_memory(self._memory_before, freed_limit_s)
         return {"stopped": True, "exit_code": proc.returncode, "killed": killed, "processes_left": len(left),
+                "host_peak_rss_bytes": rss or None,
                 "left": [lifecycle.cmdline(p)[:120] for p in left], "stop_s": round(time.perf_counter() - t0, 3), **memory}
 
     def __enter__(self) -> VLLMServer:
@@ -270,14 +298,14 @@ def wait_device_memory(before: dict[str, Any], limit_s: float) -> dict[str, Any]
             "memory_wait_s": round(time.perf_counter() - t0, 3)}
 
 
-def _signal_session(sid: int, sig: int) -> None:
-    """Signal every process of the session: its process group first (the usual case), then
-    any member that set up a group of its own."""
+def _signal_session(sid: int, sig: int, members: Any = session_processes) -> None:
+    """Signal every process of the session (or group): its process group first (the usual
+    case), then any member that set up a group of its own."""
     try:
         os.killpg(sid, sig)
     except ProcessLookupError:
         pass
-    for pid in session_processes(sid):
+    for pid in members(sid):
         try:
             os.kill(pid, sig)
         except ProcessLookupError:

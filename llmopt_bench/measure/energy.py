@@ -64,6 +64,12 @@ class TimedMeter:
         total.tokens += w.tokens
         total.windows += 1
 
+    def alias(self, key: str, as_key: str = "main") -> None:
+        """Let `as_key` read `key`'s windows: a stage that learns its headline point only after
+        measuring several (a capacity search) names it once it knows."""
+        if key in self.totals:
+            self.totals[as_key] = self.totals[key]
+
     def record(self, key: str = "main") -> dict[str, float | int | None] | None:
         """The key's totals as results.EnergyRecord fields; None without a counter or a window."""
         total = self.totals.get(key)

@@ -18,7 +18,7 @@ from llmopt_bench.render.hooks import collect_claims
 from llmopt_bench.results import RunResult
 
 SECTIONS = ("Environment and workload", "Stages", "Speedups", "Stages that did not run", "Where the time went",
-            "The story's claims", "Conclusions", "Roofline", "Stage details", "Metric definitions")
+            "The story's claims", "Conclusions", "What to deploy", "Roofline", "Stage details", "Metric definitions")
 
 
 def environment(run: RunResult) -> list[str]:
@@ -99,6 +99,17 @@ def time_section(run: RunResult) -> list[str]:
     return [wall, ""] + table(("stage", "status", "wall s", "load s", "share of the stages' time"), rows)
 
 
+def deploy_section(run: RunResult) -> list[str]:
+    """What to deploy (analysis/recommend.py) at the default priority and the run's own SLO."""
+    from llmopt_bench.analysis.recommend import recommend
+    from llmopt_bench.analysis.recommend_text import lines
+
+    try:
+        return lines(recommend(run))
+    except Exception as e:  # noqa: BLE001 - a failed recommendation costs its section, never the report
+        return [f"(not shown: the recommendation failed: {type(e).__name__}: {e})"]
+
+
 def roofline_section(run: RunResult) -> list[str]:
     from llmopt_bench.analysis.roofline import roofline
 
@@ -163,6 +174,7 @@ def render_markdown(run: RunResult, charts: dict[str, Path], stage_charts: dict[
         "The story's claims": table(("claim", "target", "this run", "verdict", "how"),
                                     [(c.claim, c.target, c.measured, f"**{c.verdict}**", c.detail) for c in cl]),
         "Conclusions": [f"- {c}" for c in conclusions(run, cl)],
+        "What to deploy": deploy_section(run),
         "Roofline": roofline_section(run) + img("roofline", "roofline"),
         "Stage details": details(run, stage_charts or {}) + img("quality_speed", "quality vs speed"),
         "Metric definitions": DEFINITIONS.splitlines(),

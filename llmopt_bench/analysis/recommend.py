@@ -1,0 +1,168 @@
+"""What to deploy: among a run's results that pass the quality gate, the one that best meets the
+SLO for a priority, the runner-up, the trade-off between them, and the `vllm serve` line that
+reproduces the winner. Read from StageFacts and QualityRecord alone (no stage's extra, no
+stage's name): a serving stage records its capacity under its SLO and every open-loop point it
+measured (facts.slo_points), so another SLO is judged again from those (analysis/rejudge.py).
+
+Priorities: throughput (the highest capacity under the SLO), latency (the lowest TPOT at one
+request in flight among those that meet the SLO), memory (the smallest weights, else the lowest
+peak), cost (the fewest GPU-seconds per request at capacity; energy per token breaks ties).
+A run with no serving result is ranked on what it has, said so: the saturated throughput, the
+batch-1 TPOT, the weights, the energy per token."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from llmopt_bench.analysis.rejudge import rejudge
+from llmopt_bench.analysis.selectors import ok_stages
+from llmopt_bench.analysis.slo import parse_slo
+from llmopt_bench.results import RunResult, StageResult, peak_memory
+
+PRIORITIES = ("throughput", "latency", "memory", "cost")
+
+
+@dataclass
+class Candidate:
+    name: str
+    capacity_rps: float | None = None
+    interval: list[float | None] | None = None
+    goodput_rps: float | None = None
+    meets: bool = False  # some measured rate met the SLO
+    miss: str | None = None  # how the nearest point misses, in words
+    miss_ratio: float | None = None  # its worst value / limit
+    batch1_tpot_s: float | None = None
+    batch1_ttft_s: float | None = None
+    saturated_tok_s: float | None = None
+    weights_bytes: float | None = None
+    peak_bytes: float | None = None
+    j_per_token: float | None = None
+    devices: int | None = None
+    quality: str = "not measured"  # passes | regression | not judged (...) | not measured
+    perplexity: float | None = None
+    token_match_rate: float | None = None
+    command: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def gpu_s_per_request(self) -> float | None:
+        return (self.devices or 1) / self.capacity_rps if self.capacity_rps else None
+
+
+@dataclass
+class Recommendation:
+    slo: str | None
+    slo_note: str  # where the SLO and the capacities come from
+    priority: str
+    serving: bool  # the run measured capacity under an SLO
+    winner: Candidate | None = None
+    runner_up: Candidate | None = None
+    candidates: list[Candidate] = field(default_factory=list)
+    ruled_out: list[str] = field(default_factory=list)
+    verdict: str = ""
+    tradeoffs: list[str] = field(default_factory=list)
+    caveats: list[str] = field(default_factory=list)
+    command: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _quality(s: StageResult) -> tuple[str, list[str]]:
+    q = s.quality
+    if q is None:
+        return "not measured", []
+    if q.error:
+        return "not measured", [f"its quality pass failed ({q.error})"]
+    if q.quality_regression:
+        return "regression", []
+    if q.quality_regression is False:
+        return "passes", []
+    why = q.gate or q.perplexity_note or "no perplexity"
+    return f"not judged ({why.removeprefix('not applied: ')})", []
+
+
+def candidate(s: StageResult, slo_text: str | None, rejudge_with: Any = None) -> Candidate:
+    f = s.facts
+    quality, notes = _quality(s)
+    weights = s.load.weights_bytes if s.load else None
+    c = Candidate(name=s.name, batch1_tpot_s=f.batch1_tpot_s, batch1_ttft_s=f.batch1_ttft_s, saturated_tok_s=f.saturated_tok_s,
+                  weights_bytes=float(weights) if weights else None, peak_bytes=peak_memory(s)[0],
+                  j_per_token=s.energy.joules_per_output_token if s.energy else None, devices=f.devices, quality=quality,
+                  perplexity=s.quality.perplexity if s.quality and s.quality.perplexity_meaningful else None,
+                  token_match_rate=s.quality.token_match_rate if s.quality else None, command=f.serve_command, notes=notes)
+    if f.slo is None:
+        return c
+    mfr = f.slo_max_failure_rate if f.slo_max_failure_rate is not None else 0.01
+    judged = rejudge(f.slo_points, rejudge_with or parse_slo(f.slo), mfr)
+    if rejudge_with is None and f.slo_capacity_rps is not None:  # the stage's own search: its interval is the tighter one
+        c.capacity_rps, c.interval, c.goodput_rps = f.slo_capacity_rps, f.slo_capacity_interval, f.goodput_rps
+    else:
+        c.capacity_rps, c.interval, c.goodput_rps = judged.capacity_rps, judged.interval, judged.goodput_rps
+        c.notes += judged.notes
+    c.meets = c.capacity_rps is not None
+    near = judged.closest_miss()
+    if not c.meets and near is not None and near.worst is not None:
+        c.miss_ratio, c.miss = near.worst, f"at {near.rate_rps:g} req/s, {near.reason}"
+    return c
+
+
+def _key(c: Candidate, priority: str, serving: bool) -> tuple:
+    inf = math.inf
+    if priority == "throughput":
+        return (-(c.capacity_rps or 0), -(c.goodput_rps or 0)) if serving else (-(c.saturated_tok_s or 0),)
+    if priority == "latency":
+        return (c.batch1_tpot_s or inf, c.batch1_ttft_s or inf)
+    if priority == "memory":
+        return (c.weights_bytes or c.peak_bytes or inf, c.peak_bytes or inf)
+    return (c.gpu_s_per_request or inf, c.j_per_token or inf) if serving else (c.j_per_token or inf,)
+
+
+def _has_figure(c: Candidate, priority: str, serving: bool) -> bool:
+    return _key(c, priority, serving)[0] not in (math.inf, 0)
+
+
+def recommend(run: RunResult, priority: str = "throughput", slo: str | None = None) -> Recommendation:
+    """The recommendation for `priority`; `slo` judges the measured points again under another SLO."""
+    if priority not in PRIORITIES:
+        from llmopt_bench.errors import UsageError
+
+        raise UsageError(f"--priority {priority!r}: unknown", f"use one of {', '.join(PRIORITIES)}")
+    new = parse_slo(slo) if slo else None
+    served = [s for s in ok_stages(run) if s.facts.slo is not None]
+    run_slos = sorted({s.facts.slo for s in served if s.facts.slo})
+    rejudging = new is not None and run_slos != [str(new)]
+    pool = served or ok_stages(run)
+    cands = [candidate(s, s.facts.slo, new if rejudging else None) for s in pool]
+    rec = Recommendation(slo=str(new) if new else (run_slos[0] if len(run_slos) == 1 else ", ".join(run_slos) or None),
+                         slo_note=_slo_note(served, rejudging, run_slos), priority=priority, serving=bool(served), candidates=cands)
+    rec.ruled_out = [f"{c.name}: fails the quality gate" for c in cands if c.quality == "regression"]
+    ok = [c for c in cands if c.quality != "regression" and (c.meets or not served) and _has_figure(c, priority, bool(served))]
+    ok.sort(key=lambda c: _key(c, priority, bool(served)))
+    rec.winner, rec.runner_up = (ok[0] if ok else None), (ok[1] if len(ok) > 1 else None)
+    _explain(rec, cands)
+    return rec
+
+
+def _slo_note(served: list[StageResult], rejudging: bool, run_slos: list[str]) -> str:
+    if not served:
+        return ("no result in this run measured a capacity under an SLO (a serving stage does): ranked on what the run "
+                "measured instead (saturated throughput, batch-1 TPOT, weights, energy per token)")
+    if rejudging:
+        return (f"re-judged from the measured open-loop points under this SLO (the run searched under {', '.join(run_slos)}): "
+                "the capacity is the highest measured rate that meets it, known within the neighbouring measured rates")
+    return "the capacity each serving result found by its own search (bracket, then bisect)"
+
+
+def _explain(rec: Recommendation, cands: list[Candidate]) -> None:
+    from llmopt_bench.analysis.recommend_text import caveats, no_winner, tradeoffs, verdict
+
+    rec.caveats = caveats(rec, cands)
+    if rec.winner is None:
+        rec.verdict = no_winner(rec, cands)
+        return
+    rec.verdict = verdict(rec)
+    rec.tradeoffs = tradeoffs(rec.winner, rec.runner_up, rec.serving) if rec.runner_up else []
+    rec.command = rec.winner.command

@@ -1,0 +1,101 @@
+"""Judge measured load points again under another SLO than the one a serving stage searched
+with: its open-loop points (stage.SLOPoint) keep each request's TTFT, TPOT and E2E, so any
+target on those at p50/p90/p95/p99 is judged exactly as the stage judged its own (analysis/slo.py:
+the same percentile over the successful requests, the same failure-rate limit); ITL targets
+are judged on the pooled gaps' p50, p90 and p99 kept per point (p95 is not kept: unjudgeable).
+
+The capacity is then the highest measured rate whose point meets the SLO, known within
+[that rate, the lowest measured rate above it that fails]: the precision is the spacing of the
+rates the search happened to probe, not one the search aimed for."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from llmopt_bench.analysis.slo import SLO, Target
+from llmopt_bench.distribution import percentile
+from llmopt_bench.stage import SLOPoint
+
+
+@dataclass
+class PointVerdict:
+    rate_rps: float
+    ok: bool | None  # None: a target this point cannot be judged on
+    worst: float | None  # the largest value / limit over the targets (and failures / their limit): > 1 misses
+    reason: str
+    goodput_rps: float | None
+
+
+@dataclass
+class Rejudged:
+    capacity_rps: float | None
+    interval: list[float | None]  # [last passing, first failing above it]
+    goodput_rps: float | None
+    points: list[PointVerdict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def closest_miss(self) -> PointVerdict | None:
+        """The point nearest to meeting the SLO: the smallest worst ratio."""
+        judged = [p for p in self.points if p.worst is not None]
+        return min(judged, key=lambda p: p.worst or 0.0) if judged else None
+
+
+def _values(point: SLOPoint, metric: str) -> list[float]:
+    column = {"ttft": point.ttft_s, "tpot": point.tpot_s, "e2e": point.e2e_s}[metric]
+    return [v for v in column if v is not None]
+
+
+def _target_value(point: SLOPoint, t: Target) -> float | None:
+    if t.metric == "itl":
+        return point.itl_s.get(f"p{t.percentile}")
+    values = _values(point, t.metric)
+    return percentile(values, t.percentile) if values else None
+
+
+def _good(point: SLOPoint, slo: SLO) -> int:
+    """Requests that met every TTFT/TPOT/E2E target on their own (goodput, as analysis/slo.meets)."""
+    limits = [(t.metric, t.limit_s) for t in slo.targets if t.metric != "itl"]
+    good = 0
+    for i in range(len(point.ttft_s)):
+        row = {"ttft": point.ttft_s[i], "tpot": point.tpot_s[i] if i < len(point.tpot_s) else None,
+               "e2e": point.e2e_s[i] if i < len(point.e2e_s) else None}
+        good += all(row[m] is None or row[m] <= limit for m, limit in limits)
+    return good
+
+
+def judge_point(point: SLOPoint, slo: SLO, max_failure_rate: float) -> PointVerdict:
+    ratios, reasons, unknown = [], [], []
+    for t in slo.targets:
+        value = _target_value(point, t)
+        if value is None:
+            unknown.append(t.name)
+            continue
+        ratios.append(value / t.limit_s)
+        if value > t.limit_s:
+            reasons.append(f"{t.name} {value * 1e3:.1f} ms > {t.limit_s * 1e3:g} ms")
+    rate = point.failed / point.requests if point.requests else 1.0
+    if rate > max_failure_rate:
+        reasons.append(f"{point.failed} of {point.requests} requests failed")
+        ratios.append(rate / max_failure_rate if max_failure_rate else float("inf"))
+    goodput = _good(point, slo) / point.window_s if point.window_s > 0 else None
+    if unknown and not reasons:
+        return PointVerdict(point.rate_rps, None, max(ratios, default=None), f"cannot judge {', '.join(unknown)} here", goodput)
+    return PointVerdict(point.rate_rps, not reasons, max(ratios, default=None), "; ".join(reasons) or "met", goodput)
+
+
+def rejudge(points: Sequence[SLOPoint], slo: SLO, max_failure_rate: float = 0.01) -> Rejudged:
+    verdicts = sorted((judge_point(p, slo, max_failure_rate) for p in points), key=lambda v: v.rate_rps)
+    passing = [v for v in verdicts if v.ok]
+    notes = []
+    if any(v.ok is None for v in verdicts):
+        notes.append("some points could not be judged on every target (ITL p95 is not kept per point)")
+    if not passing:
+        return Rejudged(None, [None, min((v.rate_rps for v in verdicts if v.ok is False), default=None)], None, verdicts, notes)
+    best = max(passing, key=lambda v: v.rate_rps)
+    above = [v.rate_rps for v in verdicts if v.ok is False and v.rate_rps > best.rate_rps]
+    if any(v.ok is False and v.rate_rps < best.rate_rps for v in verdicts):
+        notes.append("a lower rate missed the SLO where a higher one met it: the measurements are noisy near the limit")
+    if not above:
+        notes.append(f"every measured rate up to {best.rate_rps:g} req/s meets it: the capacity is at least that")
+    return Rejudged(best.rate_rps, [best.rate_rps, min(above) if above else None], best.goodput_rps, verdicts, notes)

@@ -1,0 +1,37 @@
+"""`llmopt recommend RUN_DIR [--slo ...] [--priority ...] [--json]`: what to deploy, from a run's
+run.json alone (analysis/recommend.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from llmopt_bench.cli.app import app
+from llmopt_bench.errors import UsageError
+
+
+@app.command("recommend")
+def recommend_cmd(
+    run_dir: Path = typer.Argument(..., help="A run directory written by `llmopt bench` (or its run.json)."),
+    slo: Optional[str] = typer.Option(None, "--slo", help="Judge the measured load points under this SLO instead of "
+                                      "the run's, e.g. ttft_p99=2s,tpot_p99=100ms."),
+    priority: str = typer.Option("throughput", "--priority", help="throughput (capacity under the SLO), latency (TPOT at "
+                                 "one request in flight), memory (weights), cost (GPU-seconds per request)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the recommendation as JSON."),
+) -> None:
+    """Which configuration to deploy: the best result for the priority that passes the quality gate and meets
+    the SLO, the runner-up, the trade-off, and the `vllm serve` line."""
+    from llmopt_bench.analysis.recommend import recommend
+    from llmopt_bench.analysis.recommend_text import lines
+    from llmopt_bench.results import load_run
+
+    if not run_dir.exists():
+        raise UsageError(f"no run directory at {run_dir}", "pass a directory written by `llmopt bench` (results/runs/<timestamp>)")
+    rec = recommend(load_run(run_dir), priority=priority, slo=slo)
+    if as_json:
+        typer.echo(json.dumps(rec.as_dict(), indent=1))
+    else:
+        typer.echo("\n".join(lines(rec)))

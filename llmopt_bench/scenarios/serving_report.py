@@ -1,0 +1,195 @@
+"""How a serving stage presents itself (vllm-serve's and openai-endpoint's hooks): the server
+and the load as run, the load curve, the capacity search, what the client saw, HTTP's own cost
+beside the offline engine at the same config, the story's QPS claim, and the chart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from llmopt_bench.analysis.claims import holds, verdict
+from llmopt_bench.analysis.selectors import reference
+from llmopt_bench.fmt import ms, num, pct, times
+from llmopt_bench.scenarios.serving_record import LoadRow, ServingExtra
+from llmopt_bench.stage import Block, Claim
+
+STORY_QPS = (0.03, 0.2)  # the story's customer-service bot: QPS before and after its optimizations
+NOT_OWNED = ("This server was not started by llmopt: no GPU memory, energy or engine figures are measured or "
+             "claimed for it; its latencies and throughput are what the client saw over HTTP.")
+
+
+def _jt(row: LoadRow) -> Any:
+    return (row.energy or {}).get("joules_per_output_token")
+
+
+def _backlog(row: LoadRow) -> Any:
+    """Requests queued on the client or in flight when an open loop's window closed."""
+    return None if row.mode == "closed" else (row.queued_at_end or 0) + (row.in_flight_at_end or 0)
+
+
+def curve_block(rows: list[LoadRow]) -> Block:
+    return Block(
+        text="Load points (closed loop: a concurrency, its rate the completions a second; open loop: an arrival rate, "
+             "its backlog what was queued or in flight when its window closed; warm-up left out):",
+        headers=["phase", "concurrency", "rate req/s", "achieved req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms",
+                 "TPOT p50 ms", "TPOT p99 ms", "goodput req/s", "SLO", "failed", "backlog at end", "J/token"],
+        rows=[[r.phase, r.concurrency, r.rate_rps, r.achieved_rate if r.mode == "open" else r.qps, r.output_tok_s, ms(r.ttft_p50_s),
+               ms(r.ttft_p99_s), ms(r.tpot_p50_s), ms(r.tpot_p99_s), r.goodput_rps,
+               r.error or ("met" if r.slo_ok else f"missed: {r.slo_reason}" if r.slo_ok is False else "-"),
+               f"{r.failed}/{r.requests}", _backlog(r), _jt(r)] for r in rows])
+
+
+def capacity_blocks(x: ServingExtra) -> list[Block]:
+    c = x.capacity
+    if c is None:
+        return [Block(text="Capacity search: not run (capacity_search = false).")]
+    slo = x.settings.get("slo", "?")
+    if c.capacity_rps is None:
+        head = f"Capacity under the SLO {slo}: none; {'; '.join(n.rstrip('.') for n in c.notes)}."
+    else:
+        hi = f"{num(c.failing_rps)} req/s" if c.failing_rps else "not found (it held at every rate tried)"
+        head = (f"Capacity under the SLO {slo}: **{num(c.capacity_rps)} req/s**, known within [{num(c.passing_rps)}, {hi}] "
+                f"({'converged to' if c.converged else 'not converged to'} {pct(c.precision)}; {len(c.probes)} probes, "
+                f"bracket then bisect). Knee of the latency curve: {num(c.knee_rps) + ' req/s' if c.knee_rps else 'none found'}."
+                + "".join(f" {n.rstrip('.')}." for n in c.notes))
+    rows = [[i + 1, p.rate, "met" if p.ok else "missed", p.detail.get("reason") or "-", p.detail.get("goodput_rps"),
+             p.detail.get("achieved_rate"), ms(p.detail.get("send_delay_p99_s")), p.detail.get("backlog_at_end")]
+            for i, p in enumerate(c.probes)]
+    return [Block(text=head, headers=["probe", "rate req/s", "SLO", "why", "goodput req/s", "achieved req/s",
+                                      "send delay p99 ms", "backlog at end"], rows=rows)]
+
+
+def client_block(x: ServingExtra) -> Block:
+    t = x.tally
+    counted = ", ".join(f"{k} {v}" for k, v in sorted(t.counted_by.items())) or "-"
+    usage = (f"the server's usage agreed on {t.usage_agreed}, disagreed on {t.usage_mismatch_count}"
+             + (f" (e.g. {t.usage_mismatch[:3]})" if t.usage_mismatch else "") + f", was missing on {t.usage_missing}")
+    short = f"; {t.short_count} answers came back shorter than asked" if t.short_count else ""
+    errors = ", ".join(f"{k} {v}" for k, v in sorted(x.errors.items()))
+    text = (f"Client: tokens counted from {counted}; {usage}{short}. "
+            + (f"Failed requests by kind: {errors} (e.g. {x.error_examples[0]})." if errors else "No request failed."))
+    return Block(text=text)
+
+
+def serving_blocks(result: Any) -> list[Block]:
+    x = result.extra_as(ServingExtra)
+    t, s = x.target, x.settings
+    out = [Block(text=f"Server: {t.get('kind', '?')} at {t.get('url', '?')}, model {t.get('model', '?')}"
+                      + (f"; reproduce it with `{t['command']}`" if t.get("command") else "") + ".")]
+    if not x.owns_device:
+        out.append(Block(text=NOT_OWNED))
+    out.append(Block(text=f"Load: {s.get('arrival', '?')} arrivals (burstiness {s.get('burstiness', 1)}), seed {s.get('seed')}, "
+                          f"{s.get('requests_per_point')} measured requests a point, {s.get('output_len')} output tokens forced, "
+                          f"prompts {s.get('prompt_format')}, {s.get('input_tokens')} tokens; warm-up: closed loop "
+                          f"{s.get('closed_loop_warmup')}, open loop {s.get('open_loop_warmup')}. Headline (the stage's "
+                          f"row in the table): {x.main_point or 'none'}."))
+    if x.curve:
+        out.append(curve_block(x.curve))
+    out += capacity_blocks(x)
+    out.append(client_block(x))
+    if x.server:
+        sv = x.server
+        out.append(Block(text=f"Server stopped in {num(sv.get('stop_s'))} s (exit {sv.get('exit_code')}, "
+                              f"{'killed after the grace period, ' if sv.get('killed') else ''}{sv.get('processes_left', 0)} "
+                              f"processes left, device memory freed: {num(sv.get('memory_freed'))})."
+                              + (f" Its processes' host memory peaked at {num(sv['host_peak_rss_bytes'] / 1e9)} GB (the sum of "
+                                 "each one's own peak; where no GPU is sampled, the table's peak memory is the client's "
+                                 "process, not the server's)." if sv.get("host_peak_rss_bytes") else "")))
+    return out
+
+
+# --- HTTP's own cost: beside the offline engine at the same config --------------------------
+
+def engine_signature(s: Any, keys: tuple[str, ...]) -> tuple:
+    """What makes two vLLM results the same engine: their params on `keys`, the quantization
+    the engine really ran (vllm-fp8 sets its own), and whether the weights were AWQ."""
+    impl = (s.load.implementation if s.load else {}) or {}
+    return (tuple((s.params or {}).get(k) for k in keys), impl.get("quantization") or (s.params or {}).get("quantization"),
+            bool(impl.get("awq")))
+
+
+def offline_twin(result: Any, run: Any, keys: tuple[str, ...], want: str) -> Any:
+    """The first ok result in the run (labelled twins count) that is not a served one, runs the
+    same engine on `keys`, and has `want` ("fixed": the fixed workload; "saturated": a saturated figure)."""
+    mine = engine_signature(result, keys)
+    for s in run.stages:
+        if s is result or s.status != "ok":
+            continue
+        impl = (s.load.implementation if s.load else {}) or {}
+        if impl.get("engine") != "vllm" or engine_signature(s, keys) != mine:
+            continue
+        if (want == "fixed" and not s.own_workload and s.metrics) or (want == "saturated" and s.facts.saturated_tok_s):
+            return s
+    return None
+
+
+def http_cost_blocks(result: Any, run: Any, engine_keys: tuple[str, ...], scheduler_keys: tuple[str, ...]) -> list[Block]:
+    f = result.facts
+    fixed = offline_twin(result, run, engine_keys, "fixed")
+    sat = offline_twin(result, run, engine_keys + scheduler_keys, "saturated")
+    rows = []
+    if fixed is not None and run.workload.batch_size == 1:
+        m = fixed.metrics
+        for label, off, srv in (("TTFT p50 at concurrency 1, ms", m.ttft_s.p50 if m.ttft_s else None, f.batch1_ttft_s),
+                                ("TPOT p50 at concurrency 1, ms", m.tpot_s.p50 if m.tpot_s else None, f.batch1_tpot_s)):
+            rows.append([label, fixed.name, ms(off), ms(srv), ms(srv - off) if off and srv else None, times(srv / off) if off and srv else "-"])
+    if sat is not None:
+        same = sat.facts.saturated_how == f.saturated_how
+        rows.append([f"output tok/s at saturation ({f.saturated_how} vs {sat.facts.saturated_how})", sat.name,
+                     sat.facts.saturated_tok_s, f.saturated_tok_s,
+                     (f.saturated_tok_s - sat.facts.saturated_tok_s) if same and f.saturated_tok_s else None,
+                     times(f.saturated_tok_s / sat.facts.saturated_tok_s) if same and f.saturated_tok_s else "measured differently"])
+    if not rows:
+        return [Block(text="HTTP's own cost: no offline vLLM result at this engine config in the run (run `vllm` with the same "
+                           "engine params, or continuous-batching with the same scheduler limits, in the same run).")]
+    missing = "" if sat is not None else (" No offline result at the same scheduler limits (max_num_seqs, "
+                                          "max_num_batched_tokens, gpu_memory_utilization) measured a saturated throughput: "
+                                          "run continuous-batching with them in the same run for that row.")
+    return [Block(text="HTTP's own cost: this server beside the offline vLLM engine at the same engine config (same weights, "
+                       "dtype, quantization and kernels; for saturation the same scheduler limits too). 'HTTP adds' is served "
+                       "minus offline; the ratio is served / offline." + missing,
+                  headers=["figure", "offline result", "offline", "served", "HTTP adds", "served / offline"], rows=rows)]
+
+
+# --- the story's claim and the chart -------------------------------------------------------
+
+def qps_claim(result: Any, run: Any) -> Claim:
+    """The story's "QPS 0.03 -> 0.2": its bot served 6.7x the requests a second after the journey.
+    Ours: the capacity under the SLO against the quality reference's one-at-a-time QPS."""
+    before, after = STORY_QPS
+    story = after / before
+    ref = reference(run)
+    base = ref.metrics.qps if ref and ref.metrics else None
+    cap = result.facts.slo_capacity_rps
+    value = cap / base if cap and base else None
+    detail = (f"{ref.name} one request at a time: {num(base)} req/s; {result.name}: {num(cap)} req/s under {result.facts.slo}"
+              if value and ref else f"needs the quality reference (transformers FP16) and a capacity under the SLO; "
+                                    f"{result.name}'s capacity: {num(cap)} req/s")
+    return Claim(key="serving-qps", claim=f"Serving: QPS {before} -> {after} ({story:.1f}x)",
+                 target=f">= {story:.1f}x the FP16 baseline's QPS, as capacity under the SLO",
+                 measured=f"{num(base)} -> {num(cap)} req/s ({times(value)})" if value else "-", value=value,
+                 verdict=verdict(holds(value, story)), detail=detail)
+
+
+def curve_chart(result: Any, path: Path) -> Path | None:
+    from llmopt_bench.plotting import legend, plt, save
+
+    x = result.extra_as(ServingExtra)
+    sweep = sorted((r for r in x.curve if r.phase == "sweep" and r.completed), key=lambda r: r.concurrency or 0)
+    rated = sorted((r for r in x.curve if r.phase in ("point", "search") and r.completed), key=lambda r: r.rate_rps or 0)
+    if not sweep and not rated:
+        return None
+    fig, axes = plt().subplots(1, 2, figsize=(11, 4.5))
+    if sweep:
+        axes[0].plot([r.concurrency for r in sweep], [r.output_tok_s or float("nan") for r in sweep], "-o")
+        axes[0].set_xscale("log", base=2)
+    axes[0].set(xlabel="concurrency (closed loop)", ylabel="output tokens / s", title=f"{result.name}: throughput vs concurrency")
+    for attr, label in (("ttft_p99_s", "TTFT p99"), ("tpot_p99_s", "TPOT p99")):
+        axes[1].plot([r.rate_rps for r in rated], [(getattr(r, attr) or float("nan")) * 1e3 for r in rated], "-o", label=label)
+    cap = result.facts.slo_capacity_rps
+    if cap:
+        axes[1].axvline(cap, linestyle="--", color="gray", label=f"capacity {num(cap)} req/s")
+    axes[1].set(xlabel="arrival rate (requests / s, open loop)", ylabel="ms", title=f"{result.name}: latency vs rate")
+    axes[1].set_yscale("log")
+    legend(axes[1], fontsize=8)
+    return save(fig, path)
