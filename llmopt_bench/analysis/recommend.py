@@ -17,8 +17,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from llmopt_bench.analysis.rejudge import rejudge
+from llmopt_bench.analysis.scaling import batch1_tpot, saturated
 from llmopt_bench.analysis.selectors import ok_stages
 from llmopt_bench.analysis.slo import parse_slo
+from llmopt_bench.fmt import num
 from llmopt_bench.results import RunResult, StageResult, peak_memory
 
 PRIORITIES = ("throughput", "latency", "memory", "cost")
@@ -36,6 +38,7 @@ class Candidate:
     batch1_tpot_s: float | None = None
     batch1_ttft_s: float | None = None
     saturated_tok_s: float | None = None
+    saturated_how: str | None = None
     weights_bytes: float | None = None
     peak_bytes: float | None = None
     j_per_token: float | None = None
@@ -80,16 +83,26 @@ def _quality(s: StageResult) -> tuple[str, list[str]]:
         return "regression", []
     if q.quality_regression is False:
         return "passes", []
-    why = q.gate or q.perplexity_note or "no perplexity"
-    return f"not judged ({why.removeprefix('not applied: ')})", []
+    if not q.perplexity_meaningful:
+        note = (q.perplexity_note or "no meaningful perplexity").split(":")[0]
+        return f"not judged ({note})", []
+    return f"not judged ({(q.gate or 'no perplexity').removeprefix('not applied: ')})", []
 
 
-def candidate(s: StageResult, slo_text: str | None, rejudge_with: Any = None) -> Candidate:
+def candidate(s: StageResult, batch_size: int, rejudge_with: Any = None) -> Candidate:
+    """A result's figures for the ranking; a serving result's capacity under its SLO, or under
+    `rejudge_with`, judged again from its measured points."""
     f = s.facts
     quality, notes = _quality(s)
     weights = s.load.weights_bytes if s.load else None
-    c = Candidate(name=s.name, batch1_tpot_s=f.batch1_tpot_s, batch1_ttft_s=f.batch1_ttft_s, saturated_tok_s=f.saturated_tok_s,
-                  weights_bytes=float(weights) if weights else None, peak_bytes=peak_memory(s)[0],
+    sat, how = saturated(s)
+    peak, source = peak_memory(s)
+    if f.slo is not None and source == "host RSS peak":  # a served stage's own process is the client, not the server
+        peak = None
+    ttft = f.batch1_ttft_s or (s.metrics.ttft_s.p50 if batch_size == 1 and not s.own_workload and s.metrics and s.metrics.ttft_s
+                               else None)
+    c = Candidate(name=s.name, batch1_tpot_s=batch1_tpot(s, batch_size), batch1_ttft_s=ttft, saturated_tok_s=sat, saturated_how=how,
+                  weights_bytes=float(weights) if weights else None, peak_bytes=peak,
                   j_per_token=s.energy.joules_per_output_token if s.energy else None, devices=f.devices, quality=quality,
                   perplexity=s.quality.perplexity if s.quality and s.quality.perplexity_meaningful else None,
                   token_match_rate=s.quality.token_match_rate if s.quality else None, command=f.serve_command, notes=notes)
@@ -105,7 +118,7 @@ def candidate(s: StageResult, slo_text: str | None, rejudge_with: Any = None) ->
     c.meets = c.capacity_rps is not None
     near = judged.closest_miss()
     if not c.meets and near is not None and near.worst is not None:
-        c.miss_ratio, c.miss = near.worst, f"at {near.rate_rps:g} req/s, {near.reason}"
+        c.miss_ratio, c.miss = near.worst, f"at {num(near.rate_rps)} req/s, {near.reason}"
     return c
 
 
@@ -135,7 +148,7 @@ def recommend(run: RunResult, priority: str = "throughput", slo: str | None = No
     run_slos = sorted({s.facts.slo for s in served if s.facts.slo})
     rejudging = new is not None and run_slos != [str(new)]
     pool = served or ok_stages(run)
-    cands = [candidate(s, s.facts.slo, new if rejudging else None) for s in pool]
+    cands = [candidate(s, run.workload.batch_size, new if rejudging else None) for s in pool]
     rec = Recommendation(slo=str(new) if new else (run_slos[0] if len(run_slos) == 1 else ", ".join(run_slos) or None),
                          slo_note=_slo_note(served, rejudging, run_slos), priority=priority, serving=bool(served), candidates=cands)
     rec.ruled_out = [f"{c.name}: fails the quality gate" for c in cands if c.quality == "regression"]

@@ -49,8 +49,8 @@ def tradeoffs(w: Any, r: Any, serving: bool) -> list[str]:
     if serving:
         out.append(f"Capacity: {w.name} {_capacity(w)}, {r.name} {_capacity(r)}{_rel(w.capacity_rps, r.capacity_rps)}.")
     else:
-        out.append(f"Throughput at saturation: {w.name} {num(w.saturated_tok_s)} tok/s, {r.name} {num(r.saturated_tok_s)} "
-                   f"tok/s{_rel(w.saturated_tok_s, r.saturated_tok_s)}.")
+        out.append(f"Throughput: {w.name} {num(w.saturated_tok_s)} tok/s ({w.saturated_how or '-'}), {r.name} "
+                   f"{num(r.saturated_tok_s)} tok/s ({r.saturated_how or '-'}){_rel(w.saturated_tok_s, r.saturated_tok_s)}.")
     out.append(f"Latency at one request in flight: {w.name} TPOT p50 {_ms(w.batch1_tpot_s)} (TTFT {_ms(w.batch1_ttft_s)}), "
                f"{r.name} {_ms(r.batch1_tpot_s)} (TTFT {_ms(r.batch1_ttft_s)}).")
     out.append(f"Memory: {w.name}'s weights {_gb(w.weights_bytes)} (peak {_gb(w.peak_bytes)}), {r.name}'s {_gb(r.weights_bytes)} "
@@ -81,6 +81,9 @@ def no_winner(rec: Any, cands: list[Any]) -> str:
     if not rec.serving:
         return f"No result has the figure the {rec.priority} priority ranks on: nothing to recommend."
     passing = [c for c in cands if c.quality != "regression"]
+    if any(c.meets for c in passing):
+        return (f"The results that meet the SLO {rec.slo} lack the figure the {rec.priority} priority ranks on "
+                "(latency: a sweep point at concurrency 1; memory: the weights' size): nothing to rank.")
     misses = sorted((c for c in passing if c.miss_ratio is not None), key=lambda c: c.miss_ratio)
     if misses:
         b = misses[0]
@@ -93,8 +96,8 @@ def caveats(rec: Any, cands: list[Any]) -> list[str]:
     out = []
     unjudged = [c.name for c in cands if c.quality.startswith("not judged") or c.quality == "not measured"]
     if unjudged:
-        out.append(f"The quality gate could not judge {', '.join(unjudged)} (random weights, or a server llmopt did not start): "
-                   "their quality is not known, and the choice among them rests on speed alone.")
+        out.append(f"The quality gate could not judge {', '.join(unjudged)} (random weights, a server llmopt did not start, "
+                   "or no quality pass): where it could not, the choice rests on speed alone.")
     if rec.winner is not None and rec.winner.command is None:
         out.append(f"No `vllm serve` line for {rec.winner.name}: llmopt did not serve it (its engine params are in run.json).")
     for c in cands:

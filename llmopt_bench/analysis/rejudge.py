@@ -37,7 +37,7 @@ class Rejudged:
 
     def closest_miss(self) -> PointVerdict | None:
         """The point nearest to meeting the SLO: the smallest worst ratio."""
-        judged = [p for p in self.points if p.worst is not None]
+        judged = [p for p in self.points if p.worst is not None and p.ok is False]
         return min(judged, key=lambda p: p.worst or 0.0) if judged else None
 
 

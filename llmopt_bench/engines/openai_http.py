@@ -319,7 +319,8 @@ def fix_for(kind: str, endpoint: Endpoint) -> str:
     if kind == "unauthorized":
         if endpoint.api_key_env:
             return f"the key in {endpoint.api_key_env} was refused: set it to the server's key"
-        return "the server wants an API key: put it in a variable and name it with --api-key-env"
+        return ("the server wants an API key: put it in an environment variable and name it with --api-key-env "
+                "(a stage's api_key_env param)")
     if kind == "timeout":
         return "the server did not answer in time: check that it is up and not overloaded"
     if kind == "unknown_model":

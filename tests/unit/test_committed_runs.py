@@ -101,7 +101,9 @@ def test_journey_run_is_the_default_workload(journey):
     assert journey.env["gpu"] == "NVIDIA H200" and journey.model.source == "synthetic:llama2-7b"
     assert journey.workload == WorkloadConfig()  # what `llmopt bench` runs with no workload options
     statuses = {s.name: s.status for s in journey.stages}
-    assert [s.name for s in journey.stages] == [p.name for p in parse_journey(journey_path())]  # journey order
+    # journey order; the journey has grown since the run (vllm-serve, issue 16): the run is its prefix
+    shipped = [p.name for p in parse_journey(journey_path())]
+    assert [s.name for s in journey.stages] == shipped[:len(journey.stages)] and len(journey.stages) >= 9
     assert set(statuses.values()) == {"ok"} and journey.status == "complete"
 
 

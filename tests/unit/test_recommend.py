@@ -1,0 +1,169 @@
+"""What to deploy (analysis/recommend.py, analysis/rejudge.py) on constructed runs whose answer
+is known by construction, and on the committed H200 run: nothing meets the SLO (and by how
+much the nearest misses), the quality gate rules out the fastest, another SLO re-judges the
+measured points, each priority picks by its own figure; and re-judging under a run's own SLO
+gives the verdicts analysis/slo.judge gives on the same requests."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from llmopt_bench.analysis import metrics as M
+from llmopt_bench.analysis.recommend import recommend
+from llmopt_bench.analysis.recommend_text import lines
+from llmopt_bench.analysis.rejudge import judge_point, rejudge
+from llmopt_bench.analysis.slo import judge, parse_slo
+from llmopt_bench.errors import UsageError
+from llmopt_bench.results import LoadInfo, RunResult, StageMetrics, StageResult, load_run
+from llmopt_bench.stage import QualityRecord, RequestSample, SLOPoint, StageFacts
+from llmopt_bench.workload import WorkloadConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+SLO = "ttft_p99=2s,tpot_p99=100ms"
+
+
+def point(rate: float, ttft: float, tpot: float, n: int = 10, failed: int = 0) -> SLOPoint:
+    """n requests that all have this TTFT and TPOT (so every percentile is that value)."""
+    return SLOPoint(rate_rps=rate, window_s=n / rate, requests=n + failed, failed=failed, ttft_s=[ttft] * n, tpot_s=[tpot] * n,
+                    e2e_s=[ttft + 9 * tpot] * n, itl_s={"p50": tpot, "p90": tpot, "p99": tpot})
+
+
+def served(name: str, points: list[SLOPoint], *, tpot1: float = 0.01, weights: float = 1e9, regression: bool | None = False,
+           devices: int = 1, energy: float | None = None) -> StageResult:
+    ok = [p.rate_rps for p in points if judge_point(p, parse_slo(SLO), 0.01).ok]
+    fail = [p.rate_rps for p in points if p.rate_rps > max(ok, default=0) and not judge_point(p, parse_slo(SLO), 0.01).ok]
+    facts = StageFacts(batch1_tpot_s=tpot1, batch1_ttft_s=0.02, slo=SLO, slo_max_failure_rate=0.01,
+                       slo_capacity_rps=max(ok) if ok else None, slo_capacity_interval=[max(ok) if ok else None, min(fail) if fail else None],
+                       goodput_rps=max(ok) if ok else None, slo_points=points, devices=devices, serve_command=f"vllm serve m --name {name}")
+    quality = QualityRecord(perplexity=10.0 * (1.05 if regression else 1.0), quality_regression=regression,
+                            gate="perplexity within 1% of hf's" if regression is not None else None)
+    from llmopt_bench.results import EnergyRecord
+
+    return StageResult(name=name, stage="serve-x", status="ok", own_workload=True, facts=facts, quality=quality,
+                       metrics=StageMetrics(requests=10, output_tokens=100, prompt_tokens=100, repeats=1),
+                       load=LoadInfo(weights_bytes=int(weights)),
+                       energy=EnergyRecord(joules=1, seconds=1, joules_per_output_token=energy) if energy else None)
+
+
+def run_of(*stages: StageResult) -> RunResult:
+    return RunResult(run_id="t", created_at="now", command="test", workload=WorkloadConfig(), stages=list(stages))
+
+
+def curve(capacity: float, step: float = 1.0) -> list[SLOPoint]:
+    """Points at 1..6 x step req/s: TTFT grows past 2 s above `capacity`."""
+    return [point(r, 0.5 if r <= capacity else 3.0, 0.05) for r in (step * k for k in range(1, 7))]
+
+
+def test_the_highest_capacity_wins_and_the_runner_up_is_next():
+    rec = recommend(run_of(served("a", curve(3)), served("b", curve(5)), served("c", curve(2))))
+    assert (rec.winner.name, rec.runner_up.name) == ("b", "a")
+    assert rec.winner.capacity_rps == 5 and rec.command == "vllm serve m --name b"
+    assert any(t.startswith("Capacity: b 5.00 req/s") for t in rec.tradeoffs)
+    text = "\n".join(lines(rec))
+    assert "Deploy **b**" in text and "vllm serve m --name b" in text
+
+
+def test_the_quality_gate_rules_out_the_fastest():
+    rec = recommend(run_of(served("fast", curve(6), regression=True), served("good", curve(3)), served("ok", curve(2))))
+    assert rec.winner.name == "good" and rec.runner_up.name == "ok"
+    assert rec.ruled_out == ["fast: fails the quality gate"]
+    assert "Ruled out: fast: fails the quality gate." in "\n".join(lines(rec))
+
+
+def test_nothing_meets_the_slo_and_the_nearest_miss_is_said():
+    slow = [point(r, 2.5, 0.05) for r in (1, 2)]  # TTFT p99 2.5 s: 25% over 2 s
+    slower = [point(r, 3.0, 0.2) for r in (1, 2)]  # TPOT 200 ms: 100% over
+    rec = recommend(run_of(served("slow", slow), served("slower", slower)))
+    assert rec.winner is None and rec.command is None
+    assert "No result meets the SLO" in rec.verdict and "The nearest, slow, misses by 25%" in rec.verdict
+    assert "ttft_p99 2500.0 ms > 2000 ms" in rec.verdict
+
+
+def test_another_slo_rejudges_the_measured_points():
+    # TTFT 0.5 s at 1-3 req/s, 1.5 s at 4-5, 3 s at 6: the run's SLO (2 s) holds to 5 req/s
+    pts = [point(r, t, 0.05) for r, t in ((1, 0.5), (2, 0.5), (3, 0.5), (4, 1.5), (5, 1.5), (6, 3.0))]
+    run = run_of(served("a", pts))
+    assert recommend(run).winner.capacity_rps == 5
+    rec = recommend(run, slo="ttft_p99=1s,tpot_p99=100ms")
+    assert rec.winner.capacity_rps == 3 and rec.winner.interval == [3, 4]
+    assert "re-judged from the measured open-loop points" in rec.slo_note and "ttft_p99=2s" in rec.slo_note
+    loose = recommend(run, slo="ttft_p99=10s")
+    assert loose.winner.interval == [6, None] and any("at least that" in n for n in loose.winner.notes)
+    assert recommend(run, slo="ttft_p99=100ms").winner is None
+
+
+def test_failures_count_against_a_point():
+    pts = [point(1, 0.5, 0.05), point(2, 0.5, 0.05, n=10, failed=1)]  # 1 of 11 failed: 9% > 1%
+    judged = rejudge(pts, parse_slo(SLO), 0.01)
+    assert judged.capacity_rps == 1 and judged.interval == [1, 2]
+    assert "1 of 11 requests failed" in judged.points[1].reason
+
+
+@pytest.mark.parametrize("priority,winner", [("latency", "quick"), ("memory", "small"), ("cost", "cheap"), ("throughput", "big")])
+def test_each_priority_ranks_by_its_own_figure(priority, winner):
+    rec = recommend(run_of(served("big", curve(6), devices=4), served("quick", curve(2), tpot1=0.002, devices=1),
+                           served("small", curve(2), weights=1e8), served("cheap", curve(5), devices=1)), priority=priority)
+    assert rec.winner.name == winner
+
+
+def test_a_bad_priority_is_a_usage_error():
+    with pytest.raises(UsageError) as e:
+        recommend(run_of(served("a", curve(3))), priority="speed")
+    assert "latency" in e.value.fix
+
+
+def test_random_weights_are_a_caveat():
+    s = served("a", curve(3), regression=None)
+    s.quality = QualityRecord(perplexity_meaningful=False, perplexity_note="random weights: perplexity is not meaningful")
+    rec = recommend(run_of(s))
+    assert rec.winner.quality == "not judged (random weights)"
+    assert any("could not judge a" in c for c in rec.caveats)
+
+
+def _samples(seed: int, n: int = 40) -> list[RequestSample]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        t0, ttft = rng.random(), rng.uniform(0.05, 3.0)
+        times = [t0 + ttft]
+        for _ in range(7):
+            times.append(times[-1] + rng.uniform(0.01, 0.2))
+        out.append(RequestSample(request_id=f"r{i}", prompt_id="p", prompt_tokens=4, output_tokens=8, t_submit=t0,
+                                 t_first=times[0], t_done=times[-1], token_times=times, ok=rng.random() > 0.02))
+    return out
+
+
+# limits near the constructed requests' own percentiles: some seeds meet them, others miss
+@pytest.mark.parametrize("slo", ["ttft_p99=2.93s,tpot_p99=145ms", "ttft_p90=2.7s", "tpot_p50=105ms,e2e_p95=3.6s", "itl_p90=180ms"])
+def test_rejudging_agrees_with_the_stage_s_own_judge(slo):
+    outcomes = set()
+    for seed in range(20):
+        samples = _samples(seed)
+        ok = [s for s in samples if s.ok]
+        itl = [g for s in ok for g in M.itls(s)]
+        from llmopt_bench.distribution import Distribution
+
+        d = Distribution.of(itl)
+        pt = SLOPoint(rate_rps=1, window_s=10, requests=len(samples), failed=len(samples) - len(ok),
+                      ttft_s=[M.ttft(s) for s in ok], tpot_s=[M.tpot(s) for s in ok], e2e_s=[M.e2e(s) for s in ok],
+                      itl_s={"p50": d.p50, "p90": d.p90, "p99": d.p99})
+        mine, theirs = judge_point(pt, parse_slo(slo), 0.05), judge(parse_slo(slo), samples, 10, 0.05)
+        assert mine.ok == theirs.ok, (seed, mine.reason, theirs.reason)
+        outcomes.add(mine.ok)
+        if "itl" not in slo:
+            assert mine.goodput_rps == theirs.goodput_rps
+    assert outcomes == {True, False}  # the limits sit where the verdict changes
+
+
+def test_the_committed_h200_run_is_ranked_on_what_it_measured():
+    run = load_run(ROOT / "results" / "h200")
+    rec = recommend(run)
+    assert not rec.serving and "no result in this run measured a capacity under an SLO" in rec.slo_note
+    sat = {s.name: s.facts.saturated_tok_s or (s.metrics.output_tok_s if s.metrics else None) for s in run.stages if s.status == "ok"}
+    assert rec.winner.name == max((n for n in sat if sat[n]), key=lambda n: sat[n])
+    latency = recommend(run, priority="latency")
+    assert latency.winner.batch1_tpot_s == min(c.batch1_tpot_s for c in latency.candidates if c.batch1_tpot_s)
+    assert any("No `vllm serve` line" in c for c in rec.caveats)
