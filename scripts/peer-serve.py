@@ -13,6 +13,10 @@ The two clients run one after the other, --rounds times, alternating which goes 
 comparison takes each figure's median over the rounds. Arrivals are Poisson at --rate with at
 most --concurrency in flight (vllm bench serve's --request-rate and --max-concurrency); the two
 clients draw their own arrival times (same rate and distribution, not the same instants).
+At a finite rate the output throughput follows the arrival schedule as much as the server (a
+few hundred requests narrow that); --rate inf compares the server's throughput itself. Both
+clients send the same request body (llmopt's token ids and min_tokens go to vLLM's client as
+--extra-body): vLLM's server holds back chunks whose text is empty unless token ids are asked for.
 Exit 0 when every figure is within --tolerance, 1 when one is not, 2 on a usage error."""
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import shlex
 import statistics
@@ -49,7 +54,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     a.add_argument("--max-num-seqs", type=int)
     a.add_argument("--max-num-batched-tokens", type=int)
     a.add_argument("--quantization")
-    a.add_argument("--rate", type=float, required=True, help="Poisson arrivals, requests/s")
+    a.add_argument("--rate", type=float, required=True, help="Poisson arrivals, requests/s; inf: all at once, --concurrency "
+                   "at a time (a closed loop: throughput then measures the server, not the arrival schedule)")
     a.add_argument("--concurrency", type=int, required=True, help="at most this many requests in flight")
     a.add_argument("--num-prompts", type=int, default=200)
     a.add_argument("--input-len", type=int, default=128)
@@ -72,7 +78,8 @@ def run_llmopt(endpoint: Endpoint, texts: list[str], requests: list, args: argpa
                 return client.complete(r.id, r.prompt_id, by_id[r.id], args.output_len)
             for r in requests[:args.warmups]:
                 await send(r)
-            point = LoadPoint(rate=args.rate, max_concurrency=args.concurrency, num_requests=args.num_prompts, seed=seed)
+            point = (LoadPoint(concurrency=args.concurrency, num_requests=args.num_prompts) if math.isinf(args.rate) else
+                     LoadPoint(rate=args.rate, max_concurrency=args.concurrency, num_requests=args.num_prompts, seed=seed))
             return await run_point(point, requests, send), client.tally
 
     res, tally = asyncio.run(go())
@@ -87,8 +94,12 @@ def run_vllm_bench(base_url: str, name: str, dataset: Path, tokenizer: str, args
                    seed: int) -> dict:
     """vLLM's own client on the same server and prompts; its saved JSON."""
     python = vllm_python()
+    # the body llmopt's client sends beyond vLLM's own (engines/openai_http.py payload): the same request from both
+    same = {"return_token_ids": True, "min_tokens": args.output_len}
     cmd = peer.bench_serve_command(base_url, name, dataset, args.num_prompts, args.output_len, tokenizer=tokenizer,
-                                   rate=args.rate, concurrency=args.concurrency, seed=seed, result_dir=out, warmups=args.warmups)
+                                   rate=None if math.isinf(args.rate) else args.rate, concurrency=args.concurrency, seed=seed,
+                                   result_dir=out, warmups=args.warmups,
+                                   extra_body=same)
     argv = peer.bench_serve_argv(python, cmd, vllm_cli_works(python))
     env = dict(os.environ)
     if args.api_key_env:
@@ -120,9 +131,18 @@ def _cuda() -> bool:
     return bool(nvml.device_indices())
 
 
+def _g(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+def _median(values) -> float | None:
+    got = [v for v in values if v is not None]
+    return statistics.median(got) if got else None
+
+
 def report(args: argparse.Namespace, rounds: list[dict], server: str) -> tuple[str, bool]:
-    ours = {k: statistics.median(r["llmopt"][k] for r in rounds) for k in peer.FIGURES}
-    theirs = {k: statistics.median(r["vllm"][k] for r in rounds) for k in peer.FIGURES}
+    ours = {k: _median(r["llmopt"].get(k) for r in rounds) for k in peer.FIGURES}
+    theirs = {k: _median(r["vllm"].get(k) for r in rounds) for k in peer.FIGURES}
     rows = peer.compare(ours, theirs, args.tolerance)
     ok = all(r["within"] for r in rows)
     lines = [f"# Peer check: llmopt vs vllm bench serve on one server ({server})", "",
@@ -130,10 +150,11 @@ def report(args: argparse.Namespace, rounds: list[dict], server: str) -> tuple[s
              f"{args.rate:g} req/s, at most {args.concurrency} in flight, {args.warmups} warm-up requests each, "
              f"{len(rounds)} round(s) (medians).", "",
              "| figure | llmopt | vllm bench serve | llmopt / vLLM - 1 | within |", "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['figure']} | {r['llmopt']:.4g} | {r['vllm_bench_serve']:.4g} | {r['difference'] * 100:+.1f}% | "
+    lines += [f"| {r['figure']} | {_g(r['llmopt'])} | {_g(r['vllm_bench_serve'])} | "
+              f"{'-' if r['difference'] is None else format(r['difference'] * 100, '+.1f') + '%'} | "
               f"{'yes' if r['within'] else 'NO'} |" for r in rows]
-    info = {k: (statistics.median(r["llmopt"][k] for r in rounds), statistics.median(r["vllm"][k] for r in rounds))
-            for k in ("itl_p50_ms", "e2e_p50_ms")}
+    info = {k: (_median(r["llmopt"].get(k) for r in rounds), _median(r["vllm"].get(k) for r in rounds))
+            for k in ("itl_p50_ms", "e2e_p50_ms", "request_rps")}
     lines += [f"| {k} (not judged) | {a:.4g} | {b:.4g} | | |" for k, (a, b) in info.items() if a is not None and b is not None]
     lines += ["", f"Target: every figure within {args.tolerance:.0%}: {'met' if ok else 'NOT met'}."]
     return "\n".join(lines) + "\n", ok

@@ -59,9 +59,12 @@ def bench_serve_argv(python: str, args: list[str], cli_works: bool) -> list[str]
 def bench_serve_command(base_url: str, model: str, dataset: Path, num_prompts: int, output_len: int, *,
                         tokenizer: str | None = None, rate: float | None = None, burstiness: float = 1.0,
                         concurrency: int | None = None, seed: int = 0, result_dir: Path | None = None,
-                        warmups: int = 0) -> list[str]:
+                        warmups: int = 0, extra_body: dict | None = None) -> list[str]:
     """`vllm bench serve` arguments (after `vllm`) for the same load on the same prompts:
-    completions endpoint, greedy, output length forced with ignore_eos, prompts in file order."""
+    completions endpoint, greedy, output length forced with ignore_eos, prompts in file order.
+    extra_body: fields added to each request (`--extra-body`), so that both clients send the same
+    body: vLLM's server holds back a chunk whose text is empty (a token that ends mid-character)
+    unless token ids are asked for, so "first chunk" means "first token" only with the same ask."""
     args = ["bench", "serve", "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
             "--model", model, "--dataset-name", "custom", "--dataset-path", str(dataset),
             "--num-prompts", str(num_prompts), "--custom-output-len", str(output_len), "--skip-chat-template",
@@ -75,6 +78,8 @@ def bench_serve_command(base_url: str, model: str, dataset: Path, num_prompts: i
         args += ["--max-concurrency", str(concurrency)]
     if result_dir is not None:
         args += ["--save-result", "--result-dir", str(result_dir)]
+    if extra_body:
+        args += ["--extra-body", json.dumps(extra_body, sort_keys=True)]
     return args
 
 
@@ -88,7 +93,8 @@ def vllm_figures(result: dict) -> dict[str, float | None]:
     benchmark's duration."""
     return {"ttft_p50_ms": result.get("median_ttft_ms"), "tpot_p50_ms": result.get("median_tpot_ms"),
             "output_tok_s": result.get("output_throughput"), "itl_p50_ms": result.get("median_itl_ms"),
-            "e2e_p50_ms": result.get("median_e2el_ms"), "completed": result.get("completed"),
+            "e2e_p50_ms": result.get("median_e2el_ms"), "request_rps": result.get("request_throughput"),
+            "completed": result.get("completed"),
             "failed": result.get("failed"), "duration_s": result.get("duration")}
 
 
@@ -100,6 +106,7 @@ def llmopt_figures(point: Any) -> dict[str, float | None]:
             "tpot_p50_ms": m.tpot_s.p50 * 1e3 if m and m.tpot_s else None,
             "output_tok_s": point.output_tok_s, "itl_p50_ms": m.itl_s.p50 * 1e3 if m and m.itl_s else None,
             "e2e_p50_ms": m.e2e_s.p50 * 1e3 if m and m.e2e_s else None, "completed": m.requests if m else 0, "failed": point.failed,
+            "request_rps": (m.requests / (point.window_s + point.drain_s)) if m and point.window_s + point.drain_s > 0 else None,
             "duration_s": point.window_s + point.drain_s}
 
 
