@@ -41,8 +41,9 @@ def worktree_stages_env(tmp: Path) -> dict[str, str]:
     """The stages this checkout's pyproject.toml registers that the installed llmopt's metadata
     does not list yet (a branch that adds a stage, before `pip install -e .` runs again), made
     visible to a child process the way a plugin is: the same classes, from this checkout."""
-    import tomllib
     from importlib.metadata import entry_points
+
+    import tomllib
 
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["llmopt.stages"]
     installed = {ep.name for ep in entry_points(group="llmopt.stages")}

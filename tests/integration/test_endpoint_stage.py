@@ -15,10 +15,10 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from testkit import read_run, run_cli, worktree_stages_env
 
 from llmopt_bench.engines import vllm as V
 from llmopt_bench.engines.vllm_server import VLLMServer, free_port
-from testkit import read_run, run_cli, worktree_stages_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

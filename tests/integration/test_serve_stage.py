@@ -14,10 +14,10 @@ import socket
 from urllib.parse import urlparse
 
 import pytest
+from testkit import read_run, run_cli, worktree_stages_env
 
 from llmopt_bench.analysis.rejudge import judge_point
 from llmopt_bench.analysis.slo import parse_slo
-from testkit import read_run, run_cli, worktree_stages_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -38,7 +38,9 @@ params = {{ dtype = "float32" }}
 
 [[stage]]
 name = "vllm-serve"
-params = {{ dtype = "float32", concurrency = {SWEEP}, requests_per_point = 6, warmup_s = 0.5, min_point_s = 2.0, max_point_s = 8.0, slo = "{SLO}", search_precision = 0.25, search_max_probes = 5, throughput_requests = 8, throughput_input_len = 16, throughput_output_len = 8, api_key_env = "{KEY_ENV}" }}
+params = {{ dtype = "float32", concurrency = {SWEEP}, requests_per_point = 6, warmup_s = 0.5, min_point_s = 2.0, \
+max_point_s = 8.0, slo = "{SLO}", search_precision = 0.25, search_max_probes = 5, throughput_requests = 8, \
+throughput_input_len = 16, throughput_output_len = 8, api_key_env = "{KEY_ENV}" }}
 """
 
 

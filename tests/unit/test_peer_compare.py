@@ -33,3 +33,11 @@ def test_both_entry_points_of_vllm_bench_serve():
     assert direct[:2] == ["py", "-c"] and direct[3:] == args[2:]
     compile(direct[2], "bench_serve_main", "exec")  # the fallback program is valid Python
     assert args[args.index("--request-rate") + 1] == "2" and args[args.index("--max-concurrency") + 1] == "4"
+
+
+def test_vllm_s_client_gets_llmopt_s_extra_fields():
+    import json
+
+    args = peer.bench_serve_command("http://h:1", "m", "d.jsonl", 10, 8, extra_body={"return_token_ids": True, "min_tokens": 8})
+    assert json.loads(args[args.index("--extra-body") + 1]) == {"min_tokens": 8, "return_token_ids": True}
+    assert "--extra-body" not in peer.bench_serve_command("http://h:1", "m", "d.jsonl", 10, 8)
