@@ -29,6 +29,39 @@ def reference_path(run_dir: Path, stage: str = "hf-fp16") -> Path:
     return run_dir / "stages" / stage / REFERENCE_FILE
 
 
+class ReferenceRefused(Exception):
+    """The reference file is not plain data (see load_reference)."""
+
+
+def load_reference(path: Path) -> dict[str, Any]:
+    """The FP16 reference file, read as data only: torch.load with weights_only=True unpickles
+    tensors, lists, dicts and numbers, never code, so a run directory from someone else cannot
+    run anything here. Raises ReferenceRefused when the file holds anything else."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as e:  # what weights_only raises for anything but plain data
+        lines = [line.strip() for line in str(e).splitlines()]
+        why = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("WeightsUnpickler error:")),
+                   lines[0] if lines else type(e).__name__)
+        raise ReferenceRefused(f"refused to load the FP16 reference {path}: it holds more than tensors and plain "
+                               f"data ({why.split('. ')[0][:160]}); agreement not measured") from e
+
+
+def reference_agreement(path: Path, measure: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+    """Agreement with the reference at path, or the note that says why there is none."""
+    if not path.is_file():
+        return {"agreement_note": NO_REFERENCE}
+    try:
+        ref = load_reference(path)
+    except ReferenceRefused as e:
+        return {"agreement_note": str(e)}
+    return measure(ref)
+
+
 def corpus(lang: str) -> str:
     return resources.files("llmopt_bench.data").joinpath(CORPORA[lang]).read_text(encoding="utf-8")
 
@@ -152,9 +185,5 @@ def evaluate(model: Any, encode: Callable[[str], list[int]], requests: list[Any]
         torch.save(ref, stage_dir / REFERENCE_FILE)
         out.update(agreement(model, ref))
         return out
-    path = reference_path(run_dir)
-    if not path.is_file():
-        out["agreement_note"] = NO_REFERENCE
-        return out
-    out.update(agreement(model, torch.load(path, weights_only=False)))
+    out.update(reference_agreement(reference_path(run_dir), lambda ref: agreement(model, ref)))
     return out

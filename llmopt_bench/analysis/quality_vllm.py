@@ -66,8 +66,6 @@ def evaluate(llm: Any, encode: Callable[[str], list[int]], run_dir: Path, real_w
              progress: Callable[..., None], dummy: bool = False) -> dict[str, Any]:
     """The quality block of a vLLM stage, under extra["quality"]. dummy: the engine made up its
     own random weights (load_format=dummy), so nothing compares with the reference."""
-    import torch
-
     out: dict[str, Any] = {"reference": "hf-fp16", "perplexity_meaningful": real_weights, "engine": "vllm"}
     if dummy:
         return {**out, **Q.NOT_MEANINGFUL, "agreement_note": Q.NOT_SAME_WEIGHTS}
@@ -77,9 +75,5 @@ def evaluate(llm: Any, encode: Callable[[str], list[int]], run_dir: Path, real_w
     else:
         out.update(Q.NOT_MEANINGFUL)
     progress("quality: agreement with the FP16 reference", None, None)
-    path = Q.reference_path(run_dir)
-    if not path.is_file():
-        out["agreement_note"] = Q.NO_REFERENCE
-        return out
-    out.update(agreement(llm, torch.load(path, weights_only=False)))
+    out.update(Q.reference_agreement(Q.reference_path(run_dir), lambda ref: agreement(llm, ref)))
     return out
