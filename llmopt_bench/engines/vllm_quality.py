@@ -66,8 +66,6 @@ def evaluate(llm: Any, encode: Callable[[str], list[int]], reference_file: Path 
              real_weights: bool, progress: Callable[..., None], dummy: bool = False) -> dict[str, Any]:
     """The quality record of a vLLM stage (stage.QualityRecord's fields). dummy: the engine made
     up its own random weights (load_format=dummy), so nothing compares with the reference."""
-    import torch
-
     out: dict[str, Any] = {"reference": reference_name, "perplexity_meaningful": real_weights, "engine": "vllm"}
     if dummy:
         return {**out, **Q.NOT_MEANINGFUL, "agreement_note": Q.NOT_SAME_WEIGHTS}
@@ -77,8 +75,8 @@ def evaluate(llm: Any, encode: Callable[[str], list[int]], reference_file: Path 
     else:
         out.update(Q.NOT_MEANINGFUL)
     progress("quality: agreement with the FP16 reference", None, None)
-    if reference_file is None or not reference_file.is_file():
+    if reference_file is None:
         out["agreement_note"] = Q.NO_REFERENCE
         return out
-    out.update(agreement(llm, torch.load(reference_file, weights_only=False)))
+    out.update(Q.reference_agreement(reference_file, lambda ref: agreement(llm, ref)))
     return out

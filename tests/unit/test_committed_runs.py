@@ -127,7 +127,7 @@ def test_roofline_puts_vllm_near_the_memory_floor_and_transformers_far_from_it(j
     assert decode["hf-fp16"].bound == "overhead-bound" and decode["hf-fp16"].achieved < 0.2
     text = render_markdown(journey, charts={})
     v = decode["vllm"]
-    assert f"{v.achieved:.1%} of the memory floor" in text
+    assert f"{v.achieved:.1%} of the measured memory ceiling" in text
 
 
 def test_dummy_awq_weights_report_no_agreement(journey):
