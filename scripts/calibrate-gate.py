@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Calibrate `llmopt compare`'s regression gate on real runs: how often it flags a pair of runs
+of the same code (false alarms) and how often it flags an injected whole-run slowdown of 1.1x,
+1.2x and 1.3x (detection). The figures in docs/regression.md ("Calibration") come from it.
+
+    scripts/calibrate-gate.py                       # the committed runs, default repeats (3)
+    scripts/calibrate-gate.py --pairs 400 --json calibration.json
+    scripts/calibrate-gate.py --ladder 3,5,10,20    # what it takes: detection by repeats per run
+    scripts/calibrate-gate.py --cpu-runs 'my-runs/*/run.json'   # fresh runs of your own
+
+Pools of repeats, each from real runs (one stage of one device):
+- results/h200/run.json (the H200 journey, = results/baselines/nvidia-h200-synthetic-llama2-7b.json):
+  one run, so a pair is two synthetic runs, each R repeats drawn from the stage's repeats and
+  scaled by a whole-run factor exp(N(0, --gpu-run-shift)) (GPU clocks, another session);
+- results/cpu/gate-calibration/run*/run.json: independent CPU runs (`llmopt bench --stages
+  hf-fp16 --model synthetic:tiny --num-prompts 8 --max-new-tokens 16`, one after another on a
+  shared 2-core host), so a pair is two different real runs, each R repeats drawn from its own:
+  the whole-run shift between them is the real one;
+- results/cpu/20261203-smollm2-quantization: one CPU run, as the H200 run.
+
+A slowdown multiplies every latency of the new run (and divides its tok/s) by the factor: a
+shift of the whole run, as a real regression is. Methods: `requests` is the gate before this
+change (a paired bootstrap over requests), `repeats` the cluster bootstrap over repeats
+(analysis/noise.py), `history` the same with the baseline's noise from 10 earlier runs."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from llmopt_bench.analysis import compare
+from llmopt_bench.results import load_run
+
+FACTORS = (1.0, 1.1, 1.2, 1.3)
+COLUMNS = {"ttft_p50": "ttft_s", "tpot_p50": "tpot_s", "e2e_p50": "e2e_s"}
+HISTORY_RUNS = 10
+
+
+@dataclass
+class Pool:
+    name: str
+    runs: list[list[dict]]  # real runs, each a list of repeats: {column: values, "tok_s": windowed}
+    run_shift: float  # sigma of the synthetic whole-run log factor (0: pairs of real runs)
+
+    @property
+    def requests(self) -> int:
+        return len(self.runs[0][0]["tpot_s"])
+
+
+def repeats_of(stage) -> list[dict]:
+    s, reps = stage.samples, sorted(set(stage.samples.repeat))
+    tok = stage.metrics.output_tok_s_repeats if stage.metrics else []
+    out = []
+    for i, r in enumerate(reps):
+        rows = [j for j, x in enumerate(s.repeat) if x == r]
+        rep = {c: [getattr(s, c)[j] for j in rows if getattr(s, c)[j] is not None] for c in COLUMNS.values()}
+        rep["tok_s"] = tok[i] if i < len(tok) else None
+        out.append(rep)
+    return out
+
+
+def pools(cpu_glob: str, gpu_shift: float, stages: list[str] | None) -> list[Pool]:
+    out = []
+    journey = load_run(ROOT / "results" / "h200")
+    for st in journey.stages:
+        if st.status == "ok" and len(set(st.samples.repeat)) >= 2 and (not stages or st.name in stages):
+            out.append(Pool(f"H200 {st.name}", [repeats_of(st)], gpu_shift))
+    fresh = [load_run(p) for p in sorted(glob.glob(str(ROOT / cpu_glob) if not Path(cpu_glob).is_absolute() else cpu_glob))]
+    fresh = [r for r in fresh if r.status == "complete" and r.stage("hf-fp16") and r.stage("hf-fp16").status == "ok"]
+    if len(fresh) >= 4:
+        out.append(Pool(f"CPU tiny hf-fp16 ({len(fresh)} runs)", [repeats_of(r.stage("hf-fp16")) for r in fresh], 0.0))
+    smol = load_run(ROOT / "results" / "cpu" / "20261203-smollm2-quantization")
+    for st in smol.stages:
+        if st.status == "ok" and (not stages or st.name in stages):
+            out.append(Pool(f"CPU smollm2 {st.name}", [repeats_of(st)], gpu_shift))
+    return out
+
+
+def draw_run(pool: Pool, repeats: int, rng, avoid: set[int]) -> tuple[int, list[dict], float]:
+    """One synthetic run: a real run (another than those in `avoid` when the pool has several),
+    R repeats drawn from its own with replacement, and its whole-run factor."""
+    choices = [i for i in range(len(pool.runs)) if i not in avoid] or list(range(len(pool.runs)))
+    i = int(rng.choice(choices))
+    reps = [pool.runs[i][int(k)] for k in rng.integers(0, len(pool.runs[i]), size=repeats)]
+    return i, reps, float(math.exp(rng.normal(0, pool.run_shift))) if pool.run_shift else 1.0
+
+
+def inputs(reps: list[dict], factor: float, key: str) -> tuple[float, list[list[float]], str]:
+    """(the run's value, its groups, the statistic) as compare.noise_groups gives them."""
+    if key == "output_tok_s":
+        groups = [[r["tok_s"] / factor] for r in reps if r["tok_s"]]
+        return float(np.mean([g[0] for g in groups])), groups, "mean"
+    groups = [[v * factor for v in r[COLUMNS[key]]] for r in reps]
+    return float(np.median([v for g in groups for v in g])), groups, "median"
+
+
+def requests_verdict(b: list[list[float]], n: list[list[float]], threshold: float, seed: int) -> str:
+    """The gate before this change: requests drawn (paired when the rows line up), percentile
+    interval of the ratio of medians."""
+    bv, nv = np.concatenate(b), np.concatenate(n)
+    rng = np.random.default_rng(seed)
+    bi = rng.integers(0, len(bv), size=(2000, len(bv)))
+    ni = bi if len(bv) == len(nv) else rng.integers(0, len(nv), size=(2000, len(nv)))
+    ratios = np.median(nv[ni], axis=1) / np.median(bv[bi], axis=1)
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return compare.verdict(float(np.median(nv) / np.median(bv)), (float(lo), float(hi)), threshold, False)
+
+
+def one_pair(pool: Pool, key: str, repeats: int, rng, methods: list[str], seed: int) -> dict:
+    """Verdicts for one A/B pair at every factor and method (common random numbers)."""
+    ia, a, fa = draw_run(pool, repeats, rng, set())
+    ib, b, fb = draw_run(pool, repeats, rng, {ia})
+    past = [draw_run(pool, repeats, rng, {ia, ib}) for _ in range(HISTORY_RUNS - 1)] if "history" in methods else []
+    thr = compare.threshold_for(key, None)
+    b_val, b_groups, stat = inputs(a, fa, key)
+    history = [b_val] + [inputs(r, f, key)[0] for _, r, f in past]
+    out = {}
+    for factor in FACTORS:
+        n_val, n_groups, _ = inputs(b, fb * factor, key)
+        for m in methods:
+            if m == "requests":
+                v = requests_verdict(b_groups, n_groups, thr, seed) if key != "output_tok_s" else "n/a"
+                out[(m, factor)] = (v, None)
+            else:
+                d = compare.judge(key, b_val, n_val, b_groups, n_groups, stat, thr, seed=seed,
+                                  history=history if m == "history" else ())
+                out[(m, factor)] = (d.verdict, d.mde)
+    return out
+
+
+def calibrate(pool: Pool, key: str, repeats: int, pairs: int, methods: list[str], seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    flags = {(m, f): 0 for m in methods for f in FACTORS}
+    mdes = {m: [] for m in methods}
+    for i in range(pairs):
+        for (m, f), (verdict, mde) in one_pair(pool, key, repeats, rng, methods, seed + i).items():
+            flags[(m, f)] += verdict == "regressed"
+            if f == 1.0 and mde is not None:
+                mdes[m].append(mde)
+    return {m: {"false_alarm": flags[(m, 1.0)] / pairs,
+                **{f"detect_{f:g}x": flags[(m, f)] / pairs for f in FACTORS[1:]},
+                "median_mde": float(np.median(mdes[m])) if mdes[m] else None} for m in methods}
+
+
+def pct(x) -> str:
+    return "-" if x is None else f"{x * 100:.0f}%"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pairs", type=int, default=200, help="pairs per cell (default 200)")
+    ap.add_argument("--repeats", type=int, default=3, help="repeats per synthetic run (default 3, the bench default)")
+    ap.add_argument("--ladder", default="", help="also: detection at 1.2x by repeats per run, e.g. 3,5,10,20")
+    ap.add_argument("--metrics", default="tpot_p50,ttft_p50", help="comma-separated (default tpot_p50,ttft_p50)")
+    ap.add_argument("--methods", default="requests,repeats,history", help="requests,repeats,history")
+    ap.add_argument("--stages", default="", help="only these stages (comma-separated)")
+    ap.add_argument("--cpu-runs", default="results/cpu/gate-calibration/run*/run.json", help="independent CPU runs (glob)")
+    ap.add_argument("--gpu-run-shift", type=float, default=0.01, help="sigma of a single-run pool's whole-run log shift (default 0.01)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, help="also write the figures to FILE")
+    args = ap.parse_args()
+    methods, metrics = args.methods.split(","), args.metrics.split(",")
+    results = {"args": {k: str(v) for k, v in vars(args).items()}, "cells": [], "ladder": []}
+    print("| pool | requests/repeat | metric | method | false alarms | 1.1x | 1.2x | 1.3x | median detectable |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    all_pools = pools(args.cpu_runs, args.gpu_run_shift, args.stages.split(",") if args.stages else None)
+    for pool in all_pools:
+        for key in metrics:
+            cell = calibrate(pool, key, args.repeats, args.pairs, methods, args.seed)
+            for m, r in cell.items():
+                results["cells"].append({"pool": pool.name, "metric": key, "method": m, "repeats": args.repeats, **r})
+                print(f"| {pool.name} | {pool.requests} | {key} | {m} | {pct(r['false_alarm'])} | {pct(r['detect_1.1x'])} | "
+                      f"{pct(r['detect_1.2x'])} | {pct(r['detect_1.3x'])} | {pct(r['median_mde'])} |", flush=True)
+    if args.ladder:
+        print("\n| pool | metric | method | repeats | false alarms | 1.2x detected | median detectable |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for pool in all_pools:
+            for key in metrics:
+                for r in (int(x) for x in args.ladder.split(",")):
+                    cell = calibrate(pool, key, r, args.pairs, [m for m in methods if m != "requests"], args.seed)
+                    for m, c in cell.items():
+                        results["ladder"].append({"pool": pool.name, "metric": key, "method": m, "repeats": r, **c})
+                        print(f"| {pool.name} | {key} | {m} | {r} | {pct(c['false_alarm'])} | {pct(c['detect_1.2x'])} | "
+                              f"{pct(c['median_mde'])} |", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
