@@ -38,7 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llmopt_bench.analysis import compare
+from llmopt_bench.analysis import changepoint, compare
 from llmopt_bench.results import load_run
 
 FACTORS = (1.0, 1.1, 1.2, 1.3)
@@ -152,8 +152,43 @@ def calibrate(pool: Pool, key: str, repeats: int, pairs: int, methods: list[str]
                 "median_mde": float(np.median(mdes[m])) if mdes[m] else None} for m in methods}
 
 
+def noise_split(pool: Pool, key: str, seed: int) -> tuple[float, float]:
+    """Where the noise of a repeat's median lives: (between repeats of a run, CV of the repeat
+    medians; within a repeat, CV of its median from its own requests' scatter). Between >> within
+    means the whole repeat moves: more repeats help, more requests per repeat do not."""
+    rng = np.random.default_rng(seed)
+    between, within = [], []
+    for run in pool.runs:
+        logs = [np.log(np.median(r[COLUMNS[key]])) for r in run]
+        between += [x - np.mean(logs) for x in logs] if len(logs) > 1 else []
+        for r in run:
+            v = np.asarray(r[COLUMNS[key]])
+            within.append(np.var(np.log(np.median(v[rng.integers(0, len(v), size=(500, len(v)))], axis=1))))
+    reps = sum(len(run) for run in pool.runs)
+    return float(np.sqrt(np.sum(np.square(between)) / max(reps - len(pool.runs), 1))), float(np.sqrt(np.mean(within)))
+
+
+def series_check(pool: Pool, key: str, repeats: int, count: int, nights: int, seed: int) -> dict:
+    """`llmopt history check` on `count` nightly series of `nights` runs (each run drawn as in a
+    pair): how many same-code series it fails (false alarms), and how many with a 1.2x whole-run
+    slowdown from night `nights - 10` on it fails, naming that night as the first."""
+    rng = np.random.default_rng(seed)
+    start, out = nights - 10, {"false_alarm": 0, "detected": 0, "first_night_right": 0}
+    higher = key == "output_tok_s"
+    for i in range(count):
+        runs = [draw_run(pool, repeats, rng, set()) for _ in range(nights)]
+        for label, shift in (("false_alarm", 1.0), ("detected", 1.2)):
+            values = [inputs(r, f * (shift if n >= start else 1.0), key)[0] for n, (_, r, f) in enumerate(runs)]
+            found = [s for s in changepoint.level_shifts(values, higher, compare.threshold_for(key, None), seed=seed + i)
+                     if s.direction == "regression" and s.in_effect]
+            out[label] += bool(found)
+            if shift != 1.0 and found:
+                out["first_night_right"] += found[0].index == start
+    return {k: v / count for k, v in out.items()}
+
+
 def pct(x) -> str:
-    return "-" if x is None else f"{x * 100:.0f}%"
+    return "-" if x is None else f"{x * 100:.1f}%" if abs(x) < 0.1 else f"{x * 100:.0f}%"
 
 
 def main() -> int:
@@ -166,6 +201,8 @@ def main() -> int:
     ap.add_argument("--stages", default="", help="only these stages (comma-separated)")
     ap.add_argument("--cpu-runs", default="results/cpu/gate-calibration/run*/run.json", help="independent CPU runs (glob)")
     ap.add_argument("--gpu-run-shift", type=float, default=0.01, help="sigma of a single-run pool's whole-run log shift (default 0.01)")
+    ap.add_argument("--series", type=int, default=0, help="also: history check on N nightly series per pool (e.g. 50)")
+    ap.add_argument("--nights", type=int, default=30, help="nights per series (default 30; the shift starts 10 before the end)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="also write the figures to FILE")
     args = ap.parse_args()
@@ -185,6 +222,12 @@ def main() -> int:
         print("\n| pool | metric | method | repeats | false alarms | 1.2x detected | median detectable |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
         for pool in all_pools:
+            for key in (k for k in metrics if k in COLUMNS):
+                between, within = noise_split(pool, key, args.seed)
+                results["ladder"].append({"pool": pool.name, "metric": key, "cv_between_repeats": between,
+                                          "cv_within_repeat": within})
+                print(f"| {pool.name} | {key} | noise of a repeat's median: {pct(between)} between repeats, "
+                      f"{pct(within)} from its requests | | | | |")
             for key in metrics:
                 for r in (int(x) for x in args.ladder.split(",")):
                     cell = calibrate(pool, key, r, args.pairs, [m for m in methods if m != "requests"], args.seed)
@@ -192,6 +235,16 @@ def main() -> int:
                         results["ladder"].append({"pool": pool.name, "metric": key, "method": m, "repeats": r, **c})
                         print(f"| {pool.name} | {key} | {m} | {r} | {pct(c['false_alarm'])} | {pct(c['detect_1.2x'])} | "
                               f"{pct(c['median_mde'])} |", flush=True)
+    if args.series:
+        print("\n| pool | metric | series | false alarms | 1.2x from night N-10 flagged | ... first run named right |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        results["series"] = []
+        for pool in all_pools:
+            for key in metrics:
+                c = series_check(pool, key, args.repeats, args.series, args.nights, args.seed)
+                results["series"].append({"pool": pool.name, "metric": key, **c})
+                print(f"| {pool.name} | {key} | {args.series} x {args.nights} | {pct(c['false_alarm'])} | "
+                      f"{pct(c['detected'])} | {pct(c['first_night_right'])} |", flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

@@ -145,10 +145,13 @@ def history_noise(values: Sequence[float]) -> SideNoise | None:
 
 
 def combine(point: float, base: SideNoise, new: SideNoise, confidence: float) -> Interval:
-    """log(point) +- t(df) x SE, SE from both sides, df by Welch-Satterthwaite."""
+    """log(point) +- t(df) x SE, SE from both sides, df by Welch-Satterthwaite (or the one
+    estimate's own when both sides share it)."""
     var = base.var + new.var
     parts = [(s.var, s.df) for s in (base, new) if s.var > 0]
     df = var ** 2 / sum(v ** 2 / d for v, d in parts) if parts else math.inf
+    if base is new:  # one estimate (the history's spread) for both sides: its own degrees of freedom
+        df = base.df
     t = t_quantile(0.5 + confidence / 2, round(df, 2) if math.isfinite(df) else df)
     se = math.sqrt(var)
     return Interval(point, point * math.exp(-t * se), point * math.exp(t * se), se, df, t)

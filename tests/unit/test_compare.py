@@ -63,14 +63,19 @@ def test_the_baseline_against_itself_and_each_of_its_repeats(journey):
         assert cmp.regressions == [] and cmp.incomplete == [], (k, cmp.regressions)
 
 
-def test_independent_cpu_runs_rarely_raise_a_false_alarm(cpu_runs):
-    """All 132 ordered pairs of 12 independent runs on a loaded 2-core host (the same code):
-    the request bootstrap flagged 7% of TPOT and 11% of TTFT comparisons (docs/regression.md);
-    the repeats' interval stays within the 5% target."""
+def test_independent_cpu_runs_judged_with_their_history_rarely_raise_a_false_alarm(cpu_runs):
+    """All 132 ordered pairs of 12 independent runs of one command on a shared 2-core host whose
+    load rose during the hour (run TPOT p50 from 26 to 474 ms). The other runs as the history
+    give the whole-run spread that one run cannot show: false alarms within the 5% target (the
+    request bootstrap flagged 37 of the TPOT pairs, the repeats alone 14: docs/regression.md)."""
     for key in ("tpot_p50", "ttft_p50"):
-        flagged = [C.compare_metric(key, a.stage("hf-fp16"), b.stage("hf-fp16"), 0.05).verdict == "regressed"
-                   for a, b in itertools.permutations(cpu_runs, 2)]
-        assert sum(flagged) / len(flagged) <= 0.05, (key, sum(flagged))
+        alone = with_history = 0
+        for i, j in itertools.permutations(range(12), 2):
+            a, b = cpu_runs[i].stage("hf-fp16"), cpu_runs[j].stage("hf-fp16")
+            past = C.fingerprint_values([r for k, r in enumerate(cpu_runs) if k != j], a, key)
+            alone += C.compare_metric(key, a, b, 0.05).verdict == "regressed"
+            with_history += C.compare_metric(key, a, b, 0.05, history=past).verdict == "regressed"
+        assert with_history / 132 <= 0.05, (key, with_history, alone)
 
 
 def test_two_h200_sessions_agree_and_a_whole_run_slowdown_is_caught():

@@ -55,9 +55,11 @@ def test_history_spread_is_the_baselines_and_the_new_runs_floor():
 
 
 def test_interval_and_minimum_detectable_effect():
-    side = noise.SideNoise(0.01, 2, "3 repeats")
-    iv = noise.combine(1.1, side, side, 0.95)
-    assert iv.df == pytest.approx(4) and iv.t == pytest.approx(2.776, abs=1e-3)
+    side, other = noise.SideNoise(0.01, 2, "3 repeats"), noise.SideNoise(0.01, 2, "3 repeats")
+    iv = noise.combine(1.1, side, other, 0.95)
+    assert iv.df == pytest.approx(4) and iv.t == pytest.approx(2.776, abs=1e-3)  # Welch: two estimates of 2 df
+    hist = noise.SideNoise(0.01, 9, "10 runs in the history")
+    assert noise.combine(1.1, hist, hist, 0.95).df == 9  # one estimate for both sides: its own 9 df, not 18
     assert iv.se == pytest.approx(math.sqrt(0.02))
     assert (iv.lo, iv.hi) == (pytest.approx(1.1 * math.exp(-iv.t * iv.se)), pytest.approx(1.1 * math.exp(iv.t * iv.se)))
     mde = noise.min_detectable(iv, 0.05, higher_is_better=False)
