@@ -11,7 +11,7 @@ of the same code (false alarms) and how often it flags an injected whole-run slo
 Pools of repeats, each from real runs (one stage of one device):
 - results/h200/run.json (the H200 journey, = results/baselines/nvidia-h200-synthetic-llama2-7b.json):
   one run, so a pair is two synthetic runs, each R repeats drawn from the stage's repeats and
-  scaled by a whole-run factor exp(N(0, --gpu-run-shift)) (GPU clocks, another session);
+  scaled by a whole-run factor exp(N(0, --run-shift)) (GPU clocks, another session);
 - results/cpu/gate-calibration/run*/run.json: independent CPU runs (`llmopt bench --stages
   hf-fp16 --model synthetic:tiny --num-prompts 8 --max-new-tokens 16`, one after another on a
   shared 2-core host), so a pair is two different real runs, each R repeats drawn from its own:
@@ -69,12 +69,12 @@ def repeats_of(stage) -> list[dict]:
     return out
 
 
-def pools(cpu_glob: str, gpu_shift: float, stages: list[str] | None) -> list[Pool]:
+def pools(cpu_glob: str, run_shift: float, stages: list[str] | None) -> list[Pool]:
     out = []
     journey = load_run(ROOT / "results" / "h200")
     for st in journey.stages:
         if st.status == "ok" and len(set(st.samples.repeat)) >= 2 and (not stages or st.name in stages):
-            out.append(Pool(f"H200 {st.name}", [repeats_of(st)], gpu_shift))
+            out.append(Pool(f"H200 {st.name}", [repeats_of(st)], run_shift))
     fresh = [load_run(p) for p in sorted(glob.glob(str(ROOT / cpu_glob) if not Path(cpu_glob).is_absolute() else cpu_glob))]
     fresh = [r for r in fresh if r.status == "complete" and r.stage("hf-fp16") and r.stage("hf-fp16").status == "ok"]
     if len(fresh) >= 4:
@@ -82,7 +82,7 @@ def pools(cpu_glob: str, gpu_shift: float, stages: list[str] | None) -> list[Poo
     smol = load_run(ROOT / "results" / "cpu" / "20261203-smollm2-quantization")
     for st in smol.stages:
         if st.status == "ok" and (not stages or st.name in stages):
-            out.append(Pool(f"CPU smollm2 {st.name}", [repeats_of(st)], gpu_shift))
+            out.append(Pool(f"CPU smollm2 {st.name}", [repeats_of(st)], run_shift))
     return out
 
 
@@ -196,11 +196,12 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=200, help="pairs per cell (default 200)")
     ap.add_argument("--repeats", type=int, default=3, help="repeats per synthetic run (default 3, the bench default)")
     ap.add_argument("--ladder", default="", help="also: detection at 1.2x by repeats per run, e.g. 3,5,10,20")
+    ap.add_argument("--no-table", action="store_true", help="skip the main table (with --ladder or --series)")
     ap.add_argument("--metrics", default="tpot_p50,ttft_p50", help="comma-separated (default tpot_p50,ttft_p50)")
     ap.add_argument("--methods", default="requests,repeats,history", help="requests,repeats,history")
     ap.add_argument("--stages", default="", help="only these stages (comma-separated)")
     ap.add_argument("--cpu-runs", default="results/cpu/gate-calibration/run*/run.json", help="independent CPU runs (glob)")
-    ap.add_argument("--gpu-run-shift", type=float, default=0.01, help="sigma of a single-run pool's whole-run log shift (default 0.01)")
+    ap.add_argument("--run-shift", type=float, default=0.01, help="sigma of a single-run pool's whole-run log shift (default 0.01)")
     ap.add_argument("--series", type=int, default=0, help="also: history check on N nightly series per pool (e.g. 50)")
     ap.add_argument("--nights", type=int, default=30, help="nights per series (default 30; the shift starts 10 before the end)")
     ap.add_argument("--seed", type=int, default=0)
@@ -210,8 +211,8 @@ def main() -> int:
     results = {"args": {k: str(v) for k, v in vars(args).items()}, "cells": [], "ladder": []}
     print("| pool | requests/repeat | metric | method | false alarms | 1.1x | 1.2x | 1.3x | median detectable |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    all_pools = pools(args.cpu_runs, args.gpu_run_shift, args.stages.split(",") if args.stages else None)
-    for pool in all_pools:
+    all_pools = pools(args.cpu_runs, args.run_shift, args.stages.split(",") if args.stages else None)
+    for pool in [] if args.no_table else all_pools:
         for key in metrics:
             cell = calibrate(pool, key, args.repeats, args.pairs, methods, args.seed)
             for m, r in cell.items():

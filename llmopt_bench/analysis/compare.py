@@ -241,8 +241,8 @@ def judge(key: str, b_val: float | None, n_val: float | None, b_groups: list[lis
     out.verdict = verdict(out.ratio, out.ci, threshold, m.higher_is_better)
     # without any between-run information the interval holds the requests' scatter only, and
     # a shift of a whole run passes for a change: report it, do not judge it
-    blind = (out.ci is None and m.needs_noise) or out.method == "bootstrap-requests" and "(1 repeat)" in b_noise.source \
-        and "(1 repeat)" in n_noise.source
+    one_repeat_each = out.ci is not None and all("(1 repeat)" in side.source for side in (b_noise, n_noise))
+    blind = (out.ci is None and m.needs_noise) or one_repeat_each
     if blind and out.verdict in ("regressed", "improved"):
         out.verdict = "inconclusive"
     if blind:

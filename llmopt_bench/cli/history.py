@@ -64,7 +64,7 @@ def show_cmd(
         _table(points, metric_name(metric))
     if chart is not None:
         try:
-            import matplotlib
+            import matplotlib  # noqa: F401
         except ImportError:
             raise MissingDependency("--chart needs matplotlib", extra_fix("charts")) from None
         print(f"chart: {draw(points, metric, chart)}", file=sys.stderr)
