@@ -37,7 +37,7 @@ while [ $# -gt 0 ]; do
     --allow-missing) compare_args+=(--allow-missing "$2"); shift 2 ;;
     --init-baseline) init=1; shift ;;
     --) shift; bench_args=("$@"); break ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "error: unknown argument $1" >&2; echo "  fix: see scripts/nightly.sh --help" >&2; exit 2 ;;
   esac
 done
