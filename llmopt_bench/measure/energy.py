@@ -9,7 +9,7 @@ headline record is the "main" key's windows (the samples the stage returns), and
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 from llmopt_bench.measure import nvml
@@ -70,6 +70,12 @@ class TimedMeter:
         if not self.has_counter or total is None or total.windows == 0:
             return None
         return total.as_dict()
+
+    def copy(self, key: str, to: str = "main") -> None:
+        """Report what `key` measured under `to` as well: a sweep's headline is the point
+        whose samples the stage returns, known only once every point is measured."""
+        if key in self.totals:
+            self.totals[to] = replace(self.totals[key])
 
     def per_key(self) -> dict[str, dict[str, float | int | None]]:
         return {k: t.as_dict() for k, t in self.totals.items()} if self.has_counter else {}
