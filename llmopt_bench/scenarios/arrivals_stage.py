@@ -70,6 +70,7 @@ class ArrivalsStage(Stage):
         self.lifecycle: dict[str, Any] = {"device": ctx.device, "before_engine": device_memory(use_torch=False),
                                           "processes_before_engine": len(descendants())}
         self.points: list[LoadPoint] = []
+        self.samples: list[RequestSample] = []  # the main point's: the stage's samples
         self.tp_point: LoadPoint | None = None
         self.mixed_point: LoadPoint | None = None
         self.engine, info = self.start_engine(model, params, ctx)
@@ -127,7 +128,6 @@ class ArrivalsStage(Stage):
     def sweep(self, workload: WorkloadConfig) -> None:
         p = self.params
         self.points = plan_points(p, workload, self.source)
-        self.samples: list[RequestSample] = []
         self.extra = BatchingExtra(
             sweep=sweep_settings(p, workload, self.points[0].new),
             engine={"max_num_seqs": self.engine.params.max_num_seqs,
