@@ -11,7 +11,8 @@ class ExitCode(IntEnum):
     USAGE = 2  # bad option, unknown stage, bad prompt file, missing model
     STAGE_UNAVAILABLE = 3  # a stage named on the command line cannot run here
     STAGE_FAILED = 4  # a stage ended in error, oom or timeout
-    REGRESSION = 5  # compare found a regression, or a stage failed its quality gate
+    REGRESSION = 5  # compare or history check found a regression, or a stage failed its quality gate
+    INCOMPLETE = 6  # compare: the new run lacks, or did not finish, a stage of the baseline, or did not complete
     DISK_FULL = 7  # no space left writing the run directory: run.json still holds what finished
     INTERRUPTED = 130  # Ctrl-C: run.json holds what finished
 

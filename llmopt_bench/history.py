@@ -1,25 +1,31 @@
-"""The run history: a SQLite file (results/history.sqlite by default) that keeps every added
-run's run.json and a flat table of its metrics, and a metric's trend per stage with the runs
-where it changed beyond the threshold marked.
+"""The run history: a SQLite file that keeps every added run's run.json and a flat table of its
+metrics; a metric's trend per stage; and the sustained shifts in it (`llmopt history check`).
 
-Between consecutive runs that are comparable (same device, model, workload) a gating metric
-(analysis/compare.py METRICS) is judged with compare's bootstrap on the stored samples; other
-metrics, and pairs without samples, with a relative-change rule (|new/old - 1| > threshold)."""
+The file is $LLMOPT_HISTORY_DB, else history.sqlite in the llmopt cache ($LLMOPT_CACHE, else
+~/.cache/llmopt): one place whatever the current directory, outside any checkout.
+
+Runs are comparable when their fingerprint matches: device, model, workload and the stage's
+params. Between consecutive comparable runs a gating metric (analysis/compare.py METRICS) is
+judged with compare's method, the earlier comparable runs giving the baseline's noise; other
+metrics with a relative-change rule (|new/old - 1| > threshold). `check` runs E-divisive means
+(analysis/changepoint.py) over each stage's series of the current fingerprint."""
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmopt_bench.analysis import compare
+from llmopt_bench.analysis import changepoint, compare
 from llmopt_bench.errors import UsageError
-from llmopt_bench.results import RunResult, StageResult, utcnow
+from llmopt_bench.models import cache_dir
+from llmopt_bench.results import RunResult, StageResult, parse_run, utcnow
 
-DEFAULT_DB = Path("results") / "history.sqlite"
 DISTRIBUTIONS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
 STATS = ("p50", "p90", "p99", "mean")
+NOISE_RUNS = 20  # the earlier comparable runs whose spread is the baseline's noise
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -32,6 +38,11 @@ CREATE TABLE IF NOT EXISTS metrics (
   run_id TEXT NOT NULL, created_at TEXT NOT NULL, stage TEXT NOT NULL, metric TEXT NOT NULL, value REAL,
   PRIMARY KEY (run_id, created_at, stage, metric));
 """
+
+
+def default_db() -> Path:
+    env = os.environ.get("LLMOPT_HISTORY_DB")
+    return Path(env) if env else cache_dir() / "history.sqlite"
 
 
 def connect(db: Path, create: bool = True) -> sqlite3.Connection:
@@ -89,28 +100,48 @@ def metric_name(name: str) -> str:
         return name.strip().lower()
 
 
+def higher_is_better(key: str) -> bool:
+    return compare.METRICS[key].higher_is_better if key in compare.METRICS else key.endswith(("tok_s", "qps"))
+
+
+def fingerprint_runs(db: Path, like: RunResult, before: RunResult, limit: int = NOISE_RUNS) -> list[RunResult]:
+    """The latest `limit` runs of the history with the device, model and workload of `like`,
+    created before `before` and other than it (compare then keeps, per stage, those whose stage
+    params match). Empty when the database does not exist: compare works from the two runs."""
+    if not Path(db).is_file():
+        return []
+    conn = connect(db, create=False)
+    try:
+        rows = conn.execute(
+            "SELECT run_json FROM runs WHERE device IS ? AND model IS ? AND workload = ? AND created_at < ? "
+            "AND NOT (run_id = ? AND created_at = ?) ORDER BY created_at DESC LIMIT ?",
+            (compare.device_name(like), like.model.source if like.model else None, like.workload.model_dump_json(),
+             before.created_at, before.run_id, before.created_at, limit)).fetchall()
+    finally:
+        conn.close()
+    return [parse_run(json.loads(text), "the history database") for (text,) in reversed(rows)]
+
+
 @dataclass
-class TrendPoint:
+class Row:
+    """One stage of one run in the history, with the metric asked for."""
+
     stage: str
     run_id: str
     created_at: str
     commit: str | None
     status: str
     value: float | None
-    change: float | None = None  # vs the previous run of this stage
-    ci: tuple[float, float] | None = None
-    verdict: str = ""  # regressed | improved | unchanged | inconclusive | not comparable | first | -
-    method: str = ""  # bootstrap-... | single value | relative change
+    run_json: str
+    fingerprint: tuple
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.value is not None
 
 
-def _relative(prev: float, value: float, threshold: float, higher_is_better: bool) -> tuple[float, str]:
-    ratio = value / prev
-    return ratio, compare.verdict(ratio, None, threshold, higher_is_better)
-
-
-def trend(db: Path, metric: str = "tpot_p50", stage: str | None = None, thresholds: dict[str, float] | None = None,
-          resamples: int = 2000, seed: int = 0) -> list[TrendPoint]:
-    """One point per (stage, run), oldest first, each judged against the stage's previous run."""
+def stage_rows(db: Path, metric: str, stage: str | None = None) -> list[Row]:
+    """Every stage row with the metric, oldest first per stage; refuses an unknown metric."""
     key = metric_name(metric)
     conn = connect(db, create=False)
     try:
@@ -127,35 +158,125 @@ def trend(db: Path, metric: str = "tpot_p50", stage: str | None = None, threshol
     if not rows:
         raise UsageError(f"no runs of stage {stage!r} in the history" if stage else "the history holds no runs",
                          "add runs with: llmopt history add RUN_DIR")
-    higher = compare.METRICS[key].higher_is_better if key in compare.METRICS else key.endswith(("tok_s", "qps"))
+    params: dict[tuple, str] = {}
+    for name, run_id, created, _, _, _, text, *_ in rows:
+        stages = {s["name"]: s for s in json.loads(text)["stages"]}  # plain JSON: the params only
+        params[(name, run_id, created)] = json.dumps(stages[name].get("params", {}), sort_keys=True)
+    return [Row(name, run_id, created, commit, status, value, text, (device, model, workload, params[(name, run_id, created)]))
+            for name, run_id, created, commit, status, value, text, device, model, workload in rows]
+
+
+@dataclass
+class TrendPoint:
+    stage: str
+    run_id: str
+    created_at: str
+    commit: str | None
+    status: str
+    value: float | None
+    change: float | None = None  # vs the previous comparable run of this stage
+    ci: tuple[float, float] | None = None
+    verdict: str = ""  # regressed | improved | unchanged | inconclusive | not comparable | first | -
+    method: str = ""  # bootstrap-repeats | history | single value | relative change | ...
+
+
+def trend(db: Path, metric: str = "tpot_p50", stage: str | None = None, thresholds: dict[str, float] | None = None,
+          resamples: int = 2000, seed: int = 0) -> list[TrendPoint]:
+    """One point per (stage, run), oldest first, each judged against the stage's previous ok run,
+    the comparable runs before that one giving the baseline's noise."""
+    key = metric_name(metric)
     threshold = compare.threshold_for(key, thresholds)
-    points, prev, parsed = [], {}, {}
+    points, seen, parsed = [], {}, {}
 
-    def run_of(text: str) -> RunResult:
-        if text not in parsed:
-            parsed[text] = RunResult.model_validate_json(text)
-        return parsed[text]
+    def stage_of(row: Row) -> StageResult:
+        if row.run_json not in parsed:
+            parsed[row.run_json] = parse_run(json.loads(row.run_json), "the history database")
+        return parsed[row.run_json].stage(row.stage)
 
-    for name, run_id, created, commit, status, value, run_json, device, model, workload in rows:
-        p = TrendPoint(name, run_id, created, commit, status, value)
-        last = prev.get(name)
-        if status != "ok" or value is None:
+    for row in stage_rows(db, metric, stage):
+        p = TrendPoint(row.stage, row.run_id, row.created_at, row.commit, row.status, row.value)
+        earlier = seen.setdefault(row.stage, [])
+        last = earlier[-1] if earlier else None
+        if not row.ok:
             p.verdict = "-"
         elif last is None:
             p.verdict = "first"
-        elif last[1:4] != (device, model, workload):
-            p.verdict, p.method = "not comparable", "device, model or workload differ"
+        elif last.fingerprint != row.fingerprint:
+            p.verdict, p.method = "not comparable", "device, model, workload or stage params differ"
         elif key in compare.METRICS:
-            d = compare.compare_metric(key, run_of(last[0]).stage(name), run_of(run_json).stage(name), threshold,
-                                       resamples, seed=seed)
+            past = [r.value for r in earlier if r.fingerprint == row.fingerprint][-NOISE_RUNS:]
+            d = compare.compare_metric(key, stage_of(last), stage_of(row), threshold, resamples, seed=seed, history=past)
             p.change, p.ci, p.verdict, p.method = d.change, d.ci, d.verdict, d.method
         else:
-            ratio, p.verdict = _relative(last[4], value, threshold, higher)
+            ratio = row.value / last.value
             p.change, p.method = ratio - 1, "relative change"
-        if status == "ok" and value is not None:
-            prev[name] = (run_json, device, model, workload, value)
+            p.verdict = compare.verdict(ratio, None, threshold, higher_is_better(key))
+        if row.ok:
+            earlier.append(row)
         points.append(p)
     return points
+
+
+def _created_at(db: Path, run_id: str) -> str:
+    conn = connect(db, create=False)
+    try:
+        row = conn.execute("SELECT MIN(created_at) FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    finally:
+        conn.close()
+    if row[0] is None:
+        raise UsageError(f"--since {run_id!r}: no such run in the history", "pass a run_id that `llmopt history show` lists")
+    return row[0]
+
+
+@dataclass
+class Shift:
+    """A sustained change of a stage's metric, from its first run on (`llmopt history check`)."""
+
+    stage: str
+    metric: str
+    run_id: str  # the first run of the new level
+    created_at: str
+    commit: str | None
+    runs_before: int
+    runs_after: int
+    before: float  # median of the level before
+    after: float  # median of the new level
+    change: float  # after / before - 1
+    p_value: float
+    direction: str  # regression | improvement | below threshold
+    in_effect: bool  # the latest level is still worse than the level before the shift, beyond the threshold
+
+    @property
+    def fails(self) -> bool:
+        return self.direction == "regression" and self.in_effect
+
+
+def check(db: Path, metrics: list[str], stage: str | None = None, thresholds: dict[str, float] | None = None,
+          since: str | None = None, window: int = 60, significance: float = 0.01, permutations: int = 499,
+          min_size: int = 3, seed: int = 0) -> tuple[list[Shift], list[tuple[str, str, int]]]:
+    """Change points per stage and metric over the latest `window` ok runs of the stage's current
+    fingerprint (from run `since` on, when given: how an accepted shift stops failing the check).
+    Returns the shifts and, per series, (stage, metric, runs analysed)."""
+    shifts, series = [], []
+    start = _created_at(db, since) if since is not None else ""
+    for metric in metrics:
+        key = metric_name(metric)
+        by_stage: dict[str, list[Row]] = {}
+        for row in stage_rows(db, key, stage):
+            if row.ok and row.created_at >= start:
+                by_stage.setdefault(row.stage, []).append(row)
+        for name, rows in by_stage.items():
+            rows = [r for r in rows if r.fingerprint == rows[-1].fingerprint]  # the current configuration
+            rows = rows[-window:]
+            series.append((name, key, len(rows)))
+            found = changepoint.level_shifts([r.value for r in rows], higher_is_better(key),
+                                             compare.threshold_for(key, thresholds), min_size=min_size,
+                                             significance=significance, permutations=permutations, seed=seed)
+            for s in found:
+                first = rows[s.index]
+                shifts.append(Shift(name, key, first.run_id, first.created_at, first.commit, s.runs_before, s.runs_after,
+                                    s.before, s.after, s.change, s.p_value, s.direction, s.in_effect))
+    return shifts, series
 
 
 def chart(points: list[TrendPoint], metric: str, path: Path) -> Path:

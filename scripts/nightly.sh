@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # The nightly regression job on any GPU machine, by hand (.github/workflows/nightly-gpu.yml runs
 # the same steps on a self-hosted GPU runner): benchmark every stage, compare with the baseline
-# for this GPU and model, add the run to the history, draw the history charts.
+# for this GPU and model (the history's earlier runs giving the baseline's noise), add the run
+# to the history, check the history for sustained shifts, draw the history charts.
 #
 # usage: scripts/nightly.sh [--baseline FILE] [--output DIR] [--model SOURCE] [--stages LIST]
-#                           [--db FILE] [--gpu SLUG] [--max-regression SPEC]... [--init-baseline]
-#                           [-- more llmopt bench options]
+#                           [--db FILE] [--gpu SLUG] [--max-regression SPEC]... [--allow-missing LIST]
+#                           [--init-baseline] [-- more llmopt bench options]
 #   --baseline FILE   default results/baselines/<gpu-slug>-<model-slug>.json (docs/regression.md)
 #   --output DIR      the new run's directory, default results/runs/nightly-<timestamp>
 #   --model SOURCE    default synthetic:llama2-7b
-#   --db FILE         the history, default $LLMOPT_HISTORY_DB or results/history.sqlite
+#   --db FILE         the history, default $LLMOPT_HISTORY_DB, else $LLMOPT_CACHE/history.sqlite
+#                     (~/.cache/llmopt/history.sqlite)
 #   --gpu SLUG        default: the first GPU's name from nvidia-smi, e.g. nvidia-h200
+#   --allow-missing   stages the new run may lack (passed to llmopt compare)
 #   --init-baseline   when the baseline file is missing, make this run the baseline
-# Exit: 0 nothing regressed; 5 a metric regressed or a stage failed that passed in the baseline;
+# Exit: 0 nothing regressed; 5 a metric regressed (compare) or a sustained regression in the
+# history (history check); 6 the run lacks or failed a stage of the baseline, or did not finish;
 # 4 a stage failed (bench); 2 no baseline or runs not comparable; as llmopt otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +24,7 @@ cd "$(dirname "$0")/.."
 LLMOPT=${LLMOPT:-llmopt}
 command -v "$LLMOPT" >/dev/null 2>&1 || LLMOPT=.venv/bin/llmopt
 baseline="" out="" model="synthetic:llama2-7b" stages="all" db="" gpu="" init=0
-compare_args=() bench_args=()
+compare_args=() check_args=() bench_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --baseline) baseline=$2; shift 2 ;;
@@ -29,10 +33,11 @@ while [ $# -gt 0 ]; do
     --stages) stages=$2; shift 2 ;;
     --db) db=$2; shift 2 ;;
     --gpu) gpu=$2; shift 2 ;;
-    --max-regression) compare_args+=(--max-regression "$2"); shift 2 ;;
+    --max-regression) compare_args+=(--max-regression "$2"); check_args+=(--max-regression "$2"); shift 2 ;;
+    --allow-missing) compare_args+=(--allow-missing "$2"); shift 2 ;;
     --init-baseline) init=1; shift ;;
     --) shift; bench_args=("$@"); break ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "error: unknown argument $1" >&2; echo "  fix: see scripts/nightly.sh --help" >&2; exit 2 ;;
   esac
 done
@@ -68,29 +73,37 @@ if [ ! -f "$out/run.json" ]; then
   exit $(( bench_rc ? bench_rc : 1 ))
 fi
 
-"$LLMOPT" history add "$out"
-mkdir -p "$out/charts"
-for metric in tpot_p50 ttft_p50 output_tok_s; do
-  "$LLMOPT" history show --metric "$metric" --chart "$out/charts/history-$metric.png" \
-    || echo "warning: history chart for $metric not drawn" >&2
-done
-
 if [ ! -f "$baseline" ]; then
   if [ "$init" = 1 ]; then
     mkdir -p "$(dirname "$baseline")"
     cp "$out/run.json" "$baseline"
+    "$LLMOPT" history add "$out"
     echo "nightly: no baseline yet; this run is now the baseline: $baseline (commit it)" >&2
     exit "$bench_rc"
   fi
+  "$LLMOPT" history add "$out"
   echo "error: no baseline at $baseline" >&2
   echo "  fix: review $out, then: mkdir -p $(dirname "$baseline") && cp $out/run.json $baseline (or pass --init-baseline)" >&2
   exit 2
 fi
 
+# compare before the run joins the history: the history's earlier runs give the baseline's noise
 compare_rc=0
 "$LLMOPT" compare "$baseline" "$out" --output "$out/compare.md" ${compare_args[@]+"${compare_args[@]}"} || compare_rc=$?
 echo "nightly: comparison in $out/compare.md; report in $out/report.md" >&2
-if [ "$compare_rc" -ne 0 ]; then
-  exit "$compare_rc"
-fi
+
+"$LLMOPT" history add "$out"
+check_rc=0
+"$LLMOPT" history check ${check_args[@]+"${check_args[@]}"} | tee "$out/history-check.txt" || check_rc=${PIPESTATUS[0]}
+mkdir -p "$out/charts"
+for metric in tpot_p50 ttft_p50 output_tok_s; do
+  "$LLMOPT" history show --metric "$metric" --chart "$out/charts/history-$metric.png" >/dev/null \
+    || echo "warning: history chart for $metric not drawn" >&2
+done
+
+for rc in "$compare_rc" "$check_rc"; do
+  if [ "$rc" -ne 0 ]; then
+    exit "$rc"
+  fi
+done
 exit "$bench_rc"

@@ -1,17 +1,20 @@
-"""Compare two runs stage by stage: the ratio new/baseline of each metric with a bootstrap
-confidence interval, and a verdict that is a regression only when the whole interval lies
-beyond the allowed change in the bad direction (docs/regression.md).
+"""Compare two runs stage by stage: the ratio new/baseline of each metric with an interval that
+carries run-to-run noise (analysis/noise.py: a cluster bootstrap over repeats, or the spread of
+earlier runs of the same fingerprint), a verdict that is a regression only when the whole
+interval lies beyond the allowed change in the bad direction, the smallest change the pair could
+detect, and whether the new run is a complete comparison (docs/regression.md).
 
 Pure functions over RunResult/StageResult; numpy is imported inside the bootstrap."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
 
+from llmopt_bench.analysis import noise
 from llmopt_bench.errors import UsageError
-from llmopt_bench.results import FAILED, RunResult, StageResult, peak_memory
+from llmopt_bench.results import RunResult, StageResult, peak_memory
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,10 @@ class Metric:
     label: str
     unit: str  # how values are shown: ms, s, tok/s, GB
     higher_is_better: bool = False
+    # a value that moves between runs of the same code (load: 4.2-11.7 s over 12 CPU runs, 79 vs
+    # 110 s in two H200 sessions; a latency by whole-run shifts) is judged only with an interval
+    # that holds that noise; peak memory, the same from run to run, is judged on its value alone
+    needs_noise: bool = True
 
 
 METRICS: dict[str, Metric] = {m.key: m for m in (
@@ -28,7 +35,7 @@ METRICS: dict[str, Metric] = {m.key: m for m in (
     Metric("e2e_p50", "E2E p50", "s"),
     Metric("output_tok_s", "output tok/s", "tok/s", higher_is_better=True),
     Metric("load_s", "load", "s"),
-    Metric("peak_memory", "peak memory", "GB"),
+    Metric("peak_memory", "peak memory", "GB", needs_noise=False),
 )}
 ALIASES = {"ttft": "ttft_p50", "tpot": "tpot_p50", "e2e": "e2e_p50", "tok_s": "output_tok_s",
            "throughput": "output_tok_s", "tok/s": "output_tok_s", "load": "load_s", "memory": "peak_memory",
@@ -38,7 +45,9 @@ DEFAULT_MAX_REGRESSION = 0.05
 # than 5%: it gets a wider default allowance. Name it to change it: --max-regression load=10%.
 DEFAULT_THRESHOLDS = {"load_s": 0.20}
 SAMPLE_COLUMNS = {"ttft_p50": "ttft_s", "tpot_p50": "tpot_s", "e2e_p50": "e2e_s"}
-MIN_SAMPLES = 2
+# workload fields that change how much is measured, not what: a run with more repeats is the
+# same measurement with a narrower interval (how a nightly outgrows its baseline's noise)
+SAME_MEASUREMENT = ("repeats",)
 
 
 def metric_key(name: str) -> str:
@@ -89,15 +98,14 @@ def device_name(run: RunResult) -> str | None:
 def mismatches(base: RunResult, new: RunResult) -> list[str]:
     """What makes the two runs measure different things (compare refuses unless forced)."""
     out = []
-    if base.schema_version != new.schema_version:
-        out.append(f"schema version {base.schema_version} vs {new.schema_version}")
     if device_name(base) != device_name(new):
         out.append(f"device {device_name(base)!r} vs {device_name(new)!r}")
     b_model, n_model = (base.model.source if base.model else None), (new.model.source if new.model else None)
     if b_model != n_model:
         out.append(f"model {b_model!r} vs {n_model!r}")
     b_wl, n_wl = base.workload.model_dump(), new.workload.model_dump()
-    diff = [f"{k} {b_wl.get(k)!r} vs {n_wl.get(k)!r}" for k in sorted(set(b_wl) | set(n_wl)) if b_wl.get(k) != n_wl.get(k)]
+    diff = [f"{k} {b_wl.get(k)!r} vs {n_wl.get(k)!r}" for k in sorted(set(b_wl) | set(n_wl))
+            if b_wl.get(k) != n_wl.get(k) and k not in SAME_MEASUREMENT]
     if diff:
         out.append("workload " + ", ".join(diff))
     return out
@@ -132,49 +140,30 @@ def metric_value(stage: StageResult, key: str) -> float | None:
     raise KeyError(key)
 
 
-def _column(stage: StageResult, name: str) -> list[float]:
-    return [float(v) for v in getattr(stage.samples, name)] if stage.samples else []
+def noise_groups(stage: StageResult, key: str) -> tuple[list[list[float]], str]:
+    """What the bootstrap draws from: per-request values grouped by repeat for the latencies
+    (statistic: the median of the drawn requests), each repeat's windowed tok/s for throughput
+    (statistic: their mean), nothing for load and memory (one value per run)."""
+    if key in SAMPLE_COLUMNS:
+        s = stage.samples
+        return (noise.repeat_groups(getattr(s, SAMPLE_COLUMNS[key]), s.repeat) if s else []), "median"
+    if key == "output_tok_s":
+        reps = stage.metrics.output_tok_s_repeats if stage.metrics else []
+        return [[v] for v in reps if v and math.isfinite(v)], "mean"
+    return [], "mean"
 
 
-# ---- the bootstrap ------------------------------------------------------------------------------
-
-Statistic = Callable[..., object]  # (columns resampled: arrays of shape (R, n)) -> array (R,)
-
-
-def bootstrap_ratio(base: Sequence[Sequence[float]], new: Sequence[Sequence[float]], statistic: Statistic,
-                    resamples: int = 2000, confidence: float = 0.95, seed: int = 0,
-                    paired: bool = False) -> tuple[float, float, float]:
-    """Ratio statistic(new)/statistic(baseline) and its percentile interval. Each side's rows
-    (one per request or repeat; several columns resampled together) are drawn with replacement
-    `resamples` times from a seeded generator: independently for each side, or, when `paired`
-    (row i is the same request in both runs), with the same draw for both sides."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    b_cols, n_cols = [np.asarray(c, dtype=float) for c in base], [np.asarray(c, dtype=float) for c in new]
-    point = float(statistic(*(c[None, :] for c in n_cols))[0] / statistic(*(c[None, :] for c in b_cols))[0])
-    if paired and len(b_cols[0]) != len(n_cols[0]):
-        raise ValueError("paired bootstrap needs as many rows on both sides")
-    bi = rng.integers(0, len(b_cols[0]), size=(resamples, len(b_cols[0])))
-    ni = bi if paired else rng.integers(0, len(n_cols[0]), size=(resamples, len(n_cols[0])))
-    ratios = np.asarray(statistic(*(c[ni] for c in n_cols))) / np.asarray(statistic(*(c[bi] for c in b_cols)))
-    alpha = (1 - confidence) / 2 * 100
-    lo, hi = np.percentile(ratios, [alpha, 100 - alpha])
-    return point, float(lo), float(hi)
-
-
-def _median(x):
-    import numpy as np
-
-    return np.median(x, axis=1)
-
-
-def _mean(x):
-    return x.mean(axis=1)
-
-
-def _rate(tokens, seconds):
-    return tokens.sum(axis=1) / seconds.sum(axis=1)
+def fingerprint_values(history: Iterable[RunResult], stage: StageResult, key: str) -> list[float]:
+    """The metric in earlier runs whose stage has the same name, params and status ok (the runs
+    were chosen with the same device, model and workload)."""
+    out = []
+    for run in history:
+        s = run.stage(stage.name)
+        if s is not None and s.status == "ok" and s.params == stage.params:
+            value = metric_value(s, key)
+            if value is not None:
+                out.append(value)
+    return out
 
 
 # ---- verdicts -----------------------------------------------------------------------------------
@@ -190,8 +179,10 @@ class MetricDelta:
     ratio: float | None
     ci: tuple[float, float] | None
     threshold: float
-    method: str  # bootstrap-{requests-median,requests-rate,repeats-mean}-{paired,independent} | single value | no data
+    method: str  # bootstrap-repeats | bootstrap-requests | history | single value | no data
     verdict: str  # regressed | improved | unchanged | inconclusive | n/a
+    mde: float | None = None  # the smallest change in the bad direction caught 80% of the time
+    noise: str = ""  # where each side's noise came from
 
     @property
     def change(self) -> float | None:
@@ -209,52 +200,53 @@ def verdict(ratio: float | None, ci: tuple[float, float] | None, threshold: floa
     return "inconclusive" if abs(ratio - 1) > threshold else "unchanged"
 
 
-def aligned(base: StageResult, new: StageResult) -> bool:
-    """Row i is the same request in both runs: as many samples, the same repeat of each (the
-    workload, hence the prompts and their order, is checked equal before)."""
-    return bool(base.samples and new.samples and base.samples.repeat == new.samples.repeat
-                and len(base.samples.e2e_s) == len(new.samples.e2e_s))
+def _method(b: noise.SideNoise, n: noise.SideNoise) -> str:
+    if "history" in b.source:
+        return "history"
+    return "bootstrap-requests" if "request" in b.source + n.source else "bootstrap-repeats"
 
 
-def _pairs(base: list, new: list, paired: bool) -> tuple[list[float], list[float]]:
-    ok = lambda v: v is not None and math.isfinite(v)  # noqa: E731
-    if paired:
-        kept = [(b, n) for b, n in zip(base, new) if ok(b) and ok(n)]
-        return [b for b, _ in kept], [n for _, n in kept]
-    return [v for v in base if ok(v)], [v for v in new if ok(v)]
+def compare_metric(key: str, base: StageResult, new: StageResult, threshold: float, resamples: int = 2000,
+                   confidence: float = 0.95, seed: int = 0, history: Sequence[float] = ()) -> MetricDelta:
+    """`history`: the metric in earlier runs of the baseline's fingerprint (fingerprint_values)."""
+    (b_groups, statistic), (n_groups, _) = noise_groups(base, key), noise_groups(new, key)
+    return judge(key, metric_value(base, key), metric_value(new, key), b_groups, n_groups, statistic, threshold,
+                 resamples, confidence, seed, history)
 
 
-def compare_metric(key: str, base: StageResult, new: StageResult, threshold: float,
-                   resamples: int = 2000, confidence: float = 0.95, seed: int = 0, paired: bool = True) -> MetricDelta:
-    """paired=False forbids pairing requests (runs of different workloads, compared with --force)."""
+def judge(key: str, b_val: float | None, n_val: float | None, b_groups: list[list[float]], n_groups: list[list[float]],
+          statistic: str, threshold: float, resamples: int = 2000, confidence: float = 0.95, seed: int = 0,
+          history: Sequence[float] = ()) -> MetricDelta:
+    """The verdict on one metric from each side's value and its per-repeat groups (noise_groups):
+    compare_metric's core, and what scripts/calibrate-gate.py measures."""
+    import numpy as np
+
     m = METRICS[key]
-    b_val, n_val = metric_value(base, key), metric_value(new, key)
-    ratio, ci, method = None, None, "no data"
-    pair = paired and aligned(base, new)
-    how = "paired" if pair else "independent"
-    if key in SAMPLE_COLUMNS:
-        b, n = _pairs(_column(base, SAMPLE_COLUMNS[key]), _column(new, SAMPLE_COLUMNS[key]), pair)
-        if len(b) >= MIN_SAMPLES and len(n) >= MIN_SAMPLES:
-            ratio, lo, hi = bootstrap_ratio([b], [n], _median, resamples, confidence, seed, pair)
-            ci, method = (lo, hi), f"bootstrap-requests-median-{how}"
-    elif key == "output_tok_s":
-        b_rep = base.metrics.output_tok_s_repeats if base.metrics else []
-        n_rep = new.metrics.output_tok_s_repeats if new.metrics else []
-        if len(b_rep) >= MIN_SAMPLES and len(n_rep) >= MIN_SAMPLES:
-            pair_rep = paired and len(b_rep) == len(n_rep)
-            ratio, lo, hi = bootstrap_ratio([b_rep], [n_rep], _mean, resamples, confidence, seed, pair_rep)
-            ci, method = (lo, hi), f"bootstrap-repeats-mean-{'paired' if pair_rep else 'independent'}"
-        else:
-            bt, be, nt, ne = (_column(base, "output_tokens"), _column(base, "e2e_s"),
-                              _column(new, "output_tokens"), _column(new, "e2e_s"))
-            if min(len(bt), len(be), len(nt), len(ne)) >= MIN_SAMPLES and len(bt) == len(be) and len(nt) == len(ne):
-                ratio, lo, hi = bootstrap_ratio([bt, be], [nt, ne], _rate, resamples, confidence, seed, pair)
-                ci, method = (lo, hi), f"bootstrap-requests-rate-{how}"
-                b_val, n_val = sum(bt) / sum(be), sum(nt) / sum(ne)
-    if ratio is None and b_val and n_val is not None:
-        ratio, method = n_val / b_val, "single value"
-    return MetricDelta(key, m.label, m.unit, m.higher_is_better, b_val, n_val, ratio, ci, threshold, method,
-                       verdict(ratio, ci, threshold, m.higher_is_better))
+    out = MetricDelta(key, m.label, m.unit, m.higher_is_better, b_val, n_val, None, None, threshold, "no data", "n/a")
+    if not (b_val and n_val is not None and b_val > 0 and n_val >= 0):
+        return out
+    out.ratio, out.method = n_val / b_val, "single value"
+    rng = np.random.default_rng(seed)
+    b_own, n_own = (noise.side_noise(g, statistic, resamples, rng) for g in (b_groups, n_groups))
+    b_own, n_own = noise.fill_in(b_own, n_own, len(b_groups)), noise.fill_in(n_own, b_own, len(n_groups))
+    past = noise.history_noise(history)
+    b_noise, n_noise = noise.with_history(b_own, past, new_side=False), noise.with_history(n_own, past, new_side=True)
+    if b_noise and n_noise and out.ratio > 0:
+        iv = noise.combine(out.ratio, b_noise, n_noise, confidence)
+        out.ci, out.method = (iv.lo, iv.hi), _method(b_noise, n_noise)
+        out.mde = noise.min_detectable(iv, threshold, m.higher_is_better)
+        out.noise = f"baseline: {b_noise.source}; new: {n_noise.source}"
+    out.verdict = verdict(out.ratio, out.ci, threshold, m.higher_is_better)
+    # without any between-run information the interval holds the requests' scatter only, and
+    # a shift of a whole run passes for a change: report it, do not judge it
+    one_repeat_each = out.ci is not None and all("(1 repeat)" in side.source for side in (b_noise, n_noise))
+    blind = (out.ci is None and m.needs_noise) or one_repeat_each
+    if blind and out.verdict in ("regressed", "improved"):
+        out.verdict = "inconclusive"
+    if blind:
+        out.mde = None
+        out.method += " (not judged: one repeat per side)" if out.ci else " (not judged: no repeats or history to show its noise)"
+    return out
 
 
 @dataclass
@@ -268,8 +260,6 @@ class StageDelta:
 
     @property
     def regressions(self) -> list[str]:
-        if self.state == "failed in new":
-            return ["status"]
         return [d.metric for d in self.metrics if d.verdict == "regressed"]
 
     @property
@@ -278,20 +268,52 @@ class StageDelta:
 
 
 def compare_stage(base: StageResult | None, new: StageResult | None, thresholds: dict[str, float] | None = None,
-                  resamples: int = 2000, confidence: float = 0.95, seed: int = 0, paired: bool = True) -> StageDelta:
+                  resamples: int = 2000, confidence: float = 0.95, seed: int = 0,
+                  history: Sequence[RunResult] = ()) -> StageDelta:
     if base is None or new is None:
         only = new if base is None else base
         return StageDelta(only.name, "only in new" if base is None else "only in baseline",
                           None if base is None else base.status, None if new is None else new.status)
     out = StageDelta(base.name, "compared", base.status, new.status)
     if base.status != "ok" or new.status != "ok":
-        failed_now = base.status == "ok" and new.status in FAILED
-        out.state = "failed in new" if failed_now else "not ok"
+        out.state = "failed in new" if base.status == "ok" else "not ok"
         side = new if new.status != "ok" else base
         out.note = f"{'new' if side is new else 'baseline'}: {side.status}" + (f" ({side.reason})" if side.reason else "")
         return out
-    out.metrics = [compare_metric(k, base, new, threshold_for(k, thresholds), resamples, confidence, seed, paired)
-                   for k in METRICS]
+    out.metrics = [compare_metric(k, base, new, threshold_for(k, thresholds), resamples, confidence, seed,
+                                  fingerprint_values(history, base, k)) for k in METRICS]
+    return out
+
+
+# ---- completeness -------------------------------------------------------------------------------
+
+ALLOW_ALL, ALLOW_RUN = "all", "run"  # --allow-missing names besides stages
+
+
+def parse_allowed(specs: Sequence[str] | None) -> set[str]:
+    return {p.strip() for spec in specs or [] for p in spec.split(",") if p.strip()}
+
+
+def incomplete(base: RunResult, new: RunResult, allowed: set[str] = frozenset()) -> list[str]:
+    """Why the new run is not a complete comparison with the baseline: a stage the baseline
+    measured that the new run lacks or did not finish ok, a stage that crashed (error, oom,
+    timeout, interrupted: never accepted silently, even when the baseline crashed too), or a
+    run that did not complete. `skipped` on both sides is the same outcome, not a gap."""
+    every = ALLOW_ALL in allowed
+    out = []
+    if new.status != "complete" and not (every or ALLOW_RUN in allowed):
+        out.append(f"the new run is {new.status}, not complete")
+    names = [s.name for s in base.stages] + [s.name for s in new.stages if base.stage(s.name) is None]
+    for name in names:
+        b, n = base.stage(name), new.stage(name)
+        if every or name in allowed:
+            continue
+        if n is None:
+            if b.status == "ok":
+                out.append(f"{name}: missing from the new run (ok in the baseline)")
+        elif n.status != "ok" and (n.status != "skipped" or (b is not None and b.status == "ok")):
+            why = f" ({n.reason})" if n.reason else ""
+            out.append(f"{name}: {n.status} in the new run{why}" + (" (ok in the baseline)" if b and b.status == "ok" else ""))
     return out
 
 
@@ -305,6 +327,9 @@ class Comparison:
     confidence: float
     seed: int
     thresholds: dict[str, float]
+    incomplete: list[str] = field(default_factory=list)
+    allowed: list[str] = field(default_factory=list)
+    history_runs: int = 0  # earlier runs of the same device, model and workload that were consulted
 
     @property
     def regressions(self) -> list[tuple[str, str]]:
@@ -331,14 +356,18 @@ def run_summary(run: RunResult) -> dict:
 
 
 def compare_runs(base: RunResult, new: RunResult, thresholds: dict[str, float] | None = None, force: bool = False,
-                 resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> Comparison:
+                 resamples: int = 2000, confidence: float = 0.95, seed: int = 0,
+                 history: Sequence[RunResult] = (), allowed: set[str] = frozenset()) -> Comparison:
+    """`history`: earlier runs of the same device, model and workload (history.fingerprint_runs),
+    the new run not among them; `allowed`: stages (or "run", "all") whose absence is accepted."""
     if not (0.5 <= confidence < 1):
         raise UsageError(f"confidence {confidence}: out of range", "use a level between 0.5 and 0.999, e.g. 0.95")
     if resamples < 100:
         raise UsageError(f"{resamples} resamples: too few for an interval", "use at least 100 (default 2000)")
     accepted = check_comparable(base, new, force)
+    history = [r for r in history if (r.run_id, r.created_at) != (new.run_id, new.created_at)]
     names = [s.name for s in base.stages] + [s.name for s in new.stages if base.stage(s.name) is None]
-    paired = not any(m.startswith("workload") for m in accepted)  # same prompts in the same order
-    stages = [compare_stage(base.stage(n), new.stage(n), thresholds, resamples, confidence, seed, paired) for n in names]
+    stages = [compare_stage(base.stage(n), new.stage(n), thresholds, resamples, confidence, seed, history) for n in names]
     effective = {k: threshold_for(k, thresholds) for k in METRICS}
-    return Comparison(run_summary(base), run_summary(new), stages, accepted, resamples, confidence, seed, effective)
+    return Comparison(run_summary(base), run_summary(new), stages, accepted, resamples, confidence, seed, effective,
+                      incomplete(base, new, allowed), sorted(allowed), len(history))

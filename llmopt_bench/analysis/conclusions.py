@@ -3,7 +3,6 @@ stages judged), so that a report says nothing its run.json does not support."""
 
 from __future__ import annotations
 
-from typing import Any
 
 from llmopt_bench.analysis.selectors import GB, baseline, comparable_stages, ok_stages, p50_of, ratio
 from llmopt_bench.fmt import num, pct, times
@@ -11,33 +10,11 @@ from llmopt_bench.results import RunResult
 from llmopt_bench.stage import Claim
 
 
-def roofline_sentence(r: Any) -> str:
-    where = f"{r.phase.capitalize()} in {r.stage} is {r.bound}"
-    if r.bound == "memory-bound":
-        return f"{where} at {pct(r.achieved)} of the memory floor ({num(r.floor_s * 1e3)} ms floor vs {num(r.measured_s * 1e3)} ms measured)."
-    if r.bound == "compute-bound":
-        return f"{where}: the FLOPs at the matmul ceiling take {pct(r.compute_fraction)} of the measured {num(r.measured_s * 1e3)} ms."
-    return (f"{where}: it runs at {pct(r.achieved)} of the memory floor and {pct(r.compute_fraction)} of the compute "
-            f"ceiling ({r.roof} roof), so most of its {num(r.measured_s * 1e3)} ms is neither bytes nor FLOPs.")
-
-
-def prefill_sentences(rows: list[Any]) -> list[str]:
-    """Prefill rows grouped by bound, one sentence per bound."""
-    out = []
-    for bound in ("compute-bound", "memory-bound", "overhead-bound"):
-        group = [r for r in rows if r.bound == bound]
-        if group:
-            fr = [r.compute_fraction for r in group if r.compute_fraction is not None]
-            span = f"{pct(min(fr))} to {pct(max(fr))}" if fr and min(fr) != max(fr) else pct(fr[0]) if fr else "-"
-            out.append(f"Prefill is {bound} in {', '.join(r.stage for r in group)}: TTFT p50 spends {span} of its time "
-                       "on FLOPs at the matmul ceiling.")
-    return out
-
-
 def conclusions(run: RunResult, claims: list[Claim]) -> list[str]:
     """Sentences computed from the numbers: fastest decode, best throughput, smallest weights, the
     roofline's verdicts, quality regressions, noisy repeats, stages that stopped, the claims' tally."""
     from llmopt_bench.analysis.roofline import roofline
+    from llmopt_bench.analysis.roofline_text import prefill_sentences, roofline_sentence
 
     out: list[str] = []
     every, ok, base = ok_stages(run), comparable_stages(run), baseline(run)

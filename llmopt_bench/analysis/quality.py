@@ -26,6 +26,39 @@ NO_REFERENCE = ("no quality reference in this run: run the stage that provides i
                 "with the same --output, for agreement and KL")
 
 
+class ReferenceRefused(Exception):
+    """The reference file is not plain data (see load_reference)."""
+
+
+def load_reference(path: Path) -> dict[str, Any]:
+    """The FP16 reference file, read as data only: torch.load with weights_only=True unpickles
+    tensors, lists, dicts and numbers, never code, so a run directory from someone else cannot
+    run anything here. Raises ReferenceRefused when the file holds anything else."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as e:  # what weights_only raises for anything but plain data
+        lines = [line.strip() for line in str(e).splitlines()]
+        why = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("WeightsUnpickler error:")),
+                   lines[0] if lines else type(e).__name__)
+        raise ReferenceRefused(f"refused to load the FP16 reference {path}: it holds more than tensors and plain "
+                               f"data ({why.split('. ')[0][:160]}); agreement not measured") from e
+
+
+def reference_agreement(path: Path, measure: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+    """Agreement with the reference at path, or the note that says why there is none."""
+    if not path.is_file():
+        return {"agreement_note": NO_REFERENCE}
+    try:
+        ref = load_reference(path)
+    except ReferenceRefused as e:
+        return {"agreement_note": str(e)}
+    return measure(ref)
+
+
 def corpus(lang: str) -> str:
     return resources.files("llmopt_bench.data").joinpath(CORPORA[lang]).read_text(encoding="utf-8")
 
@@ -150,8 +183,8 @@ def evaluate(model: Any, encode: Callable[[str], list[int]], requests: list[Any]
         torch.save(ref, reference_file)
         out.update(agreement(model, ref))
         return out
-    if reference_file is None or not reference_file.is_file():
+    if reference_file is None:
         out["agreement_note"] = NO_REFERENCE
         return out
-    out.update(agreement(model, torch.load(reference_file, weights_only=False)))
+    out.update(reference_agreement(reference_file, lambda ref: agreement(model, ref)))
     return out

@@ -1,22 +1,38 @@
 """The roofline next to the measurement: how close each stage's decode (and prefill) runs to
-what the hardware allows, from run.json alone.
+what the hardware was measured to do, from run.json alone.
+
+Both ceilings are measured by the probe, not taken from a datasheet: the memory ceiling is a
+device-to-device copy's bandwidth, the compute ceiling a large dense matmul's FLOP/s in the
+dtype the stage's matmuls run in (env["ceilings"]["matmul_flops_by_dtype"]: fp16, bf16, fp32,
+FP8 on Hopper/Ada, INT8). A measured ceiling is not a law: a kernel can beat a copy loop, so
+`achieved` above 1.0 is possible and says the copy understates the hardware.
 
 Decode, one engine step (every running sequence gets one token):
 
     bytes  = weights at their stored (quantized) size + KV cache read at the current context
     KV     = 2 x layers x kv_heads x head_dim x kv dtype bytes x context x batch,
              context = mean prompt tokens + output tokens / 2 (the middle of the generation)
-    floor  = bytes / measured memory bandwidth        (the step cannot be faster than this)
-    achieved = floor / measured TPOT p50              (1.0 = at the memory roof)
+    memory time = bytes / measured copy bandwidth    (the step at the measured memory ceiling)
+    achieved = memory time / measured TPOT p50       (1.0 = at the measured memory ceiling)
     FLOPs  = batch x (2 x params + 4 x layers x heads x head_dim x context)
-    compute time = FLOPs / measured matmul FLOP/s;  compute fraction = compute time / TPOT p50
+    compute time = FLOPs / the measured matmul FLOP/s of the stage's compute dtype;
+    compute fraction = compute time / TPOT p50
+
+KV bytes count the KV heads (fewer than the query heads under GQA); attention FLOPs count the
+query heads (every query head attends over the context, sharing the KV heads' cache).
+
+Compute dtype (compute_dtype): quantization "fp8" -> fp8 (W8A8); bitsandbytes LLM.int8 layers ->
+int8 (its int8 x int8 matmuls; the outlier columns in 16 bits are not counted); AWQ W4A16 and
+bitsandbytes NF4 dequantize to the stage's dtype and multiply there; otherwise the stage's dtype.
+A ceiling the probe did not measure (FP8 before Ada, runs recorded before per-dtype ceilings)
+falls back to the stage's dtype, else the headline fp16 figure, and the row says so.
 
 Prefill (the whole prompt at once, timed by TTFT p50): FLOPs = batch x (2 x params x prompt
 + 2 x layers x heads x head_dim x prompt^2), bytes = weights + the KV cache written.
 
 Bound: which roof explains at least half of the measured time.
     compute-bound   compute fraction >= 0.5 and >= achieved (large batches, prefill)
-    memory-bound    achieved >= 0.5: at least half the memory floor's speed (decode done well)
+    memory-bound    achieved >= 0.5: at least half the speed of the measured memory ceiling
     overhead-bound  both < 0.5: neither the bytes nor the FLOPs explain the time; it goes to
                     kernel launches, Python, synchronisation, scheduling. `roof` says which roof
                     the step sits under (memory when its arithmetic intensity is below the ridge
@@ -49,13 +65,22 @@ class RooflineRow:
     flops_per_step: float
     intensity: float  # FLOPs per byte
     ridge: float | None  # FLOPs per byte where the compute roof meets the memory roof
-    floor_s: float  # memory floor for the step
-    compute_s: float | None  # the FLOPs at the measured matmul ceiling
+    memory_s: float  # the step's bytes at the measured copy bandwidth (the measured memory ceiling)
+    compute_s: float | None  # the FLOPs at the measured matmul ceiling of ceiling_dtype
     measured_s: float
-    achieved: float  # floor / measured
+    achieved: float  # memory_s / measured: the fraction of the measured memory ceiling reached
     compute_fraction: float | None
     bound: str
     roof: str  # "memory" (intensity below the ridge) or "compute": the ceiling that applies
+    compute_dtype: str | None = None  # what the stage's matmuls run in
+    compute_dtype_why: str = ""  # how that was read from the stage's load.implementation
+    ceiling_dtype: str | None = None  # whose measured matmul ceiling compute_s uses
+    ceiling_note: str = ""  # why ceiling_dtype stands in for compute_dtype ("" when they match)
+
+    @property
+    def floor_s(self) -> float:
+        """The old name of memory_s (a measured ceiling, not a floor nothing can beat)."""
+        return self.memory_s
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,8 +102,12 @@ def decode_context(prompt_tokens_mean: float, output_tokens_mean: float) -> floa
     return prompt_tokens_mean + output_tokens_mean / 2
 
 
-def memory_floor_s(bytes_per_step: float, bandwidth_bytes_s: float) -> float:
+def memory_time_s(bytes_per_step: float, bandwidth_bytes_s: float) -> float:
+    """The step's bytes at the measured copy bandwidth."""
     return bytes_per_step / bandwidth_bytes_s
+
+
+memory_floor_s = memory_time_s  # the old name
 
 
 def decode_flops(num_params: float, layers: int, attn_dim: int, context: float, batch: int = 1) -> float:
@@ -104,19 +133,68 @@ def roof_of(intensity: float, ridge: float | None) -> str:
 
 
 def make_row(stage: str, phase: str, batch: int, context: float, weight_bytes: float, weight_source: str,
-             kv_bytes: float, flops: float, measured_s: float, bandwidth: float, matmul_flops: float | None) -> RooflineRow:
+             kv_bytes: float, flops: float, measured_s: float, bandwidth: float, matmul_flops: float | None,
+             compute_dtype: str | None = None, compute_dtype_why: str = "", ceiling_dtype: str | None = None,
+             ceiling_note: str = "") -> RooflineRow:
     total = weight_bytes + kv_bytes
-    floor = memory_floor_s(total, bandwidth)
+    memory = memory_time_s(total, bandwidth)
     compute_s = flops / matmul_flops if matmul_flops else None
     ridge = matmul_flops / bandwidth if matmul_flops else None
     intensity = flops / total if total else 0.0
-    achieved = floor / measured_s
+    achieved = memory / measured_s
     frac = compute_s / measured_s if compute_s is not None else None
     return RooflineRow(stage=stage, phase=phase, batch=batch, context_tokens=context, weight_bytes=weight_bytes,
                        weight_source=weight_source, kv_bytes=kv_bytes, bytes_per_step=total, flops_per_step=flops,
-                       intensity=intensity, ridge=ridge, floor_s=floor, compute_s=compute_s, measured_s=measured_s,
+                       intensity=intensity, ridge=ridge, memory_s=memory, compute_s=compute_s, measured_s=measured_s,
                        achieved=achieved, compute_fraction=frac, bound=classify(achieved, frac),
-                       roof=roof_of(intensity, ridge))
+                       roof=roof_of(intensity, ridge), compute_dtype=compute_dtype, compute_dtype_why=compute_dtype_why,
+                       ceiling_dtype=ceiling_dtype, ceiling_note=ceiling_note)
+
+
+# --- the compute dtype and its ceiling -------------------------------------------------------
+
+CANONICAL_DTYPES = {"float16": "float16", "fp16": "float16", "half": "float16", "bfloat16": "bfloat16",
+                    "bf16": "bfloat16", "float32": "float32", "fp32": "float32", "float": "float32"}
+
+
+def canonical_dtype(name: str | None) -> str | None:
+    return CANONICAL_DTYPES.get(str(name).lower().replace("torch.", "")) if name else None
+
+
+def compute_dtype(stage: Any, model: Any) -> tuple[str | None, str]:
+    """The dtype the stage's matmuls run in, from what load() recorded, and why."""
+    impl = (stage.load.implementation if stage.load else {}) or {}
+    quant = str(impl.get("quantization") or "").lower()
+    layers = " ".join(impl.get("linear_layers") or {})
+    base = canonical_dtype(stage_dtype(stage, model))
+    if quant == "fp8" or quant.startswith("fp8"):
+        return "fp8", "quantization fp8: FP8 weights and activations (W8A8)"
+    if "Linear8bitLt" in layers:
+        return "int8", "bitsandbytes LLM.int8: int8 x int8 matmuls (outlier columns in 16 bits, not counted)"
+    if impl.get("w4a16") or impl.get("awq") or quant.startswith(("awq", "gptq")):
+        return base, f"W4A16: 4-bit weights dequantized, matmuls in {base}"
+    if "Linear4bit" in layers:
+        return base, f"bitsandbytes NF4: 4-bit weights dequantized, matmuls in {base}"
+    return base, "the stage's dtype"
+
+
+def matmul_ceiling(env: dict[str, Any], want: str | None) -> tuple[float | None, str | None, str]:
+    """(FLOP/s, the dtype it was measured in, why that dtype stands in when it is not `want`)."""
+    c = (env or {}).get("ceilings") or {}
+    headline, head_dtype = c.get("matmul_flops"), c.get("matmul_dtype") or "float16"
+    by_dtype = c.get("matmul_flops_by_dtype")
+    if by_dtype is None:  # runs recorded before per-dtype ceilings
+        if want in (None, head_dtype):
+            return headline, head_dtype, ""
+        return headline, head_dtype, f"this run measured only the {head_dtype} matmul (recorded before per-dtype ceilings)"
+    if want in by_dtype:
+        return by_dtype[want], want, ""
+    why = f"no {want} ceiling measured" + (f" ({c['matmul_not_measured'][want]})" if want in (c.get("matmul_not_measured") or {}) else "") \
+        if want else "the stage's compute dtype is unknown"
+    for alt in dict.fromkeys((canonical_dtype(want) if want else None, head_dtype)):
+        if alt in by_dtype:
+            return by_dtype[alt], alt, why
+    return headline, head_dtype, why
 
 
 # --- reading a RunResult ---------------------------------------------------------------------
@@ -152,19 +230,24 @@ def kv_dtype_bytes(stage: Any, model: Any) -> float:
 
 
 def ceilings(env: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(copy bandwidth, headline matmul FLOP/s): the chart's roof."""
     c = (env or {}).get("ceilings") or {}
     return c.get("mem_bandwidth_bytes_s"), c.get("matmul_flops")
 
 
 def stage_rows(stage: Any, run: Any) -> list[RooflineRow]:
     """Decode and prefill rows for one ok stage; [] when the inputs are missing."""
-    bandwidth, matmul = ceilings(run.env)
+    bandwidth, _ = ceilings(run.env)
     m, model = stage.metrics, run.model
     if stage.status != "ok" or not m or not m.requests or not bandwidth or model is None:
         return []
     weights, source = stage_weight_bytes(stage, model)
     if weights is None:
         return []
+    want, why = compute_dtype(stage, model)
+    matmul, used, note = matmul_ceiling(run.env, want)
+    dtypes = {"compute_dtype": want, "compute_dtype_why": why, "ceiling_dtype": used, "ceiling_note": note}
+    # KV bytes: the KV heads (GQA shares each among several query heads); FLOPs: the query heads
     layers, kv_heads, head_dim = model.num_layers or 0, model.num_kv_heads or model.num_heads or 0, model.head_dim or 0
     attn_dim = (model.num_heads or 0) * head_dim
     params = model.num_params or 0
@@ -176,12 +259,12 @@ def stage_rows(stage: Any, run: Any) -> list[RooflineRow]:
         ctx = decode_context(prompt, output)
         rows.append(make_row(stage.name, "decode", batch, ctx, weights, source,
                              kv_cache_bytes(layers, kv_heads, head_dim, kvb, ctx, batch),
-                             decode_flops(params, layers, attn_dim, ctx, batch), m.tpot_s.p50, bandwidth, matmul))
+                             decode_flops(params, layers, attn_dim, ctx, batch), m.tpot_s.p50, bandwidth, matmul, **dtypes))
     if m.ttft_s and m.ttft_s.p50 > 0:
         pb = stage_batch(stage, run.workload, decode=False)
         rows.append(make_row(stage.name, "prefill", pb, prompt, weights, source,
                              kv_cache_bytes(layers, kv_heads, head_dim, kvb, prompt, pb),
-                             prefill_flops(params, layers, attn_dim, prompt, pb), m.ttft_s.p50, bandwidth, matmul))
+                             prefill_flops(params, layers, attn_dim, prompt, pb), m.ttft_s.p50, bandwidth, matmul, **dtypes))
     return rows
 
 

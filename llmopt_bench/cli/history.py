@@ -1,5 +1,6 @@
-"""`llmopt history add RUN_DIR...` and `llmopt history show`: a metric's trend per stage across
-runs kept in a SQLite file, with the runs where it changed beyond the threshold marked."""
+"""`llmopt history add RUN_DIR...`, `llmopt history show` (a metric's trend per stage across runs
+kept in a SQLite file, the runs where it changed beyond the threshold marked) and `llmopt
+history check` (sustained shifts: E-divisive means; exit 5 on a regression still in effect)."""
 
 from __future__ import annotations
 
@@ -11,17 +12,18 @@ import typer
 
 from llmopt_bench.cli.app import app
 
-history_app = typer.Typer(help="Keep runs in a SQLite history and show a metric's trend per stage.",
+history_app = typer.Typer(help="Keep runs in a SQLite history, show a metric's trend per stage, find sustained shifts.",
                           no_args_is_help=True)
 app.add_typer(history_app, name="history")
 
-DB_HELP = "History database. [default: results/history.sqlite, or $LLMOPT_HISTORY_DB]"
+DB_HELP = "History database. [default: $LLMOPT_HISTORY_DB, else history.sqlite in $LLMOPT_CACHE or ~/.cache/llmopt]"
+DEFAULT_CHECKED = ["tpot_p50", "ttft_p50", "output_tok_s"]
 
 
 def _db(db: Optional[Path]) -> Path:
-    from llmopt_bench.history import DEFAULT_DB
+    from llmopt_bench.history import default_db
 
-    return db or DEFAULT_DB
+    return db or default_db()
 
 
 @history_app.command("add")
@@ -88,3 +90,54 @@ def _table(points, key: str) -> None:
         table.add_row(p.stage, p.run_id, p.created_at, (p.commit or "-")[:12], p.status, value, pct(p.change), ci,
                       verdict, p.method)
     Console(width=max(160, Console().width)).print(table)
+
+
+@history_app.command("check")
+def check_cmd(
+    metric: Optional[List[str]] = typer.Option(None, "--metric", "-m", help="Metrics to check (repeat). [default: tpot_p50, ttft_p50, output_tok_s]"),
+    stage: Optional[str] = typer.Option(None, "--stage", "-s", help="Only this stage. [default: every stage]"),
+    since: Optional[str] = typer.Option(None, "--since", help="Only runs from this run_id on: after an intended change, the first run of the new level."),
+    window: int = typer.Option(60, "--window", min=6, help="The latest N ok runs of each stage are analysed."),
+    significance: float = typer.Option(0.01, "--significance", min=0.0001, max=0.5, help="Permutation-test level a change point must reach."),
+    permutations: int = typer.Option(499, "--permutations", min=99, help="Permutations per test."),
+    min_runs: int = typer.Option(3, "--min-runs", min=2, help="A shift must last this many runs on each side (one noisy night is not a shift)."),
+    max_regression: Optional[List[str]] = typer.Option(None, "--max-regression", help="A shift smaller than this is not a regression, as in `llmopt compare` (5%, tpot=3%). Default: 5%, load 20%."),
+    as_json: bool = typer.Option(False, "--json", help="Print the shifts as JSON."),
+    db: Optional[Path] = typer.Option(None, "--db", envvar="LLMOPT_HISTORY_DB", help=DB_HELP),
+) -> None:
+    """Find sustained shifts in each stage's series (E-divisive means with a permutation test) and
+    name each one's first run; exit 5 when a regression shift is still in effect."""
+    import json
+    from dataclasses import asdict
+
+    from llmopt_bench.analysis.compare import parse_thresholds
+    from llmopt_bench.errors import ExitCode, LlmoptError
+    from llmopt_bench.history import check
+
+    shifts, series = check(_db(db), metric or DEFAULT_CHECKED, stage, parse_thresholds(max_regression), since=since,
+                           window=window, significance=significance, permutations=permutations, min_size=min_runs)
+    if as_json:
+        typer.echo(json.dumps({"shifts": [{**asdict(s), "fails": s.fails} for s in shifts],
+                               "series": [{"stage": a, "metric": b, "runs": n} for a, b, n in series]}, indent=1))
+    else:
+        _check_table(shifts, series, min_runs)
+    failing = [s for s in shifts if s.fails]
+    if failing:
+        what = "; ".join(f"{s.stage} {s.metric} {s.change * 100:+.1f}% from run {s.run_id}" for s in failing)
+        raise LlmoptError(f"{len(failing)} sustained regression(s): {what}",
+                          f"if the change is intended, check from the new level on: llmopt history check --since {failing[0].run_id}",
+                          code=ExitCode.REGRESSION)
+
+
+def _check_table(shifts, series, min_runs: int) -> None:
+    from llmopt_bench.cli.compare import pct
+
+    for name, key, n in series:
+        found = [s for s in shifts if (s.stage, s.metric) == (name, key)]
+        note = "" if n >= 2 * min_runs else f" (too few: a shift needs {min_runs} runs on each side)"
+        print(f"{name} {key}: {n} runs, {len(found) or 'no'} change point(s){note}")
+        for s in found:
+            state = ("REGRESSION, still in effect" if s.fails else s.direction + ("" if s.in_effect or s.direction != "regression"
+                                                                                  else ", no longer in effect"))
+            print(f"  from run {s.run_id} ({s.created_at}, commit {(s.commit or '?')[:12]}): {pct(s.change)} "
+                  f"({s.runs_before} runs before, {s.runs_after} after; p={s.p_value:.3f}): {state}")

@@ -117,39 +117,60 @@ def generate_batch(model: Any, pad_id: int, requests: Sequence[Request], max_new
             for r in requests]
 
 
-def clock_call_s(calls: int = 20000) -> float:
-    """What one TokenClock.put costs on this host: the per-token clock's own work, free of
-    the generation's noise (a bound on its overhead, whatever the device)."""
+OVERHEAD_MIN_PAIRS, OVERHEAD_MAX_PAIRS = 10, 40  # 10 pairs: the median's interval drops the extreme pair each side
+OVERHEAD_BUDGET_S = 20.0  # seconds the pairs may take in all, once the minimum of pairs is met
+
+
+def streamer_step_costs(device: str, batch: int = 1, calls: int = 2000, rounds: int = 7,
+                        round_s: float = 0.05) -> list[float]:
+    """What the per-token clock adds to one decode step, timed apart from any generation: what
+    generate() does only for a streamer (copy the step's tokens to the host) and TokenClock.put.
+    One figure per round (up to `calls` steps or round_s seconds), so the bound comes with its spread."""
     import time
 
+    import torch
+
+    tokens = torch.zeros(batch, dtype=torch.long, device=device)
     clock = TokenClock()
-    clock.put(None)  # the prompt
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        clock.put(None)
-    return (time.perf_counter() - t0) / calls
+    clock.put(tokens.cpu())  # the prompt
+    out = []
+    for _ in range(rounds):
+        clock.times.clear()
+        done, t0 = 0, time.perf_counter()
+        while done < calls and (done == 0 or time.perf_counter() - t0 < round_s):
+            clock.put(tokens.cpu())
+            done += 1
+        out.append((time.perf_counter() - t0) / done)
+    return out
 
 
 def instrumentation_overhead(model: Any, pad_id: int, request: Request, max_new_tokens: int, device: str,
-                             pairs: int = 3) -> dict[str, Any]:
-    """Decode time per token with and without the per-token clock. The two run in interleaved
-    pairs (alternating which goes first) so that drift on a noisy host hits both alike; the
-    overhead is the median of the pairs' ratios and its range shows the noise. clock_call_pct
-    is the clock's own cost per token, measured apart: the overhead cannot truly exceed it."""
+                             pairs: int | None = None, budget_s: float = OVERHEAD_BUDGET_S) -> dict[str, Any]:
+    """Decode time per token with and without the per-token clock, in interleaved pairs
+    (alternating which goes first) so that drift on a noisy host hits both alike, plus the
+    clock's own work timed apart; analysis/overhead.py turns them into an interval and a verdict.
+    pairs=None: as many pairs as budget_s allows after the first, between 10 and 40."""
+    from llmopt_bench.analysis import overhead
+
     def per_token(streamer: bool) -> float:
         s = generate_batch(model, pad_id, [request], max_new_tokens, device, streamer=streamer)[0]
         return (s.t_done - s.t_submit) / max(1, s.output_tokens)
 
     without, with_clock = [], []
-    for i in range(pairs):
+
+    def pair(i: int) -> None:
         for streamer in ((False, True) if i % 2 == 0 else (True, False)):
             (with_clock if streamer else without).append(per_token(streamer))
-    ratios = sorted(100.0 * (w / wo - 1.0) for w, wo in zip(with_clock, without))
-    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-    call = clock_call_s()
-    return {"per_token_s_without": median(without), "per_token_s_with": median(with_clock),
-            "overhead_pct": median(ratios), "overhead_pct_range": [ratios[0], ratios[-1]], "pairs": pairs,
-            "clock_call_s": call, "clock_call_pct": 100.0 * call / median(without)}
+
+    t0 = now()
+    pair(0)
+    if pairs is None:  # sized by the first pair's time, never by its outcome
+        pairs = min(OVERHEAD_MAX_PAIRS, max(OVERHEAD_MIN_PAIRS, int(budget_s / max(now() - t0, 1e-9))))
+    for i in range(1, pairs):
+        pair(i)
+    out = overhead.summarize(without, with_clock, streamer_step_costs(device, batch=1))
+    out["tokens"] = max_new_tokens
+    return out
 
 
 def run_sequential(gen: Callable[[Sequence[Request], int, int], list[RequestSample]], requests: Sequence[Request],

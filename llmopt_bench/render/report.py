@@ -30,8 +30,9 @@ def environment(run: RunResult) -> list[str]:
              f"llmopt {run.llmopt_version} ({env.get('llmopt_commit') or '-'}), python {env.get('python', '-')}",
              "- versions: " + (", ".join(f"{k} {v}" for k, v in (env.get("versions") or {}).items()) or "-")]
     if c:
-        lines.append(f"- measured ceilings: memory bandwidth {num((c.get('mem_bandwidth_bytes_s') or 0) / 1e9)} GB/s, "
-                     f"matmul {num((c.get('matmul_flops') or 0) / 1e12)} TFLOP/s ({c.get('matmul_dtype', '?')}); {c.get('method', '')}")
+        from llmopt_bench.analysis.roofline_text import ceilings_line
+
+        lines.append(f"- {ceilings_line(env)}")
     if m:
         lines.append(f"- model: {m.source} ({m.architecture or '?'}, {num((m.num_params or 0) / 1e6)} M params, "
                      f"{m.num_layers} layers, {m.num_heads} heads / {m.num_kv_heads} KV heads x {m.head_dim}, "
@@ -112,16 +113,14 @@ def deploy_section(run: RunResult) -> list[str]:
 
 def roofline_section(run: RunResult) -> list[str]:
     from llmopt_bench.analysis.roofline import roofline
+    from llmopt_bench.analysis.roofline_text import TABLE_HEADERS, table_cells
 
-    rows = [(r.stage, r.phase, r.batch, r.context_tokens, f"{num(r.weight_bytes / GB)} ({r.weight_source})",
-             r.kv_bytes / GB, r.floor_s * 1e3, None if r.compute_s is None else r.compute_s * 1e3, r.measured_s * 1e3,
-             pct(r.achieved), pct(r.compute_fraction), r.intensity, r.ridge, r.bound) for r in roofline(run)]
+    rows = [table_cells(r) for r in roofline(run)]
     if not rows:
         return ["No roofline: it needs ok stages, the model's shape and the measured bandwidth in run.json."]
-    return table(("stage", "phase", "batch", "context tokens", "weights GB", "KV GB", "memory floor ms",
-                  "compute time ms", "measured ms", "of memory floor", "of compute ceiling", "FLOP/byte",
-                  "ridge FLOP/byte", "bound"), rows) + \
-        ["", "Decode is timed by TPOT p50 (one step), prefill by TTFT p50. Method and bound definitions: docs/report.md."]
+    return table(TABLE_HEADERS, rows) + \
+        ["", "Decode is timed by TPOT p50 (one step), prefill by TTFT p50; the memory time is the step's bytes at the "
+         "measured copy bandwidth (a measured ceiling, not a hard floor). Method and bound definitions: docs/report.md."]
 
 
 def tensor_parallel(run: RunResult) -> list[str]:

@@ -2,20 +2,31 @@
 of prefill (TTFT) and decode (TPOT) per implementation and context, speedups against a
 baseline implementation with the spread the repeats allow, and the story's FlashAttention
 claims. flash-attn runs it on transformers' attention implementations, vllm-attn on vLLM's
-attention backends (docs/flash-attn.md). The typed record both keep in their extra is here."""
+attention backends (docs/flash-attn.md). The params both share and the typed record both keep
+in their extra are here; the loop that measures is context_sweep_run.py."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import ConfigDict, Field
 
 from llmopt_bench.distribution import Distribution
-from llmopt_bench.stage import StrictModel
+from llmopt_bench.stage import StageSkipped, StrictModel
 
 CLAIMS = [("2x at 2K", 2048, 2.0), ("4x at 8K", 8192, 4.0)]
 CPU_CAP_NOTE = ("context {c} capped to {cap} on CPU (cpu_max_context={cap}): eager attention at long context "
                 "takes minutes on a few cores; raise cpu_max_context to measure {c}")
+
+
+class ContextSweepParams(StrictModel):
+    """The sweep's own params; each stage adds its engine's (and which variants to open)."""
+
+    contexts: list[int] = Field(default_factory=lambda: [512, 2048, 8192], min_length=1)
+    decode_tokens: int = Field(32, ge=1)
+    repeats: int = Field(3, ge=1)
+    warmup: int = Field(1, ge=0, description="untimed generations before each (impl, context, batch) cell")
+    cpu_max_context: int | None = Field(1024, ge=1, description="on CPU, contexts above this are measured at this length instead, with a note; None: no cap")
 
 
 class SweepRow(StrictModel):
@@ -28,7 +39,7 @@ class SweepRow(StrictModel):
     peak_bytes: int | None = None
     status: str
     reason: str | None = None
-    energy: dict[str, Any] | None = None  # J per output token over this cell's timed generations
+    energy: dict[str, Any] | None = None  # the cell's timed window (TimedMeter.record): joules per output token, where counted
 
 
 class SweepSpeedup(StrictModel):
@@ -84,6 +95,23 @@ def plan_contexts(contexts: list[int], max_positions: int | None, device: str, c
         else:
             keep.add(c)
     return sorted(keep), notes
+
+
+Fit = Callable[[list[int]], tuple[list[int], list[str]]]
+
+
+def sweep_contexts(params: ContextSweepParams, max_positions: int | None, device: str,
+                   fit: Fit | None = None) -> tuple[list[int], list[str]]:
+    """plan_contexts, then the engine's own fit (vLLM: prompt and new tokens within the
+    model's positions); with no context left the stage is skipped."""
+    contexts, notes = plan_contexts(params.contexts, max_positions, device, params.cpu_max_context)
+    if fit is not None:
+        contexts, more = fit(contexts)
+        notes += more
+    if not contexts:
+        raise StageSkipped("no context length left to measure: " + "; ".join(notes),
+                           "pass contexts within the model's max_position_embeddings (and cpu_max_context on CPU)")
+    return contexts, notes
 
 
 def _row(rows: list[dict], impl: str, context: int, batch: int) -> dict | None:

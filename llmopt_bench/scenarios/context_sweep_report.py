@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmopt_bench.analysis.claims import HELD_FRACTION
-from llmopt_bench.fmt import gb, ms, spread, times
+from llmopt_bench.fmt import gb, ms, num, spread, times
 from llmopt_bench.scenarios.context_sweep import ContextSweepExtra, SweepSpeedup
 from llmopt_bench.stage import Block, Claim
 
@@ -14,9 +14,13 @@ from llmopt_bench.stage import Block, Claim
 def sweep_blocks(x: ContextSweepExtra) -> list[Block]:
     out = []
     if x.sweep:
-        out.append(Block(headers=["impl", "effective impl", "context", "batch", "TTFT p50 ms", "TPOT p50 ms", "peak GB", "status"],
+        # J per output token only where a row has it (a GPU with an energy counter)
+        energy = any(r.energy for r in x.sweep)
+        out.append(Block(headers=["impl", "effective impl", "context", "batch", "TTFT p50 ms", "TPOT p50 ms", "peak GB",
+                                  *(["J/token"] if energy else []), "status"],
                          rows=[[r.impl, r.effective_impl, r.context, r.batch, ms(r.ttft_s.p50) if r.ttft_s else None,
                                 ms(r.tpot_s.p50) if r.tpot_s else None, gb(r.peak_bytes),
+                                *([num((r.energy or {}).get("joules_per_output_token"))] if energy else []),
                                 r.status if r.status == "ok" else f"{r.status}: {r.reason or ''}"] for r in x.sweep]))
     if x.speedups:
         out.append(Block(text=f"Speedups against {x.baseline or 'the first implementation'} (p50 over p50; spread: "

@@ -185,7 +185,7 @@ class ServingRun:
             self.throughput()
         main = self.main_key(capacity.capacity_rps if capacity else None)
         if main is not None and self.ctx.meter is not None:
-            self.ctx.meter.alias(main)
+            self.ctx.meter.copy(main)
         errors: dict[str, int] = {}
         for r in self.rows:
             for kind, n in r.errors.items():

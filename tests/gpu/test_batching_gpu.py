@@ -69,3 +69,21 @@ def test_engine_memory_freed_before_transformers(stage):
     life = stage["extra"]["lifecycle"]
     assert life["freed"] is True
     assert life["after_shutdown"]["free_bytes"] > life["with_engine"]["free_bytes"]
+
+
+def test_energy_per_point_and_the_headline_is_the_main_point(stage):
+    """Every point's serving is a timed window of the NVML energy counter: joules per output
+    token at each concurrency, and the stage's headline energy is the main point's (16)."""
+    extra = stage["extra"]
+    rows = extra["curve"] + [extra["throughput_point"]["continuous"], extra["throughput_point"]["static"]]
+    for r in rows:
+        if r["oom"]:
+            assert "energy" not in r, r  # its window never closed
+            continue
+        e, new = r["energy"], r.get("output_len") or extra["sweep"]["output_len"]
+        assert r["failed"] == 0 and e["output_tokens"] == r["completed"] * new and e["joules"] > 0, r
+        assert e["joules_per_output_token"] == pytest.approx(e["joules"] / e["output_tokens"])
+    main = next(r for r in extra["curve"] if r["mode"] == "continuous" and r["concurrency"] == 16)
+    assert stage["energy"]["scope"] == "timed windows"
+    assert stage["energy"]["joules"] == main["energy"]["joules"]
+    assert stage["energy"]["output_tokens"] == main["energy"]["output_tokens"]

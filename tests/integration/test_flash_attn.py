@@ -2,8 +2,7 @@
 SDPA-flash at 128 and 512 tokens, each kernel verified by the profiler, outputs agreeing to
 rounding; SDPA-efficient forced where it cannot run fails loudly as a row, flash_attention_2 is
 skipped with its fix, contexts over the CPU cap are measured at the cap and those over the model's positions dropped,
-with a note.
-The pure helpers (speedups, claims, kernel names, context plan) are checked on made-up rows."""
+with a note. The pure helpers and the sweep's loop on its own: tests/unit/test_context_sweep*.py."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from testkit import read_run, run_cli
-from llmopt_bench.stages import flash_attn as FA
 
 MEASURED = ["eager", "sdpa-math", "sdpa-flash"]
 CONTEXTS = [128, 512]
@@ -62,6 +60,12 @@ def test_sweep_measures_each_kernel_at_each_context(run):
                 d = r[key]
                 assert d["n"] == 2 and 0 < d["min"] <= d["p50"] <= d["max"], (impl, key, d)
             assert r["peak_bytes"] is None  # CPU: no allocator peak, said in the notes
+            assert "energy" not in r  # no energy counter on this host: no joules per token to show
+
+
+def test_extra_holds_what_flash_attn_records(run):
+    assert set(run["extra"]) == {"sweep", "speedups", "claims", "agreement", "kernels", "baseline"}
+    assert run["extra"]["baseline"] == "eager" and run["energy"] is None  # no energy counter here
 
 
 def test_kernel_really_used(run):
@@ -142,55 +146,3 @@ def test_unknown_param_is_a_usage_error(tmp_path: Path):
                 "--output", str(tmp_path / "out"), timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "bad param 'context'" in r.stdout + r.stderr
-
-
-# --- helpers on made-up rows -------------------------------------------------------------------
-
-def _d(p50, lo=None, hi=None):
-    return {"n": 3, "mean": p50, "std": 0.0, "min": lo or p50, "p50": p50, "p90": p50, "p99": p50, "max": hi or p50}
-
-
-def _r(impl, context, ttft, tpot, status="ok"):
-    ok = status == "ok"
-    return {"impl": impl, "effective_impl": impl if ok else None, "context": context, "batch": 1,
-            "ttft_s": ttft if ok else None, "tpot_s": tpot if ok else None, "peak_bytes": None, "status": status,
-            "reason": None if ok else "x"}
-
-
-def test_speedups_and_claims_from_rows():
-    rows_ = [_r("eager", 2048, _d(0.114, 0.110, 0.120), _d(0.0228)), _r("eager", 8192, _d(0.837), _d(0.0291)),
-             _r("sdpa-flash", 2048, _d(0.063, 0.060, 0.066), _d(0.0552)), _r("sdpa-flash", 8192, _d(0.265), _d(0.075)),
-             _r("flash_attention_2", 2048, None, None, "skipped"), _r("flash_attention_2", 8192, None, None, "skipped")]
-    sp = FA.speedups(rows_, "eager")
-    assert [(s["impl"], s["context"]) for s in sp] == [("sdpa-flash", 2048), ("sdpa-flash", 8192)]
-    assert sp[0]["prefill_speedup"] == pytest.approx(0.114 / 0.063)
-    assert sp[0]["prefill_spread"] == pytest.approx([0.110 / 0.066, 0.120 / 0.060])
-    assert sp[0]["decode_speedup"] == pytest.approx(0.0228 / 0.0552)
-    c = {e["claim"]: e for e in FA.claims(sp, ["eager", "sdpa-flash", "flash_attention_2"], rows_)}
-    assert c["2x at 2K"]["impl"] == "sdpa-flash"  # flash_attention_2 skipped: the one that ran
-    assert c["2x at 2K"]["prefill"] == "not held" and c["2x at 2K"]["decode"] == "not held"  # 1.81x, 0.41x
-    assert c["4x at 8K"]["measured_prefill"] == pytest.approx(0.837 / 0.265)
-    assert c["4x at 8K"]["prefill"] == "not held"  # 3.16x < 4
-    sp2 = FA.speedups([_r("eager", 8192, _d(1.0), _d(1.0)), _r("flash_attention_2", 8192, _d(0.2), _d(0.9))], "eager")
-    c2 = {e["claim"]: e for e in FA.claims(sp2, ["eager", "flash_attention_2"], [])}
-    assert c2["4x at 8K"]["prefill"] == "held" and c2["4x at 8K"]["decode"] == "not held"
-    assert c2["2x at 2K"]["prefill"] == "not measured"
-
-
-def test_effective_from_profiler_names():
-    assert FA.effective_from_ops(["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention_for_cpu"]) == "sdpa-flash"
-    assert FA.effective_from_ops(["aten::_scaled_dot_product_flash_attention", "void pytorch_flash::flash_fwd_kernel<>"]) == "sdpa-flash"
-    assert FA.effective_from_ops(["aten::_scaled_dot_product_efficient_attention", "fmha_cutlassF_f16"]) == "sdpa-efficient"
-    assert FA.effective_from_ops(["aten::_scaled_dot_product_attention_math", "aten::_softmax"]) == "sdpa-math"
-    assert FA.effective_from_ops(["flash_attn::_flash_attn_forward", "void flash_fwd_kernel<>"]) == "flash_attention_2"
-    assert FA.effective_from_ops(["aten::matmul", "aten::_softmax"]) == "eager"
-    assert FA.effective_from_ops(["aten::matmul"]) == "unknown"
-    assert FA.effective_from_ops(["aten::_scaled_dot_product_attention_math", "aten::_scaled_dot_product_flash_attention"]).startswith("mixed:")
-
-
-def test_plan_contexts():
-    keep, notes = FA.plan_contexts([8192, 512, 512, 2048, 16384], 8192, "cpu", 1024)
-    assert keep == [512, 1024] and len(notes) == 3 and "context 2048 capped to 1024" in notes[0]
-    keep, notes = FA.plan_contexts([8192, 512, 2048, 16384], 8192, "cuda", 1024)
-    assert keep == [512, 2048, 8192] and "max_position_embeddings (8192)" in notes[0]
-    assert FA.plan_contexts([128, 4096], None, "cpu", None) == ([128, 4096], [])

@@ -45,13 +45,13 @@ def stages(tmp_path_factory):
 
 
 def ppl(stage) -> float:
-    q = stage["extra"]["quality"]
+    q = stage["quality"]
     assert q["perplexity_meaningful"] is True and q["perplexity_tokens"] > 3000
     return q["perplexity"]
 
 
 def test_fp16_perplexity_is_that_of_a_trained_model(stages):
-    q = stages["hf-fp16"]["extra"]["quality"]
+    q = stages["hf-fp16"]["quality"]
     # a trained 135M model on plain prose: far below the vocabulary's 49152 of a random guess
     assert 5 < q["perplexity_by_lang"]["en"] < 40 and 3 < q["perplexity_by_lang"]["zh"] < 40
     assert q["token_match_rate"] > 0.9 and q["kl_mean"] == pytest.approx(0, abs=1e-3) and q["kl_mean"] >= 0
@@ -63,7 +63,7 @@ def test_int8_stays_close_and_nf4_costs_quality(stages):
     # +4.1% without its outlier columns), NF4 +42%
     assert fp16 < int8 < fp16 * 1.03
     assert nf4 > int8 * 1.1
-    q8, q4 = stages["bnb-int8"]["extra"]["quality"], stages["bnb-nf4"]["extra"]["quality"]
+    q8, q4 = stages["bnb-int8"]["quality"], stages["bnb-nf4"]["quality"]
     assert q4["kl_mean"] > q8["kl_mean"] > 0 and q4["token_match_rate"] < q8["token_match_rate"]
 
 
@@ -77,11 +77,11 @@ def test_quantized_layers_are_really_in(stages):
 def test_the_gate_flags_what_exceeds_one_percent(stages):
     fp16 = ppl(stages["hf-fp16"])
     for name in STAGES:
-        q = stages[name]["extra"]["quality"]
+        q = stages[name]["quality"]
         assert q["quality_ratio"] == pytest.approx(ppl(stages[name]) / fp16)
         assert q["quality_regression"] is (q["quality_ratio"] > 1.01), name
         assert q["gate"].startswith("perplexity within 1% of hf-fp16's")
-    assert stages["bnb-nf4"]["extra"]["quality"]["quality_regression"] is True
+    assert stages["bnb-nf4"]["quality"]["quality_regression"] is True
 
 
 def test_awq_keeps_more_quality_than_nf4(stages):
@@ -93,6 +93,6 @@ def test_awq_keeps_more_quality_than_nf4(stages):
     impl = stages["awq-int4"]["load"]["implementation"]
     assert impl["awq"]["group_size"] == 64  # 576 % 128 != 0
     assert any("WNA16" in k and "AWQ" in k for k in impl["linear_kernels"])
-    q = stages["awq-int4"]["extra"]["quality"]
+    q = stages["awq-int4"]["quality"]
     assert q["quality_regression"] is True and q["gate"].startswith("perplexity within 1%")
     assert stages["awq-int4"]["load"]["weights_bytes"] < stages["bnb-int8"]["load"]["weights_bytes"]

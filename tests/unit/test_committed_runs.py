@@ -75,7 +75,8 @@ def test_compare_of_the_h200_run_with_itself_exits_0():
 
     from testkit import run_cli
 
-    res = run_cli("compare", str(H200_TRANSFORMERS), str(H200_TRANSFORMERS), "--format", "json")
+    # the run was interrupted in bnb-int8 (a device session ended): compared as it is, by name
+    res = run_cli("compare", str(H200_TRANSFORMERS), str(H200_TRANSFORMERS), "--format", "json", "--allow-missing", "run,bnb-int8")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     compared = [m for st in out["stages"] if st["state"] == "compared" for m in st["metrics"]]
@@ -129,7 +130,7 @@ def test_roofline_puts_vllm_near_the_memory_floor_and_transformers_far_from_it(j
     assert decode["hf-fp16"].bound == "overhead-bound" and decode["hf-fp16"].achieved < 0.2
     text = render_markdown(journey, charts={})
     v = decode["vllm"]
-    assert f"{v.achieved:.1%} of the memory floor" in text
+    assert f"{v.achieved:.1%} of the measured memory ceiling" in text
 
 
 def test_dummy_awq_weights_report_no_agreement(journey):

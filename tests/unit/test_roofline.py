@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmopt_bench.analysis import roofline as rl
+from llmopt_bench.analysis import roofline_text as rt
 from llmopt_bench.results import StageMetrics
 from llmopt_bench.distribution import Distribution
 from llmopt_bench.models import ModelInfo
@@ -25,17 +26,17 @@ def d(v: float) -> Distribution:
 
 
 def stage(name: str, tpot: float, ttft: float = 0.02, weights: int | None = int(PARAMS_7B * 2), status="ok",
-          dtype="float16", extra=None, prompt=100, output=16, params=None, facts=None, kv_dtype=None) -> StageResult:
+          dtype="float16", extra=None, prompt=100, output=16, params=None, impl=None, facts=None, kv_dtype=None) -> StageResult:
     m = StageMetrics(requests=4, output_tokens=4 * output, prompt_tokens=4 * prompt, repeats=1, ttft_s=d(ttft),
                      tpot_s=d(tpot), e2e_s=d(ttft + tpot * (output - 1)))
     return StageResult(name=name, status=status, metrics=m if status == "ok" else None, params=params or {},
-                       load=LoadInfo(weights_bytes=weights, implementation={"dtype": dtype}, kv_cache_dtype=kv_dtype),
+                       load=LoadInfo(weights_bytes=weights, implementation={"dtype": dtype, **(impl or {})}, kv_cache_dtype=kv_dtype),
                        extra=extra or {}, facts=facts or StageFacts())
 
 
-def run_of(*stages: StageResult, env=None) -> RunResult:
+def run_of(*stages: StageResult, env=None, model=None) -> RunResult:
     env = {"ceilings": {"mem_bandwidth_bytes_s": H200_BW, "matmul_flops": H200_FLOPS}} if env is None else env
-    return RunResult(run_id="t", created_at="now", command="test", env=env, model=ModelInfo(**LLAMA7B),
+    return RunResult(run_id="t", created_at="now", command="test", env=env, model=ModelInfo(**(model or LLAMA7B)),
                      workload=WorkloadConfig(), stages=list(stages))
 
 
@@ -47,11 +48,11 @@ def test_kv_cache_bytes_is_two_x_layers_x_heads_x_dim_x_bytes_x_context_x_batch(
 
 def test_h200_vllm_fp16_batch1_floor_is_3_15_ms_and_68_percent_achieved():
     weights = PARAMS_7B * 2
-    floor = rl.memory_floor_s(weights, H200_BW)
+    floor = rl.memory_time_s(weights, H200_BW)
     assert floor * 1e3 == pytest.approx(3.15, abs=0.01)
     row = rl.make_row("vllm", "decode", 1, 108, weights, "x", rl.kv_cache_bytes(32, 32, 128, 2, 108),
                       rl.decode_flops(PARAMS_7B, 32, 4096, 108), 4.63e-3, H200_BW, H200_FLOPS)
-    assert row.floor_s * 1e3 == pytest.approx(3.16, abs=0.02)
+    assert row.memory_s * 1e3 == pytest.approx(3.16, abs=0.02) and row.floor_s == row.memory_s  # old name kept
     assert row.achieved == pytest.approx(0.68, abs=0.01)
     assert row.bound == "memory-bound" and row.roof == "memory"
     assert row.intensity == pytest.approx(1.0, abs=0.05)  # FP16 decode: ~1 FLOP per byte
@@ -104,3 +105,101 @@ def test_run_rows_use_measured_weights_tpot_and_batch():
 def test_no_rows_without_ceilings_or_for_failed_stages():
     assert rl.roofline(run_of(stage("hf-fp16", 0.01), env={})) == []
     assert rl.roofline(run_of(stage("vllm", 0.01, status="skipped"))) == []
+
+
+# --- GQA: KV bytes follow the KV heads, attention FLOPs the query heads ---------------------
+
+LLAMA3_8B = {**LLAMA7B, "source": "synthetic:llama3-8b", "num_kv_heads": 8, "num_params": int(8.03e9)}
+
+
+def test_gqa_kv_bytes_count_the_kv_heads_and_flops_the_query_heads():
+    """Llama-3-8B shape: 32 query heads share 8 KV heads. The KV cache is a quarter of what 32
+    heads would hold; attention still runs for all 32 query heads."""
+    rows = {r.phase: r for r in rl.roofline(run_of(stage("vllm", 5e-3), model=LLAMA3_8B))}
+    dec, pre = rows["decode"], rows["prefill"]
+    assert dec.kv_bytes == 2 * 32 * 8 * 128 * 2 * 108 * 1  # layers x KV heads x head_dim x fp16 x context
+    assert dec.kv_bytes * 4 == rl.kv_cache_bytes(32, 32, 128, 2, 108)  # not the query heads'
+    assert pre.kv_bytes == 2 * 32 * 8 * 128 * 2 * 100
+    assert dec.flops_per_step == 2 * 8.03e9 + 4 * 32 * (32 * 128) * 108  # query heads x head_dim
+    assert pre.flops_per_step == 2 * 8.03e9 * 100 + 2 * 32 * (32 * 128) * 100**2
+    assert dec.bytes_per_step == int(PARAMS_7B * 2) + dec.kv_bytes
+
+
+# --- the compute ceiling of the stage's compute dtype ---------------------------------------
+
+PER_DTYPE = {"mem_bandwidth_bytes_s": H200_BW, "matmul_flops": H200_FLOPS, "matmul_dtype": "float16",
+             "matmul_flops_by_dtype": {"float16": H200_FLOPS, "bfloat16": 7.1e14, "float32": 5e13,
+                                       "fp8": 2 * H200_FLOPS, "int8": 1.5 * H200_FLOPS}}
+
+
+def rows_by_stage(*stages, ceilings=None):
+    run = run_of(*stages, env={"ceilings": ceilings or PER_DTYPE})
+    return {(r.stage, r.phase): r for r in rl.roofline(run)}
+
+
+def test_fp8_stage_is_measured_against_the_fp8_ceiling():
+    """vllm-fp8's prefill against the FP8 matmul: half the compute fraction the FP16 ceiling gave."""
+    rows = rows_by_stage(stage("vllm", 5e-3), stage("vllm-fp8", 4e-3, impl={"quantization": "fp8"}))
+    fp16, fp8 = rows["vllm", "prefill"], rows["vllm-fp8", "prefill"]
+    assert (fp8.compute_dtype, fp8.ceiling_dtype, fp8.ceiling_note) == ("fp8", "fp8", "")
+    assert fp8.compute_s == pytest.approx(fp8.flops_per_step / (2 * H200_FLOPS))
+    assert fp8.compute_fraction == pytest.approx(fp16.compute_fraction / 2)  # same FLOPs, same TTFT
+    assert fp8.ridge == pytest.approx(2 * H200_FLOPS / H200_BW)
+    assert fp16.ceiling_dtype == "float16" and fp16.compute_s == pytest.approx(fp16.flops_per_step / H200_FLOPS)
+    assert "the fp8 compute ceiling" in rt.roofline_sentence(fp8) and "stands in" not in rt.roofline_sentence(fp8)
+
+
+@pytest.mark.parametrize("dtype,impl,want", [
+    ("float16", {"linear_layers": {"bitsandbytes.nn.modules.Linear8bitLt": 224, "torch.nn.modules.linear.Linear": 1}}, "int8"),
+    ("bfloat16", {"linear_layers": {"bitsandbytes.nn.modules.Linear4bit": 224}}, "bfloat16"),  # NF4: W4A16
+    ("float16", {"quantization": None, "awq": {"quant_method": "awq"}, "w4a16": True}, "float16"),
+    ("float32", {}, "float32"),
+    ("bfloat16", {"quantization": "fp8"}, "fp8"),
+])
+def test_compute_dtype_follows_what_the_stage_loaded(dtype, impl, want):
+    row = rows_by_stage(stage("s", 0.01, dtype=dtype, impl=impl))["s", "prefill"]
+    assert row.compute_dtype == row.ceiling_dtype == want and not row.ceiling_note
+    assert row.compute_s == pytest.approx(row.flops_per_step / PER_DTYPE["matmul_flops_by_dtype"][want])
+
+
+def test_an_unmeasured_fp8_ceiling_falls_back_to_the_stage_dtype_and_says_why():
+    ampere = {**PER_DTYPE, "matmul_flops_by_dtype": {"float16": 3e14, "bfloat16": 3e14},
+              "matmul_not_measured": {"fp8": "compute capability 8.0 has no FP8 tensor cores"}}
+    row = rows_by_stage(stage("vllm-fp8", 4e-3, impl={"quantization": "fp8"}), ceilings=ampere)["vllm-fp8", "prefill"]
+    assert (row.compute_dtype, row.ceiling_dtype) == ("fp8", "float16")
+    assert row.compute_s == pytest.approx(row.flops_per_step / 3e14)
+    assert "compute capability 8.0" in row.ceiling_note
+    assert "The float16 ceiling stands in for the fp8 one: no fp8 ceiling measured (compute capability 8.0" in \
+        rt.roofline_sentence(row)
+
+
+def test_runs_from_before_per_dtype_ceilings_use_the_fp16_ceiling_and_say_so():
+    old = {"mem_bandwidth_bytes_s": H200_BW, "matmul_flops": H200_FLOPS, "matmul_dtype": "float16"}
+    rows = rows_by_stage(stage("vllm", 5e-3), stage("vllm-fp8", 4e-3, impl={"quantization": "fp8"}), ceilings=old)
+    fp16, fp8 = rows["vllm", "prefill"], rows["vllm-fp8", "prefill"]
+    assert fp16.ceiling_dtype == "float16" and fp16.ceiling_note == ""
+    assert fp8.ceiling_dtype == "float16" and fp8.compute_s == pytest.approx(fp8.flops_per_step / H200_FLOPS)
+    assert "recorded before per-dtype ceilings" in fp8.ceiling_note and "stands in for the fp8 one" in rt.roofline_sentence(fp8)
+    # and no matmul_dtype at all (the oldest runs): fp16 is assumed, as the probe measured then
+    oldest = rows_by_stage(stage("vllm", 5e-3), ceilings={"mem_bandwidth_bytes_s": H200_BW, "matmul_flops": H200_FLOPS})
+    assert oldest["vllm", "prefill"].ceiling_dtype == "float16"
+
+
+# --- the words: a measured ceiling, not a floor ----------------------------------------------
+
+def test_sentences_call_the_copy_bandwidth_a_measured_ceiling():
+    rows = rows_by_stage(stage("vllm", 4.63e-3), stage("hf-fp16", 31.5e-3))
+    said = " ".join(rt.roofline_sentence(r) for r in rows.values()) + " ".join(rt.prefill_sentences(list(rows.values())))
+    assert "floor" not in said
+    assert "Decode in vllm is memory-bound at 68.3% of the measured memory ceiling" in said
+    assert "Decode in hf-fp16 is overhead-bound: it runs at 10.0% of the measured memory ceiling" in said
+    line = rt.ceilings_line({"ceilings": {**PER_DTYPE, "method": "m"}})
+    assert line.startswith("measured ceilings (not datasheet figures): copy bandwidth 4280 GB/s")
+    assert "float16 700 TFLOP/s" in line and "fp8 1400 TFLOP/s" in line and "float32 50.0 TFLOP/s" in line
+    assert "int8 1050 TOP/s" in line
+
+
+def test_a_step_faster_than_the_copy_loop_reads_above_100_percent_not_clamped():
+    row = rl.make_row("x", "decode", 1, 108, PARAMS_7B * 2, "x", 0, 1.0, 2.5e-3, H200_BW, H200_FLOPS)
+    assert row.achieved > 1.0 and row.bound == "memory-bound"
+    assert len(rt.table_cells(row)) == len(rt.TABLE_HEADERS)

@@ -1,0 +1,79 @@
+"""The roofline in the report's words: its table row, the conclusion for a row, the prefill
+sentences and the environment's ceilings line (analysis/roofline.py computes the rows)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmopt_bench.analysis.roofline import RooflineRow
+from llmopt_bench.fmt import num, pct
+
+
+def ms_(seconds: float) -> str:
+    return num(seconds * 1e3)
+
+
+TABLE_HEADERS = ("stage", "phase", "batch", "context tokens", "weights GB", "KV GB", "ms at measured bandwidth",
+                 "compute time ms", "measured ms", "of measured memory ceiling", "of compute ceiling",
+                 "compute ceiling", "FLOP/byte", "ridge FLOP/byte", "bound")
+
+
+def ceiling_label(r: RooflineRow) -> str:
+    """Which compute ceiling a row used: "fp8", or "float16 for int8: why" when one stood in."""
+    used = r.ceiling_dtype or "matmul"
+    return f"{used} for {r.compute_dtype or '?'}: {r.ceiling_note}" if r.ceiling_note else used
+
+
+def stand_in_sentence(r: RooflineRow) -> str:
+    """When another dtype's ceiling stood in for the stage's, say which and why."""
+    if not r.ceiling_note:
+        return ""
+    return f" The {r.ceiling_dtype} ceiling stands in for the {r.compute_dtype or 'unknown'} one: {r.ceiling_note}."
+
+
+def table_cells(r: RooflineRow) -> tuple[Any, ...]:
+    """One row of the roofline table, in TABLE_HEADERS order (numbers for render's formatter)."""
+    GB = 1e9
+    return (r.stage, r.phase, r.batch, r.context_tokens, f"{num(r.weight_bytes / GB)} ({r.weight_source})",
+            r.kv_bytes / GB, r.memory_s * 1e3, None if r.compute_s is None else r.compute_s * 1e3, r.measured_s * 1e3,
+            pct(r.achieved), pct(r.compute_fraction), ceiling_label(r), r.intensity, r.ridge, r.bound)
+
+
+def roofline_sentence(r: RooflineRow) -> str:
+    """The conclusion for one row."""
+    where = f"{r.phase.capitalize()} in {r.stage} is {r.bound}"
+    ceiling = f"the {r.ceiling_dtype or 'matmul'} compute ceiling"
+    if r.bound == "memory-bound":
+        return (f"{where} at {pct(r.achieved)} of the measured memory ceiling ({ms_(r.memory_s)} ms at the measured "
+                f"copy bandwidth vs {ms_(r.measured_s)} ms measured).")
+    if r.bound == "compute-bound":
+        return (f"{where}: its FLOPs at {ceiling} take {pct(r.compute_fraction)} of the measured "
+                f"{ms_(r.measured_s)} ms.{stand_in_sentence(r)}")
+    return (f"{where}: it runs at {pct(r.achieved)} of the measured memory ceiling and {pct(r.compute_fraction)} of "
+            f"{ceiling} ({r.roof} roof), so most of its {ms_(r.measured_s)} ms is neither bytes nor FLOPs.{stand_in_sentence(r)}")
+
+
+def prefill_sentences(rows: list[RooflineRow]) -> list[str]:
+    """Prefill rows grouped by bound, one sentence per bound, naming each stage's ceiling dtype."""
+    out = []
+    for bound in ("compute-bound", "memory-bound", "overhead-bound"):
+        group = [r for r in rows if r.bound == bound]
+        if group:
+            fr = [r.compute_fraction for r in group if r.compute_fraction is not None]
+            span = f"{pct(min(fr))} to {pct(max(fr))}" if fr and min(fr) != max(fr) else pct(fr[0]) if fr else "-"
+            names = ", ".join(f"{r.stage} ({r.ceiling_dtype or 'matmul'})" for r in group)
+            out.append(f"Prefill is {bound} in {names}: TTFT p50 spends {span} of its time on FLOPs at the measured "
+                       "matmul ceiling of each stage's compute dtype (in brackets).")
+    return out
+
+
+def ceilings_line(env: dict[str, Any]) -> str | None:
+    """The environment section's line: what was measured, per dtype, and how."""
+    c = (env or {}).get("ceilings") or {}
+    if not c:
+        return None
+    by_dtype = c.get("matmul_flops_by_dtype") or ({c.get("matmul_dtype", "?"): c["matmul_flops"]} if c.get("matmul_flops") else {})
+    mm = ", ".join(f"{k} {num(v / 1e12)} {'TOP/s' if k == 'int8' else 'TFLOP/s'}" for k, v in by_dtype.items()) or "-"
+    skipped = "; ".join(f"{k} not measured: {v}" for k, v in (c.get("matmul_not_measured") or {}).items())
+    return (f"measured ceilings (not datasheet figures): copy bandwidth {(c.get('mem_bandwidth_bytes_s') or 0) / 1e9:.0f} GB/s; "
+            f"dense matmul {mm}" + (f" ({skipped})" if skipped else "") + f"; {c.get('method', '')}")

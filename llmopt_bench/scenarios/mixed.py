@@ -1,0 +1,93 @@
+"""The mixed-length set of the load scenario: mixed_batch requests, a quarter long documents,
+served once through the continuous engine (no padding) and, each in its own process (an OOM
+ends that probe only), as static batches: padded to the longest prompt (static-mixed), every
+prompt cut to cap_context (cap-context), and power-of-two length buckets (bucketed).
+docs/batching.md, "The mixed-length pitfall"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from llmopt_bench.engines.static_batching import run_isolated
+from llmopt_bench.scenarios.arrivals import ArrivalsParams, LoadPoint, RequestSource
+from llmopt_bench.scenarios.arrivals_record import CurveRow, MixedRow
+from llmopt_bench.stage import RequestSample
+from llmopt_bench.workload import Request, WorkloadConfig, fit_length, load_prompts
+
+CONFIGS = ("static-mixed", "cap-context", "bucketed")  # each in its own process
+ORDER = [*CONFIGS, "continuous"]
+CONTINUOUS_NOTE = "vLLM: paged KV cache preallocated at start-up, no padding; peak is the engine's footprint (see lifecycle)"
+CPU_NOTE = "mixed lengths on CPU: the configurations ran (peak RSS recorded); the OOM of static-mixed needs the GPU"
+
+
+def mixed_on(p: ArrivalsParams, workload: WorkloadConfig, device: str) -> bool:
+    return p.mixed == "on" or (p.mixed == "auto" and (workload.kind == "mixed" or device == "cuda"))
+
+
+def long_len(p: ArrivalsParams, device: str) -> int | None:
+    """The long documents' forced length: on CUDA 3584 by default, so the OOM does not depend on the prompt file."""
+    return (3584 if device == "cuda" else None) if p.long_len == "auto" else p.long_len
+
+
+def mixed_point(p: ArrivalsParams, workload: WorkloadConfig, source: RequestSource, new: int,
+                device: str) -> tuple[LoadPoint, int]:
+    """The set as a closed-loop point at concurrency mixed_batch, and how many are long. Long
+    documents are forced to long_len first, then the set is fitted to the engine."""
+    wl = workload.model_copy(update={"kind": "mixed", "input_len": None, "num_prompts": p.mixed_batch})
+    reqs = source.build(wl, tag="m")
+    kinds = {q.id: q.kind for q in load_prompts(workload.prompts)}
+    long_ids = {r.id for r in reqs if kinds.get(r.prompt_id) == "long"}
+    if not long_ids:  # no kind labels: the longest quarter
+        ranked = sorted(reqs, key=lambda r: -len(r.token_ids))
+        long_ids = {r.id for r in ranked[:max(1, len(reqs) // 4)]}
+    n = long_len(p, device)
+    if n:
+        reqs = [Request(r.id, r.prompt_id, tuple(fit_length(list(r.token_ids), n))) if r.id in long_ids else r
+                for r in reqs]
+    point = LoadPoint(requests=source.fit(reqs, new), new=new, concurrency=p.mixed_batch, static_batch=p.mixed_batch,
+                      name="mixed")
+    return point, len(long_ids)
+
+
+def continuous_row(point: LoadPoint, n_long: int, samples: list[RequestSample], seconds: float, row: CurveRow) -> MixedRow:
+    """The set through the continuous engine; its peak is the engine's footprint, known once
+    the engine's memory is measured (the stage sets peak_bytes then)."""
+    reqs = point.requests
+    return MixedRow(config="continuous", status="ok", requests=len(reqs), long_requests=n_long,
+                    max_prompt_len=max(len(r.token_ids) for r in reqs), prompt_tokens=sum(len(r.token_ids) for r in reqs),
+                    padded_prompt_tokens=None, output_tokens=sum(s.output_tokens for s in samples),
+                    seconds=round(seconds, 4), all_tokens_produced=row.failed == 0, output_tok_s=row.output_tok_s,
+                    ttft_p50_s=row.ttft_p50_s, e2e_p50_s=row.e2e_p50_s, memory_at_oom_bytes=None, peak_bytes=None,
+                    note=CONTINUOUS_NOTE)
+
+
+def bucket_budget(p: ArrivalsParams) -> int:
+    return p.bucket_token_budget or p.mixed_batch * p.cap_context
+
+
+def static_probes(p: ArrivalsParams, point: LoadPoint, model_path: str, device: str, dtype: str, workdir: Path,
+                  progress: Callable[[str], None] = lambda m: None,
+                  probe: Callable[..., dict[str, Any]] = run_isolated) -> list[MixedRow]:
+    """The three static configurations, one process each (probe(kind, job, timeout_s, workdir))."""
+    base = {"model_path": model_path, "device": device, "dtype": dtype, "attn_implementation": p.mixed_attn_implementation,
+            "requests": [list(r.token_ids) for r in point.requests], "max_new_tokens": point.new,
+            "batch_size": p.mixed_batch, "cap_context": p.cap_context, "bucket_token_budget": bucket_budget(p)}
+    rows = []
+    for config in CONFIGS:
+        progress(f"mixed lengths: {config} (own process)")
+        ans = probe("mixed", {**base, "config": config}, p.probe_timeout_s, workdir)
+        ans.setdefault("config", config)
+        ans.setdefault("memory_at_oom_bytes", None)
+        rows.append(MixedRow(**ans))
+    return rows
+
+
+def in_order(rows: list[MixedRow]) -> list[MixedRow]:
+    return sorted(rows, key=lambda r: ORDER.index(r.config) if r.config in ORDER else len(ORDER))
+
+
+def setup(p: ArrivalsParams, point: LoadPoint, n_long: int) -> dict[str, Any]:
+    return {"requests": len(point.requests), "long_requests": n_long, "batch": p.mixed_batch, "cap_context": p.cap_context,
+            "bucket_token_budget": bucket_budget(p), "attn_implementation": p.mixed_attn_implementation,
+            "long_len": max(len(r.token_ids) for r in point.requests)}

@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""Calibrate `llmopt compare`'s regression gate on real runs: how often it flags a pair of runs
+of the same code (false alarms) and how often it flags an injected whole-run slowdown of 1.1x,
+1.2x and 1.3x (detection). The figures in docs/regression.md ("Calibration") come from it.
+
+    scripts/calibrate-gate.py                       # the committed runs, default repeats (3)
+    scripts/calibrate-gate.py --pairs 400 --json calibration.json
+    scripts/calibrate-gate.py --ladder 3,5,10,20    # what it takes: detection by repeats per run
+    scripts/calibrate-gate.py --cpu-runs 'my-runs/*/run.json'   # fresh runs of your own
+
+Pools of repeats, each from real runs (one stage of one device):
+- results/h200/run.json (the H200 journey, = results/baselines/nvidia-h200-synthetic-llama2-7b.json):
+  one run, so a pair is two synthetic runs, each R repeats drawn from the stage's repeats and
+  scaled by a whole-run factor exp(N(0, --run-shift)) (GPU clocks, another session);
+- results/cpu/gate-calibration/run*/run.json: independent CPU runs (`llmopt bench --stages
+  hf-fp16 --model synthetic:tiny --num-prompts 8 --max-new-tokens 16`, one after another on a
+  shared 2-core host), so a pair is two different real runs, each R repeats drawn from its own:
+  the whole-run shift between them is the real one;
+- results/cpu/20261203-smollm2-quantization: one CPU run, as the H200 run.
+
+A slowdown multiplies every latency of the new run (and divides its tok/s) by the factor: a
+shift of the whole run, as a real regression is. Methods: `requests` is the gate before this
+change (a paired bootstrap over requests), `repeats` the cluster bootstrap over repeats
+(analysis/noise.py), `history` the same with the baseline's noise from 10 earlier runs."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from llmopt_bench.analysis import changepoint, compare
+from llmopt_bench.results import load_run
+
+FACTORS = (1.0, 1.1, 1.2, 1.3)
+COLUMNS = {"ttft_p50": "ttft_s", "tpot_p50": "tpot_s", "e2e_p50": "e2e_s"}
+HISTORY_RUNS = 10
+
+
+@dataclass
+class Pool:
+    name: str
+    runs: list[list[dict]]  # real runs, each a list of repeats: {column: values, "tok_s": windowed}
+    run_shift: float  # sigma of the synthetic whole-run log factor (0: pairs of real runs)
+
+    @property
+    def requests(self) -> int:
+        return len(self.runs[0][0]["tpot_s"])
+
+
+def repeats_of(stage) -> list[dict]:
+    s, reps = stage.samples, sorted(set(stage.samples.repeat))
+    tok = stage.metrics.output_tok_s_repeats if stage.metrics else []
+    out = []
+    for i, r in enumerate(reps):
+        rows = [j for j, x in enumerate(s.repeat) if x == r]
+        rep = {c: [getattr(s, c)[j] for j in rows if getattr(s, c)[j] is not None] for c in COLUMNS.values()}
+        rep["tok_s"] = tok[i] if i < len(tok) else None
+        out.append(rep)
+    return out
+
+
+def pools(cpu_glob: str, run_shift: float, stages: list[str] | None) -> list[Pool]:
+    out = []
+    journey = load_run(ROOT / "results" / "h200")
+    for st in journey.stages:
+        if st.status == "ok" and len(set(st.samples.repeat)) >= 2 and (not stages or st.name in stages):
+            out.append(Pool(f"H200 {st.name}", [repeats_of(st)], run_shift))
+    fresh = [load_run(p) for p in sorted(glob.glob(str(ROOT / cpu_glob) if not Path(cpu_glob).is_absolute() else cpu_glob))]
+    fresh = [r for r in fresh if r.status == "complete" and r.stage("hf-fp16") and r.stage("hf-fp16").status == "ok"]
+    if len(fresh) >= 4:
+        out.append(Pool(f"CPU tiny hf-fp16 ({len(fresh)} runs)", [repeats_of(r.stage("hf-fp16")) for r in fresh], 0.0))
+    smol = load_run(ROOT / "results" / "cpu" / "20261203-smollm2-quantization")
+    for st in smol.stages:
+        if st.status == "ok" and (not stages or st.name in stages):
+            out.append(Pool(f"CPU smollm2 {st.name}", [repeats_of(st)], run_shift))
+    return out
+
+
+def draw_run(pool: Pool, repeats: int, rng, avoid: set[int]) -> tuple[int, list[dict], float]:
+    """One synthetic run: a real run (another than those in `avoid` when the pool has several),
+    R repeats drawn from its own with replacement, and its whole-run factor."""
+    choices = [i for i in range(len(pool.runs)) if i not in avoid] or list(range(len(pool.runs)))
+    i = int(rng.choice(choices))
+    reps = [pool.runs[i][int(k)] for k in rng.integers(0, len(pool.runs[i]), size=repeats)]
+    return i, reps, float(math.exp(rng.normal(0, pool.run_shift))) if pool.run_shift else 1.0
+
+
+def inputs(reps: list[dict], factor: float, key: str) -> tuple[float, list[list[float]], str]:
+    """(the run's value, its groups, the statistic) as compare.noise_groups gives them."""
+    if key == "output_tok_s":
+        groups = [[r["tok_s"] / factor] for r in reps if r["tok_s"]]
+        return float(np.mean([g[0] for g in groups])), groups, "mean"
+    groups = [[v * factor for v in r[COLUMNS[key]]] for r in reps]
+    return float(np.median([v for g in groups for v in g])), groups, "median"
+
+
+def requests_verdict(b: list[list[float]], n: list[list[float]], threshold: float, seed: int) -> str:
+    """The gate before this change: requests drawn (paired when the rows line up), percentile
+    interval of the ratio of medians."""
+    bv, nv = np.concatenate(b), np.concatenate(n)
+    rng = np.random.default_rng(seed)
+    bi = rng.integers(0, len(bv), size=(2000, len(bv)))
+    ni = bi if len(bv) == len(nv) else rng.integers(0, len(nv), size=(2000, len(nv)))
+    ratios = np.median(nv[ni], axis=1) / np.median(bv[bi], axis=1)
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return compare.verdict(float(np.median(nv) / np.median(bv)), (float(lo), float(hi)), threshold, False)
+
+
+def one_pair(pool: Pool, key: str, repeats: int, rng, methods: list[str], seed: int) -> dict:
+    """Verdicts for one A/B pair at every factor and method (common random numbers)."""
+    ia, a, fa = draw_run(pool, repeats, rng, set())
+    ib, b, fb = draw_run(pool, repeats, rng, {ia})
+    past = [draw_run(pool, repeats, rng, {ia, ib}) for _ in range(HISTORY_RUNS - 1)] if "history" in methods else []
+    thr = compare.threshold_for(key, None)
+    b_val, b_groups, stat = inputs(a, fa, key)
+    history = [b_val] + [inputs(r, f, key)[0] for _, r, f in past]
+    out = {}
+    for factor in FACTORS:
+        n_val, n_groups, _ = inputs(b, fb * factor, key)
+        for m in methods:
+            if m == "requests":
+                v = requests_verdict(b_groups, n_groups, thr, seed) if key != "output_tok_s" else "n/a"
+                out[(m, factor)] = (v, None)
+            else:
+                d = compare.judge(key, b_val, n_val, b_groups, n_groups, stat, thr, seed=seed,
+                                  history=history if m == "history" else ())
+                out[(m, factor)] = (d.verdict, d.mde)
+    return out
+
+
+def calibrate(pool: Pool, key: str, repeats: int, pairs: int, methods: list[str], seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    flags = {(m, f): 0 for m in methods for f in FACTORS}
+    mdes = {m: [] for m in methods}
+    for i in range(pairs):
+        for (m, f), (verdict, mde) in one_pair(pool, key, repeats, rng, methods, seed + i).items():
+            flags[(m, f)] += verdict == "regressed"
+            if f == 1.0 and mde is not None:
+                mdes[m].append(mde)
+    return {m: {"false_alarm": flags[(m, 1.0)] / pairs,
+                **{f"detect_{f:g}x": flags[(m, f)] / pairs for f in FACTORS[1:]},
+                "median_mde": float(np.median(mdes[m])) if mdes[m] else None} for m in methods}
+
+
+def noise_split(pool: Pool, key: str, seed: int) -> tuple[float, float]:
+    """Where the noise of a repeat's median lives: (between repeats of a run, CV of the repeat
+    medians; within a repeat, CV of its median from its own requests' scatter). Between >> within
+    means the whole repeat moves: more repeats help, more requests per repeat do not."""
+    rng = np.random.default_rng(seed)
+    between, within = [], []
+    for run in pool.runs:
+        logs = [np.log(np.median(r[COLUMNS[key]])) for r in run]
+        between += [x - np.mean(logs) for x in logs] if len(logs) > 1 else []
+        for r in run:
+            v = np.asarray(r[COLUMNS[key]])
+            within.append(np.var(np.log(np.median(v[rng.integers(0, len(v), size=(500, len(v)))], axis=1))))
+    reps = sum(len(run) for run in pool.runs)
+    return float(np.sqrt(np.sum(np.square(between)) / max(reps - len(pool.runs), 1))), float(np.sqrt(np.mean(within)))
+
+
+def series_check(pool: Pool, key: str, repeats: int, count: int, nights: int, seed: int) -> dict:
+    """`llmopt history check` on `count` nightly series of `nights` runs (each run drawn as in a
+    pair): how many same-code series it fails (false alarms), and how many with a 1.2x whole-run
+    slowdown from night `nights - 10` on it fails, naming that night as the first."""
+    rng = np.random.default_rng(seed)
+    start, out = nights - 10, {"false_alarm": 0, "detected": 0, "first_night_right": 0}
+    higher = key == "output_tok_s"
+    for i in range(count):
+        runs = [draw_run(pool, repeats, rng, set()) for _ in range(nights)]
+        for label, shift in (("false_alarm", 1.0), ("detected", 1.2)):
+            values = [inputs(r, f * (shift if n >= start else 1.0), key)[0] for n, (_, r, f) in enumerate(runs)]
+            found = [s for s in changepoint.level_shifts(values, higher, compare.threshold_for(key, None), seed=seed + i)
+                     if s.direction == "regression" and s.in_effect]
+            out[label] += bool(found)
+            if shift != 1.0 and found:
+                out["first_night_right"] += found[0].index == start
+    return {k: v / count for k, v in out.items()}
+
+
+def pct(x) -> str:
+    return "-" if x is None else f"{x * 100:.1f}%" if abs(x) < 0.1 else f"{x * 100:.0f}%"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pairs", type=int, default=200, help="pairs per cell (default 200)")
+    ap.add_argument("--repeats", type=int, default=3, help="repeats per synthetic run (default 3, the bench default)")
+    ap.add_argument("--ladder", default="", help="also: detection at 1.2x by repeats per run, e.g. 3,5,10,20")
+    ap.add_argument("--no-table", action="store_true", help="skip the main table (with --ladder or --series)")
+    ap.add_argument("--metrics", default="tpot_p50,ttft_p50", help="comma-separated (default tpot_p50,ttft_p50)")
+    ap.add_argument("--methods", default="requests,repeats,history", help="requests,repeats,history")
+    ap.add_argument("--stages", default="", help="only these stages (comma-separated)")
+    ap.add_argument("--cpu-runs", default="results/cpu/gate-calibration/run*/run.json", help="independent CPU runs (glob)")
+    ap.add_argument("--run-shift", type=float, default=0.01, help="sigma of a single-run pool's whole-run log shift (default 0.01)")
+    ap.add_argument("--series", type=int, default=0, help="also: history check on N nightly series per pool (e.g. 50)")
+    ap.add_argument("--nights", type=int, default=30, help="nights per series (default 30; the shift starts 10 before the end)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, help="also write the figures to FILE")
+    args = ap.parse_args()
+    methods, metrics = args.methods.split(","), args.metrics.split(",")
+    results = {"args": {k: str(v) for k, v in vars(args).items()}, "cells": [], "ladder": []}
+    print("| pool | requests/repeat | metric | method | false alarms | 1.1x | 1.2x | 1.3x | median detectable |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    all_pools = pools(args.cpu_runs, args.run_shift, args.stages.split(",") if args.stages else None)
+    for pool in [] if args.no_table else all_pools:
+        for key in metrics:
+            cell = calibrate(pool, key, args.repeats, args.pairs, methods, args.seed)
+            for m, r in cell.items():
+                results["cells"].append({"pool": pool.name, "metric": key, "method": m, "repeats": args.repeats, **r})
+                print(f"| {pool.name} | {pool.requests} | {key} | {m} | {pct(r['false_alarm'])} | {pct(r['detect_1.1x'])} | "
+                      f"{pct(r['detect_1.2x'])} | {pct(r['detect_1.3x'])} | {pct(r['median_mde'])} |", flush=True)
+    if args.ladder:
+        print("\n| pool | metric | method | repeats | false alarms | 1.2x detected | median detectable |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for pool in all_pools:
+            for key in (k for k in metrics if k in COLUMNS):
+                between, within = noise_split(pool, key, args.seed)
+                results["ladder"].append({"pool": pool.name, "metric": key, "cv_between_repeats": between,
+                                          "cv_within_repeat": within})
+                print(f"| {pool.name} | {key} | noise of a repeat's median: {pct(between)} between repeats, "
+                      f"{pct(within)} from its requests | | | | |")
+            for key in metrics:
+                for r in (int(x) for x in args.ladder.split(",")):
+                    cell = calibrate(pool, key, r, args.pairs, [m for m in methods if m != "requests"], args.seed)
+                    for m, c in cell.items():
+                        results["ladder"].append({"pool": pool.name, "metric": key, "method": m, "repeats": r, **c})
+                        print(f"| {pool.name} | {key} | {m} | {r} | {pct(c['false_alarm'])} | {pct(c['detect_1.2x'])} | "
+                              f"{pct(c['median_mde'])} |", flush=True)
+    if args.series:
+        print("\n| pool | metric | series | false alarms | 1.2x from night N-10 flagged | ... first run named right |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        results["series"] = []
+        for pool in all_pools:
+            for key in metrics:
+                c = series_check(pool, key, args.repeats, args.series, args.nights, args.seed)
+                results["series"].append({"pool": pool.name, "metric": key, **c})
+                print(f"| {pool.name} | {key} | {args.series} x {args.nights} | {pct(c['false_alarm'])} | "
+                      f"{pct(c['detected'])} | {pct(c['first_night_right'])} |", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

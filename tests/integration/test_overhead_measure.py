@@ -1,0 +1,48 @@
+"""The clock-overhead measurement can see an overhead: with a clock that sleeps 250 ms a token
+(on a tiny model whose step takes ~10 ms, ~150 ms on this shared host under load) the interval
+lies far above the 2% budget and the work timed apart shows the sleep. A measurement that mixed up its pairs, or compared the clock
+with itself, fails here. Real transformers on synthetic:tiny, CPU."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from llmopt_bench.engines import hf
+from llmopt_bench.workload import Request
+
+SLEEP_S = 0.25
+
+
+class SleepyClock(hf.TokenClock):
+    def put(self, value) -> None:
+        time.sleep(SLEEP_S)
+        super().put(value)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model):
+    m, tok, _ = hf.load_model(tiny_model.path, "cpu", "float32")
+    yield m, tok.pad_token_id
+    hf.unload(m)
+
+
+def test_a_clock_that_costs_250_ms_a_token_is_measured_over_budget(model, monkeypatch):
+    m, pad = model
+    monkeypatch.setattr(hf, "TokenClock", SleepyClock)
+    request = Request("r", "p", tuple(range(5, 21)))
+    inst = hf.instrumentation_overhead(m, pad, request, 4, "cpu", pairs=10)
+    # 10 pairs: the interval drops the most extreme pair each side, so one pair that a neighbour
+    # stalls by more than the 4 x 250 ms the clock adds cannot flip the verdict
+    assert inst["pairs"] == 10 and inst["verdict"] == "over_budget", inst
+    assert inst["ci_pct"][0] > 2.0
+    assert inst["clock_call_s"] >= SLEEP_S and inst["bound_pct"] > 2.0  # the work timed apart sees the sleep
+
+
+def test_the_pair_count_follows_the_time_budget_within_its_limits(model):
+    m, pad = model
+    request = Request("r", "p", tuple(range(5, 21)))
+    inst = hf.instrumentation_overhead(m, pad, request, 2, "cpu", budget_s=0.0)
+    assert inst["pairs"] == hf.OVERHEAD_MIN_PAIRS and len(inst["ratios_pct"]) == hf.OVERHEAD_MIN_PAIRS
+    assert inst["ci_pct"] is not None and inst["verdict"] in ("under_budget", "below_noise", "inconclusive", "over_budget")
