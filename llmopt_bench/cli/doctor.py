@@ -136,7 +136,7 @@ def render(d: dict[str, Any]) -> list[str]:
     where = "LLMOPT_CACHE" if c["set_by"] == "LLMOPT_CACHE" else "default; set LLMOPT_CACHE to move it"
     lines += ["", "Model cache", f"  {c['path']} ({where}): {size(c['free_bytes'])} free, {size(c['used_bytes'])} used by llmopt"]
     if g["devices"] and c["free_bytes"] < 20 * GB:
-        lines.append("  low: synthetic:llama2-7b writes 13.5 GB and its AWQ copy ~4 GB; free space or move LLMOPT_CACHE")
+        lines.append("  low: synthetic:llama2-7b writes 13.5 GB (a real 7B's AWQ copy ~4 GB more); free space or move LLMOPT_CACHE")
     ok = [s["name"] for s in d["stages"] if s["available"]]
     lines += ["", f"Stages: {len(ok)} of {len(d['stages'])} can run here" + (f" ({', '.join(ok)})" if ok else "")]
     for s in d["stages"]:

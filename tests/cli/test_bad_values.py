@@ -4,9 +4,13 @@ traceback, and no run directory written."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
-from testkit import run_cli
+from testkit import ROOT
 
 # (option, bad value, what the error must say is allowed)
 BAD = [
@@ -26,6 +30,27 @@ BAD = [
     ("--workload", "odd", "allowed fixed or mixed"),
     ("--min-quality", "1.5", "not a fraction in (0, 1]"),
 ]
+IDS = [f"{o}={v}" for o, v, _ in BAD]
+
+
+def start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "llmopt_bench", *args], cwd=ROOT, env=dict(os.environ),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, object]]:
+    """Every bad value through the real CLI, started together (each is a process start-up)."""
+    tmp = tmp_path_factory.mktemp("bad")
+    procs = {}
+    for case, (option, value, _) in zip(IDS, BAD):
+        out = tmp / case.replace("-", "_").replace("=", "_")
+        procs[case] = (start("bench", "--stages", "hf-fp16", "--model", "synthetic:tiny", option, value, "--output", str(out)), out)
+    done = {}
+    for case, (proc, out) in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        done[case] = (subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), out)
+    return done
 
 
 def refused(r, *needles: str) -> list[str]:
@@ -38,10 +63,15 @@ def refused(r, *needles: str) -> list[str]:
     return lines
 
 
-@pytest.mark.parametrize("option,value,allowed", BAD, ids=[f"{o}={v}" for o, v, _ in BAD])
-def test_bad_value_refused_before_anything_starts(tmp_path, option, value, allowed):
-    out = tmp_path / "run"
-    r = run_cli("bench", "--stages", "hf-fp16", "--model", "synthetic:tiny", option, value, "--output", str(out), timeout=60)
+def run(*args: str) -> subprocess.CompletedProcess:
+    proc = start(*args)
+    stdout, stderr = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+@pytest.mark.parametrize("option,value,allowed", BAD, ids=IDS)
+def test_bad_value_refused_before_anything_starts(refusals, option, value, allowed):
+    r, out = refusals[f"{option}={value}"]
     _, fix = refused(r, option, value, allowed)
     assert option in fix
     assert not out.exists()  # refused before the run directory, the probe or any stage
@@ -50,14 +80,14 @@ def test_bad_value_refused_before_anything_starts(tmp_path, option, value, allow
 def test_output_that_is_a_file(tmp_path):
     path = tmp_path / "notes.txt"
     path.write_text("mine")
-    refused(run_cli("bench", "--stages", "hf-fp16", "--output", str(path), timeout=60), "--output", str(path), "a file")
+    refused(run("bench", "--stages", "hf-fp16", "--output", str(path)), "--output", str(path), "a file")
     assert path.read_text() == "mine"
 
 
 def test_output_under_a_file_cannot_be_written(tmp_path):
     (tmp_path / "f").write_text("")
     out = tmp_path / "f" / "run"
-    refused(run_cli("bench", "--stages", "hf-fp16", "--output", str(out), timeout=60), "--output", "cannot write there")
+    refused(run("bench", "--stages", "hf-fp16", "--output", str(out)), "--output", "cannot write there")
 
 
 def test_output_that_holds_another_run(tmp_path):
@@ -65,12 +95,10 @@ def test_output_that_holds_another_run(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     (out / "run.json").write_text('{"kept": true}')
-    r = run_cli("bench", "--stages", "hf-fp16", "--output", str(out), timeout=60)
-    _, fix = refused(r, "--output", "already holds a run")
+    _, fix = refused(run("bench", "--stages", "hf-fp16", "--output", str(out)), "--output", "already holds a run")
     assert f"--resume {out}" in fix
     assert (out / "run.json").read_text() == '{"kept": true}'
 
 
 def test_two_bad_values_name_the_first(tmp_path):
-    r = run_cli("bench", "--num-prompts", "0", "--repeats", "0", "--output", str(tmp_path / "run"), timeout=60)
-    refused(r, "--num-prompts 0")
+    refused(run("bench", "--num-prompts", "0", "--repeats", "0", "--output", str(tmp_path / "run")), "--num-prompts 0")

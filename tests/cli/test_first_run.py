@@ -7,12 +7,15 @@ which; the table printed at COLUMNS=80 fits."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
 
 from llmopt_bench.registry import cuda_devices
-from testkit import read_run, run_cli, write_plugin
+from testkit import ROOT, read_run, write_plugin
 
 pytestmark = pytest.mark.skipif(bool(cuda_devices()), reason="the lighter defaults are the CPU's")
 
@@ -50,16 +53,33 @@ def plugin_env(tmp_path_factory, tiny_model) -> dict[str, str]:
     return write_plugin(tmp_path_factory.mktemp("plugin"), "llmopt_echoplug", {"t-echo": "llmopt_echoplug:Echo"}, PLUGIN)
 
 
-def bench(tmp_path, plugin_env, *args):
-    out = tmp_path / "run"
-    r = run_cli("bench", "--stages", "t-echo", "--model", "synthetic:tiny", "--no-report", "--output", str(out), *args,
-                env={**plugin_env, "COLUMNS": "80"}, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r, read_run(out)
+def start(out, plugin_env, *args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "llmopt_bench", "bench", "--stages", "t-echo", "--model", "synthetic:tiny",
+                             "--no-report", "--output", str(out), *args], cwd=ROOT,
+                            env={**os.environ, **plugin_env, "COLUMNS": "80"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
 
 
-def test_cpu_defaults_used_and_said(tmp_path, plugin_env):
-    r, run = bench(tmp_path, plugin_env)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, plugin_env) -> dict[str, tuple[subprocess.CompletedProcess, dict]]:
+    """Three first runs, started together (mostly process start-ups and the probe)."""
+    tmp = tmp_path_factory.mktemp("first")
+    (tmp / "mine.txt").write_text("How does vLLM page its KV cache?\n\nWhat does AWQ protect?\nWhy batch requests?\n",
+                                  encoding="utf-8")
+    (tmp / "peer.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"question {i}?"}) + "\n" for i in range(2)))
+    args = {"defaults": (), "text": ("--prompts", str(tmp / "mine.txt"), "--num-prompts", "3"),
+            "prompt_key": ("--prompts", str(tmp / "peer.jsonl"), "--num-prompts", "2")}
+    procs = {k: (start(tmp / k, plugin_env, *a), tmp / k) for k, a in args.items()}
+    done = {}
+    for k, (proc, out) in procs.items():
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, (k, stderr[-3000:])
+        done[k] = (subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), read_run(out))
+    return done
+
+
+def test_cpu_defaults_used_and_said(runs):
+    r, run = runs["defaults"]
     w = run["workload"]
     assert (w["num_prompts"], w["max_new_tokens"], w["warmup"], w["repeats"]) == (4, 32, 1, 2)
     note = w["notes"][0]
@@ -73,20 +93,16 @@ def test_cpu_defaults_used_and_said(tmp_path, plugin_env):
     assert all(len(line) <= 80 for line in lines) and "…" not in r.stdout, r.stdout
 
 
-def test_plain_text_prompts_one_a_line(tmp_path, plugin_env):
-    path = tmp_path / "mine.txt"
-    path.write_text("How does vLLM page its KV cache?\n\nWhat does AWQ protect?\nWhy batch requests?\n", encoding="utf-8")
-    r, run = bench(tmp_path, plugin_env, "--prompts", str(path), "--num-prompts", "3")
+def test_plain_text_prompts_one_a_line(runs):
+    r, run = runs["text"]
     assert run["workload"]["prompt_key"] == "line"
     assert "as plain text, one prompt a line" in r.stderr
     assert run["stages"][0]["extra"]["seen"] == {"line-1": "How does vLLM page its KV cache?",
                                                  "line-3": "What does AWQ protect?", "line-4": "Why batch requests?"}
 
 
-def test_jsonl_with_prompt_keys(tmp_path, plugin_env):
-    path = tmp_path / "peer.jsonl"
-    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"question {i}?"}) + "\n" for i in range(2)))
-    r, run = bench(tmp_path, plugin_env, "--prompts", str(path), "--num-prompts", "2")
+def test_jsonl_with_prompt_keys(runs):
+    r, run = runs["prompt_key"]
     assert run["workload"]["prompt_key"] == "prompt"
     assert 'as JSONL, key "prompt"' in r.stderr
     assert run["stages"][0]["extra"]["seen"] == {"p0": "question 0?", "p1": "question 1?"}
