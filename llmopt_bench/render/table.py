@@ -1,6 +1,14 @@
-"""The end-of-run summary table on the terminal (stdout: it is the run's data)."""
+"""The end-of-run summary table on the terminal (stdout: it is the run's data).
+
+It reads at any width: headers are two short lines with their unit and never cut; when the
+terminal is too narrow for every column, the least telling columns are left out (and named:
+run.json, report.md and --json have them all), and below ~40 columns each stage becomes a
+block of lines. Why a stage did not run, and its fix, goes under the table, wrapped."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from llmopt_bench.analysis.selectors import GB, peak_memory
 from llmopt_bench.results import RunResult, StageResult
@@ -8,6 +16,29 @@ from llmopt_bench.results import RunResult, StageResult
 
 def ms(d, attr: str = "p50") -> str:
     return f"{getattr(d, attr) * 1000:.2f}" if d else "-"
+
+
+@dataclass(frozen=True)
+class Column:
+    header: tuple[str, str]  # two lines: the quantity, then its statistic and unit
+    cell: Callable[[StageResult], str]
+    drop_rank: int  # when the terminal is narrow, the highest rank goes first; 0 never goes
+
+
+def _metric(fmt: Callable) -> Callable[[StageResult], str]:
+    return lambda s: fmt(s.metrics) if s.metrics else "-"
+
+
+COLUMNS = (
+    Column(("stage", ""), lambda s: s.name, 0),
+    Column(("status", ""), lambda s: s.status, 0),
+    Column(("load", "s"), lambda s: f"{s.load_s:.1f}" if s.load_s else "-", 5),
+    Column(("TTFT", "p50 ms"), _metric(lambda m: ms(m.ttft_s)), 2),
+    Column(("TPOT", "p50 ms"), _metric(lambda m: ms(m.tpot_s)), 1),
+    Column(("E2E", "p50 s"), _metric(lambda m: f"{m.e2e_s.p50:.3f}" if m.e2e_s else "-"), 6),
+    Column(("output", "tok/s"), _metric(lambda m: f"{m.output_tok_s:.1f}" if m.output_tok_s else "-"), 3),
+    Column(("peak mem", "GB"), lambda s: f"{peak / GB:.2f}" if (peak := peak_memory(s)[0]) else "-", 4),
+)
 
 
 def note(s: StageResult) -> str:
@@ -18,22 +49,66 @@ def note(s: StageResult) -> str:
         parts.append(f"quality regression: perplexity {(q.quality_ratio - 1) * 100:+.1f}% vs {q.reference or 'the reference'}")
     if s.own_workload and s.status == "ok":
         parts.append("own workload (sweep): see the report")
+    if s.fix and s.status != "ok":
+        parts.append(f"fix: {s.fix}")
     return "; ".join(parts)
 
 
-def print_summary(run: RunResult) -> None:
-    from rich.console import Console
+def _table(run: RunResult, columns: list[Column]):
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=f"llmopt run {run.run_id}: {run.model.source if run.model else '?'} on {run.env.get('gpu') or run.env.get('cpu')}")
-    for col in ("stage", "status", "load s", "TTFT p50 ms", "TPOT p50 ms", "E2E p50 s", "out tok/s", "peak mem GB"):
-        table.add_column(col, no_wrap=True)
-    table.add_column("note", overflow="fold", max_width=60)
+    # one space of padding plus the box's blank divider: two spaces between columns
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), pad_edge=False, show_edge=False)
+    for c in columns:
+        table.add_column("\n".join(c.header), no_wrap=True, justify="left" if c.drop_rank == 0 else "right")
     for s in run.stages:
-        m = s.metrics
-        peak = peak_memory(s)[0]
-        table.add_row(s.name, s.status, f"{s.load_s:.1f}" if s.load_s else "-", ms(m.ttft_s) if m else "-",
-                      ms(m.tpot_s) if m else "-", f"{m.e2e_s.p50:.3f}" if m and m.e2e_s else "-",
-                      f"{m.output_tok_s:.1f}" if m and m.output_tok_s else "-", f"{peak / GB:.2f}" if peak else "-",
-                      note(s)[:160])
-    Console().print(table)
+        table.add_row(*(c.cell(s) for c in columns))
+    return table
+
+
+def fitting_columns(run: RunResult, console) -> list[Column] | None:
+    """The most columns whose table fits the console's width, dropping by rank; None when not
+    even stage, status and TPOT fit (the caller stacks)."""
+    from rich.measure import Measurement
+
+    columns = list(COLUMNS)
+    unbounded = console.options.update_width(100_000)  # else the measurement is clamped to the width
+    while True:
+        if Measurement.get(console, unbounded, _table(run, columns)).maximum <= console.width:
+            return columns
+        droppable = [c for c in columns if c.drop_rank > 1]
+        if not droppable:
+            return None
+        columns.remove(max(droppable, key=lambda c: c.drop_rank))
+
+
+def _stacked(run: RunResult) -> list[str]:
+    lines = []
+    for s in run.stages:
+        lines.append(f"{s.name}: {s.status}")
+        lines += [f"  {' '.join(c.header).strip()}: {c.cell(s)}" for c in COLUMNS[2:] if c.cell(s) != "-"]
+    return lines
+
+
+def print_summary(run: RunResult, console=None) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = console or Console()
+    device = run.env.get("gpu") or run.env.get("cpu") or "?"
+    console.print(escape(f"llmopt run {run.run_id}: {run.model.source if run.model else '?'} on {device}"))
+    columns = fitting_columns(run, console)
+    if columns is None:
+        for line in _stacked(run):
+            console.print(escape(line))
+    else:
+        console.print(_table(run, columns))
+        left_out = [" ".join(c.header) for c in COLUMNS if c not in columns]
+        if left_out:
+            console.print(escape(f"(left out at this width: {', '.join(left_out)}; every column is in run.json, "
+                                 "report.md and --json)"))
+    notes = [(s.name, n) for s in run.stages if (n := note(s))]
+    notes += [("workload", n) for n in run.workload.notes]
+    for name, text in notes:
+        console.print(escape(f"{name}: {text}"))

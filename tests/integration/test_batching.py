@@ -121,10 +121,34 @@ def test_curve_continuous_and_static(batching_run):
             assert 0 <= r["goodput_rps"] <= r["qps"] * 1.0001
     cont = {r["concurrency"]: r for r in curve if r["mode"] == "continuous"}
     static = {r["concurrency"]: r for r in curve if r["mode"] == "static"}
-    # more requests in flight, more tokens per second: what batching is for
-    assert cont[16]["output_tok_s"] > 2 * cont[1]["output_tok_s"]
+    # what batching is for, checked without a timing relation (tokens/s at 16 against 1 is one
+    # that load on the machine can flip): see test_requests_batched_together
     assert static[16]["static_batch"] == 16 and static[1]["static_batch"] == 1
     assert static[16]["continuous_speedup"] == pytest.approx(cont[16]["output_tok_s"] / static[16]["output_tok_s"])
+
+
+def in_flight(samples: list[dict]) -> int:
+    """The most requests between their submit and their last token at any one moment."""
+    events = sorted([(s["t_submit"], 1) for s in samples] + [(s["t_done"], -1) for s in samples])  # ends first on ties
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_requests_batched_together(batching_run):
+    """The main point (closed loop at concurrency 16): the engine had exactly 16 requests in
+    flight at once, never more, and its steps gave tokens to several requests at the same time."""
+    samples = batching_run["samples"]
+    assert in_flight(samples) == 16
+    per_step: dict[float, int] = {}
+    for s in samples:
+        for t in s["token_times"]:
+            per_step[t] = per_step.get(t, 0) + 1
+    assert max(per_step.values()) > 1, "every step served one request: no batching"
 
 
 @pytest.mark.vllm

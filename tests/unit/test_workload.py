@@ -1,5 +1,6 @@
 """workload.py: the shipped prompt set, malformed prompt files (each error names its line),
-seeded prompt choice, exact input lengths, the mixed workload and Poisson arrivals."""
+"text" or "prompt" keys and plain text files, the workload options (ranges, lighter defaults on
+CPU), seeded prompt choice, exact input lengths, the mixed workload and Poisson arrivals."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from llmopt_bench.errors import ExitCode, UsageError
-from llmopt_bench.workload import (WorkloadConfig, build_requests, fit_length, load_prompts, poisson_arrivals,
-                                   select_prompts)
+from llmopt_bench.workload import (WorkloadConfig, WorkloadOptions, build_requests, fit_length, load_prompt_set,
+                                   load_prompts, option_name, poisson_arrivals, resolve_workload, select_prompts)
 
 
 def write_lines(path: Path, lines: list[str]) -> str:
@@ -194,3 +195,91 @@ def test_poisson_arrivals_mean_rate():
 def test_poisson_arrivals_is_seeded():
     assert poisson_arrivals(2.0, 50, seed=4) == poisson_arrivals(2.0, 50, seed=4)
     assert poisson_arrivals(2.0, 50, seed=4) != poisson_arrivals(2.0, 50, seed=5)
+
+
+# --- "prompt" as well as "text"; plain text files -----------------------------------------
+
+def test_prompt_key_accepted_and_said(tmp_path):
+    src = write_lines(tmp_path / "p.jsonl", [json.dumps({"id": "a", "prompt": "first question?"}),
+                                             json.dumps({"id": "b", "prompt": "second one", "lang": "zh"})])
+    prompts, key = load_prompt_set(src)
+    assert [(p.id, p.text, p.lang) for p in prompts] == [("a", "first question?", "en"), ("b", "second one", "zh")]
+    assert key == "prompt"
+    assert load_prompt_set()[1] == "text"  # the shipped set
+
+
+def test_a_file_mixing_the_keys_says_both(tmp_path):
+    src = write_lines(tmp_path / "p.jsonl", [json.dumps({"text": "one"}), json.dumps({"prompt": "two"})])
+    prompts, key = load_prompt_set(src)
+    assert [p.text for p in prompts] == ["one", "two"] and key == "text+prompt"
+
+
+def test_both_keys_on_one_line_is_ambiguous(tmp_path):
+    e = usage_error(tmp_path, json.dumps({"id": "q", "text": "a", "prompt": "b"}) + "\n")
+    assert ":1:" in e.message and "both" in e.message
+
+
+@pytest.mark.parametrize("name", ["p.txt", "prompts", "p.md"])
+def test_plain_text_one_prompt_a_line(tmp_path, name):
+    src = write_lines(tmp_path / name, ["What is PagedAttention?", "", "   ", "  Explain AWQ in one line.  ",
+                                        '{"not": "an object on line one"} is just text here'])
+    prompts, key = load_prompt_set(src)
+    assert key == "line"
+    assert [(p.id, p.text) for p in prompts] == [("line-1", "What is PagedAttention?"), ("line-4", "Explain AWQ in one line."),
+                                                 ("line-5", '{"not": "an object on line one"} is just text here')]
+
+
+def test_jsonl_under_a_text_name_is_refused_with_the_rename(tmp_path):
+    e = usage_error(tmp_path, good(1) + "\n" + good(2) + "\n", name="p.txt")
+    assert "plain text" in e.message and "JSON object" in e.message
+    assert "p.jsonl" in e.fix
+
+
+@pytest.mark.parametrize("content", ["", "\n \n"])
+def test_empty_text_file(tmp_path, content):
+    assert "no prompts" in usage_error(tmp_path, content, name="p.txt").message
+
+
+# --- the workload options: validated in one place, lighter defaults on CPU ---------------
+
+@pytest.mark.parametrize("field,value,allowed", [("num_prompts", 0, "1 or more"), ("max_new_tokens", -5, "1 or more"),
+                                                 ("warmup", -1, "0 or more"), ("seed", 2**32, "0 to 4294967295"),
+                                                 ("batch_size", 0, "1 or more"), ("input_len", 0, "1 or more")])
+def test_each_option_checked_against_the_configs_own_range(field, value, allowed):
+    with pytest.raises(UsageError) as info:
+        resolve_workload(WorkloadOptions(**{field: value}))
+    flag = option_name(field)
+    assert info.value.message == f"{flag} {value}: out of range, allowed {allowed}"
+    assert flag in info.value.fix and info.value.code == ExitCode.USAGE
+
+
+def test_cpu_gets_lighter_defaults_and_says_so():
+    cfg = resolve_workload(WorkloadOptions(), device="cpu")
+    assert (cfg.num_prompts, cfg.max_new_tokens, cfg.warmup, cfg.repeats) == (4, 32, 1, 2)
+    assert cfg.max_prompt_len == 2048 and cfg.batch_size == 1  # the rest as on a GPU
+    assert len(cfg.notes) == 1 and cfg.notes[0].startswith("lighter defaults on CPU: --num-prompts 4, --max-new-tokens 32, "
+                                                           "--warmup 1, --repeats 2")
+    assert cfg.prompt_key == "text"
+
+
+def test_cuda_keeps_the_defaults():
+    assert resolve_workload(WorkloadOptions(), device="cuda") == WorkloadConfig()
+
+
+def test_what_the_user_set_is_kept_and_not_named():
+    cfg = resolve_workload(WorkloadOptions(max_new_tokens=100, repeats=3), device="cpu")
+    assert (cfg.num_prompts, cfg.max_new_tokens, cfg.warmup, cfg.repeats) == (4, 100, 1, 3)
+    assert "--max-new-tokens" not in cfg.notes[0] and "--repeats" not in cfg.notes[0]
+    everything = WorkloadOptions(num_prompts=8, max_new_tokens=100, warmup=2, repeats=3)
+    assert resolve_workload(everything, device="cpu").notes == []
+
+
+def test_a_resumed_run_keeps_its_workload():
+    before = resolve_workload(WorkloadOptions(seed=7), device="cpu")
+    assert resolve_workload(WorkloadOptions(), previous=before, device="cuda") == before
+
+
+def test_the_prompt_files_key_is_recorded(tmp_path):
+    src = write_lines(tmp_path / "p.txt", ["one", "two"])
+    cfg = resolve_workload(WorkloadOptions(prompts=src), device="cuda")
+    assert cfg.prompts == src and cfg.prompt_key == "line"

@@ -1,0 +1,104 @@
+"""Every bad value of a `llmopt bench` option is refused by the real CLI before anything starts:
+exit 2, one error line naming the option, the value and the allowed range, a fix line, no
+traceback, and no run directory written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from testkit import ROOT
+
+# (option, bad value, what the error must say is allowed)
+BAD = [
+    ("--max-new-tokens", "0", "allowed 1 or more"),
+    ("--max-new-tokens", "-5", "allowed 1 or more"),
+    ("--num-prompts", "0", "allowed 1 or more"),
+    ("--batch-size", "0", "allowed 1 or more"),
+    ("--repeats", "0", "allowed 1 or more"),
+    ("--input-len", "0", "allowed 1 or more"),
+    ("--max-prompt-len", "0", "allowed 1 or more"),
+    ("--warmup", "-1", "allowed 0 or more"),
+    ("--seed", "-1", "allowed 0 to 4294967295"),
+    ("--seed", "4294967296", "allowed 0 to 4294967295"),
+    ("--timeout", "0", "allowed more than 0 seconds"),
+    ("--timeout", "-3", "allowed more than 0 seconds"),
+    ("--timeout", "nan", "allowed more than 0 seconds"),
+    ("--workload", "odd", "allowed fixed or mixed"),
+    ("--min-quality", "1.5", "not a fraction in (0, 1]"),
+]
+IDS = [f"{o}={v}" for o, v, _ in BAD]
+
+
+def start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "llmopt_bench", *args], cwd=ROOT, env=dict(os.environ),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, object]]:
+    """Every bad value through the real CLI, started together (each is a process start-up)."""
+    tmp = tmp_path_factory.mktemp("bad")
+    procs = {}
+    for case, (option, value, _) in zip(IDS, BAD):
+        out = tmp / case.replace("-", "_").replace("=", "_")
+        procs[case] = (start("bench", "--stages", "hf-fp16", "--model", "synthetic:tiny", option, value, "--output", str(out)), out)
+    done = {}
+    for case, (proc, out) in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        done[case] = (subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), out)
+    return done
+
+
+def refused(r, *needles: str) -> list[str]:
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("error: ") and lines[1].startswith("  fix: "), r.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    proc = start(*args)
+    stdout, stderr = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+@pytest.mark.parametrize("option,value,allowed", BAD, ids=IDS)
+def test_bad_value_refused_before_anything_starts(refusals, option, value, allowed):
+    r, out = refusals[f"{option}={value}"]
+    _, fix = refused(r, option, value, allowed)
+    assert option in fix
+    assert not out.exists()  # refused before the run directory, the probe or any stage
+
+
+def test_output_that_is_a_file(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("mine")
+    refused(run("bench", "--stages", "hf-fp16", "--output", str(path)), "--output", str(path), "a file")
+    assert path.read_text() == "mine"
+
+
+def test_output_under_a_file_cannot_be_written(tmp_path):
+    (tmp_path / "f").write_text("")
+    out = tmp_path / "f" / "run"
+    refused(run("bench", "--stages", "hf-fp16", "--output", str(out)), "--output", "cannot write there")
+
+
+def test_output_that_holds_another_run(tmp_path):
+    """A run directory is never overwritten by a new run: its record would be lost."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run.json").write_text('{"kept": true}')
+    _, fix = refused(run("bench", "--stages", "hf-fp16", "--output", str(out)), "--output", "already holds a run")
+    assert f"--resume {out}" in fix
+    assert (out / "run.json").read_text() == '{"kept": true}'
+
+
+def test_two_bad_values_name_the_first(tmp_path):
+    refused(run("bench", "--num-prompts", "0", "--repeats", "0", "--output", str(tmp_path / "run")), "--num-prompts 0")
