@@ -32,7 +32,7 @@ SYNTHETIC_VERSION = "v1"  # bump when the weight recipe changes, so caches are r
 
 class ModelSpec(StrictModel):
     source: str
-    kind: Literal["synthetic", "bundled", "local", "hub"]
+    kind: Literal["synthetic", "bundled", "local", "hub", "endpoint"]
     name: str  # preset, bundle name, path or hub id
 
 
@@ -95,6 +95,10 @@ def local_path(path: str) -> str:
 
 
 def parse_model(source: str) -> ModelSpec:
+    if source.startswith("endpoint:"):  # a model a server serves (llmopt bench --endpoint): no weights here
+        if not source[len("endpoint:"):]:
+            raise UsageError("endpoint: names no model", "pass the model name the server answers to, e.g. --model my-model")
+        return ModelSpec(source=source, kind="endpoint", name=source[len("endpoint:"):])
     if source.startswith("synthetic:"):
         preset = source.split(":", 1)[1]
         if preset not in PRESETS:
@@ -123,6 +127,8 @@ def prepare(spec: ModelSpec) -> ModelInfo:
     """Resolve the spec to a local checkpoint directory (writing it once into the cache)."""
     t0 = time.perf_counter()
     notes: list[str] = []
+    if spec.kind == "endpoint":
+        return endpoint_model(spec)
     if spec.kind == "synthetic":
         from llmopt_bench.synthetic import ensure_synthetic
 
@@ -139,6 +145,14 @@ def prepare(spec: ModelSpec) -> ModelInfo:
     info.prepare_s = round(time.perf_counter() - t0, 3)
     info.notes = notes
     return info
+
+
+def endpoint_model(spec: ModelSpec) -> ModelInfo:
+    """A server's model: nothing of it is here, so its shape is unknown; prompts are built with
+    the stage's --tokenizer, else synthetic:tiny's byte-level tokenizer (the stage says which)."""
+    tiny = prepare(parse_model("synthetic:tiny"))
+    return ModelInfo(source=spec.source, kind="endpoint", path=tiny.path, real_weights=False,
+                     notes=[f"served by a server llmopt did not start; its model {spec.name!r} is not on this machine"])
 
 
 def describe(spec: ModelSpec, path: Path, real_weights: bool) -> ModelInfo:

@@ -113,6 +113,9 @@ def bench_cmd(
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds per stage (more than 0), overriding the journey's timeout_s (default: 1800)."),
     as_json: bool = typer.Option(False, "--json", help="Print run.json to stdout instead of the table."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write report.md and charts/ into the run directory."),
+    endpoint: str | None = typer.Option(None, "--endpoint", help="Put the serving load on a server you run (any OpenAI-compatible URL); --model then names the model it serves. Runs the openai-endpoint stage."),
+    api_key_env: str | None = typer.Option(None, "--api-key-env", help="With --endpoint: the NAME of the environment variable that holds the API key (the key is never written anywhere)."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="With --endpoint: the served model's tokenizer (a directory or hub id) to build and count prompts."),
     min_quality: str | None = typer.Option(None, "--min-quality", help="Quality gate: a stage whose perplexity exceeds FP16's by more than 1 - Q is flagged as a quality regression (0.99 or 99%: within 1%; default: 0.99)."),
 ) -> None:
     """Run the journey's stages and write run.json, requests.jsonl and logs into the run directory."""
@@ -128,7 +131,12 @@ def bench_cmd(
     given.check()
     gate, timeout = parse_min_quality(min_quality), check_timeout(timeout)
     previous = load_run(resume) if resume is not None else None
-    plans, named = choose_plans(stages, previous)
+    if endpoint is not None:
+        journey, model = endpoint_stage(endpoint, model, api_key_env, tokenizer, stages)
+        plans, named = choose_plans(journey, previous)[0], True  # named: an endpoint it cannot use exits 3
+        Path(journey).unlink()
+    else:
+        plans, named = choose_plans(stages, previous)
     cuda = bool(cuda_devices())
     spec = parse_model(model or (previous.model.source if previous and previous.model else default_model(cuda)))
     cfg = resolve_workload(given, previous.workload if previous else None, "cuda" if cuda else "cpu")
@@ -145,6 +153,25 @@ def bench_cmd(
                           f"continue with llmopt bench --resume {out}", code=ExitCode.INTERRUPTED) from None
     write_outputs(run, out, report, as_json)
     exit_status(run, out, named)
+
+
+def endpoint_stage(url: str, model: str | None, key_env: str | None, tokenizer: str | None,
+                   stages: str | None) -> tuple[str, str]:
+    """--endpoint: a one-stage journey file for openai-endpoint, and the run's model (the server's)."""
+    import json
+    import tempfile
+
+    if stages is not None:
+        raise UsageError("--endpoint runs the openai-endpoint stage alone: --stages is not for it",
+                         "drop --stages, or name openai-endpoint in a journey file with its params")
+    if not model:
+        raise UsageError("--endpoint needs --model: the model name the server answers to", "pass --model NAME (its /v1/models lists them)")
+    params = {"endpoint": url, "model": model, **({"api_key_env": key_env} if key_env else {}),
+              **({"tokenizer": tokenizer} if tokenizer else {})}
+    inline = ", ".join(f"{k} = {json.dumps(v)}" for k, v in params.items())
+    path = Path(tempfile.mkdtemp(prefix="llmopt-endpoint-")) / "endpoint.toml"
+    path.write_text(f'[[stage]]\nname = "openai-endpoint"\nparams = {{ {inline} }}\n')
+    return str(path), f"endpoint:{model}"
 
 
 def choose_plans(stages: str | None, previous) -> tuple[list, bool]:
