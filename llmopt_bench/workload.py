@@ -42,7 +42,8 @@ class WorkloadConfig(StrictModel):
     repeats: int = Field(3, ge=1, description="times the workload is measured; the spread is reported")
     seed: int = Field(0, ge=0, le=2**32 - 1, description="seed for prompt choice and arrivals")
     batch_size: int = Field(1, ge=1, description="requests generated together by one-shot stages")
-    kind: Literal["fixed", "mixed"] = Field("fixed", description="the prompt mix: fixed, or mixed (a quarter long documents, the rest short questions)")
+    kind: Literal["fixed", "mixed"] = Field("fixed", description="the prompt mix: fixed, or mixed (a quarter long documents, "
+                                                                 "the rest short questions)")
     # what the run learnt rather than what the user set: kept so run.json says how it was read
     prompt_key: str = Field("text", description='the key the prompts were read from: "text", "prompt", both '
                                                 '("text+prompt"), or "line" for a plain text file')

@@ -146,7 +146,8 @@ def render(d: dict[str, Any]) -> list[str]:
 
 
 @app.command("doctor")
-def doctor_cmd(as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON (to save it: llmopt doctor --json > doctor.json).")) -> None:
+def doctor_cmd(as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON (keep it: llmopt doctor --json > doctor.json).")
+               ) -> None:
     """What this machine offers llmopt (GPU, driver, CUDA, engines, cache space) and, for each
     stage that cannot run here, the command that fixes it. The first troubleshooting step."""
     d = diagnose()

@@ -21,6 +21,13 @@ SECTIONS = ("Environment and workload", "Stages", "Speedups", "Stages that did n
             "The story's claims", "Conclusions", "What to deploy", "Roofline", "Stage details", "Metric definitions")
 
 
+def prompts_read_as(key: str) -> str:
+    """How the prompt file was read, where it is not the usual JSONL "text" key."""
+    if key == "text":
+        return ""
+    return "; prompts read as plain text, one a line" if key == "line" else f'; prompts read from the JSONL key "{key}"'
+
+
 def environment(run: RunResult) -> list[str]:
     env, m, w = run.env or {}, run.model, run.workload
     c = env.get("ceilings") or {}
@@ -40,7 +47,8 @@ def environment(run: RunResult) -> list[str]:
         lines += [f"  - {n}" for n in m.notes]
     lines.append(f"- workload: {w.num_prompts} prompts from {w.prompts} ({w.kind}), {w.max_new_tokens} new tokens forced, "
                  f"input length {w.input_len or 'as written'}, batch {w.batch_size}, {w.warmup} warm-up, "
-                 f"{w.repeats} repeats, seed {w.seed}")
+                 f"{w.repeats} repeats, seed {w.seed}{prompts_read_as(w.prompt_key)}")
+    lines += [f"  - {n}" for n in w.notes]  # defaults chosen for this machine (the lighter CPU workload)
     return lines
 
 

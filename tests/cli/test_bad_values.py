@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from testkit import ROOT
 
 # (option, bad value, what the error must say is allowed)

@@ -11,9 +11,9 @@ import subprocess
 import sys
 
 import pytest
+from testkit import ROOT, run_cli
 
 from llmopt_bench.registry import cuda_devices, stage_names
-from testkit import ROOT, run_cli
 
 VLLM_PYTHON = os.environ.get("LLMOPT_VLLM_PYTHON")
 NO_GPU = pytest.mark.skipif(bool(cuda_devices()), reason="checks the no-GPU branch; the GPU branch runs on the H200")

@@ -11,11 +11,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+from testkit import ROOT, read_run, write_plugin
 
 from llmopt_bench.registry import cuda_devices
-from testkit import ROOT, read_run, write_plugin
 
 pytestmark = pytest.mark.skipif(bool(cuda_devices()), reason="the lighter defaults are the CPU's")
 
@@ -55,7 +56,7 @@ def plugin_env(tmp_path_factory, tiny_model) -> dict[str, str]:
 
 def start(out, plugin_env, *args) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "llmopt_bench", "bench", "--stages", "t-echo", "--model", "synthetic:tiny",
-                             "--no-report", "--output", str(out), *args], cwd=ROOT,
+                             "--output", str(out), *args], cwd=ROOT,
                             env={**os.environ, **plugin_env, "COLUMNS": "80"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
@@ -68,13 +69,14 @@ def runs(tmp_path_factory, plugin_env) -> dict[str, tuple[subprocess.CompletedPr
                                   encoding="utf-8")
     (tmp / "peer.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"question {i}?"}) + "\n" for i in range(2)))
     args = {"defaults": (), "text": ("--prompts", str(tmp / "mine.txt"), "--num-prompts", "3"),
-            "prompt_key": ("--prompts", str(tmp / "peer.jsonl"), "--num-prompts", "2")}
+            "prompt_key": ("--prompts", str(tmp / "peer.jsonl"), "--num-prompts", "2", "--no-report")}
     procs = {k: (start(tmp / k, plugin_env, *a), tmp / k) for k, a in args.items()}
     done = {}
     for k, (proc, out) in procs.items():
         stdout, stderr = proc.communicate(timeout=600)
         assert proc.returncode == 0, (k, stderr[-3000:])
         done[k] = (subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), read_run(out))
+        done[k][1]["_dir"] = str(out)
     return done
 
 
@@ -90,6 +92,7 @@ def test_cpu_defaults_used_and_said(runs):
     assert f"llmopt: {note}" in r.stderr  # said while it runs
     lines = r.stdout.splitlines()
     assert f"workload: {note}" in " ".join(r.stdout.split())  # and under the table (wrapped at 80)
+    assert f"  - {note}" in (Path(run["_dir"]) / "report.md").read_text().splitlines()  # and in the report
     assert all(len(line) <= 80 for line in lines) and "…" not in r.stdout, r.stdout
 
 
@@ -97,6 +100,7 @@ def test_plain_text_prompts_one_a_line(runs):
     r, run = runs["text"]
     assert run["workload"]["prompt_key"] == "line"
     assert "as plain text, one prompt a line" in r.stderr
+    assert "prompts read as plain text, one a line" in (Path(run["_dir"]) / "report.md").read_text()
     assert run["stages"][0]["extra"]["seen"] == {"line-1": "How does vLLM page its KV cache?",
                                                  "line-3": "What does AWQ protect?", "line-4": "Why batch requests?"}
 

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from testkit import read_run, run_cli
 
 VLLM_PYTHON = os.environ.get("LLMOPT_VLLM_PYTHON")

@@ -11,8 +11,18 @@ from pathlib import Path
 import pytest
 
 from llmopt_bench.errors import ExitCode, UsageError
-from llmopt_bench.workload import (WorkloadConfig, WorkloadOptions, build_requests, fit_length, load_prompt_set,
-                                   load_prompts, option_name, poisson_arrivals, resolve_workload, select_prompts)
+from llmopt_bench.workload import (
+    WorkloadConfig,
+    WorkloadOptions,
+    build_requests,
+    fit_length,
+    load_prompt_set,
+    load_prompts,
+    option_name,
+    poisson_arrivals,
+    resolve_workload,
+    select_prompts,
+)
 
 
 def write_lines(path: Path, lines: list[str]) -> str:
