@@ -28,7 +28,7 @@ VLLM_PY = $(abspath $(VLLM_VENV))/bin/python
 JOURNEY = stages/journey-cpu.toml
 endif
 
-.PHONY: bench test install install-test vllm-venv check-gpu-install clean
+.PHONY: bench test lint install install-test vllm-venv check-gpu-install clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,7 +61,14 @@ vllm-venv: $(VLLM_VENV)/.installed
 bench: $(ENGINES)
 	LLMOPT_VLLM_PYTHON=$(VLLM_PY) $(VENV)/bin/llmopt bench --stages $(JOURNEY) $(BENCH_ARGS)
 
-test: install-test $(filter vllm-venv,$(ENGINES))
+# the layers (import-linter contracts in pyproject.toml), ruff with its complexity limit, mypy on
+# the contract and the schema: seconds, before the tests
+lint: install-test
+	$(VENV)/bin/ruff check llmopt_bench
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
+
+test: lint $(filter vllm-venv,$(ENGINES))
 	LLMOPT_VLLM_PYTHON=$(VLLM_PY) $(VENV)/bin/python -m pytest -q -ra --durations=25 tests $(TEST_ARGS)
 
 # Does `pip install 'llmopt-bench[gpu]'` resolve for a CUDA box? Checked against PyPI, nothing installed.

@@ -39,7 +39,8 @@ def stage_names() -> list[str]:
 def load_stage(name: str) -> type[Stage]:
     eps = _entry_points()
     if name not in eps:
-        raise UsageError(f"unknown stage {name!r}", f"known stages: {', '.join(stage_names()) or 'none (is llmopt installed with pip install -e .?)'}")
+        known = ", ".join(stage_names()) or "none (is llmopt installed with pip install -e .?)"
+        raise UsageError(f"unknown stage {name!r}", f"known stages: {known}")
     cls = eps[name].load()
     if getattr(cls, "name", None) != name:
         raise UsageError(f"entry point {name!r} loads {cls!r}, whose name is {getattr(cls, 'name', None)!r}")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 import queue
-import sys
 import subprocess
+import sys
 import time
 from typing import Any
 

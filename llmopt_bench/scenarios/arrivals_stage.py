@@ -26,8 +26,18 @@ from llmopt_bench.engines.static_engine import StaticEngine
 from llmopt_bench.engines.vllm_kv import KVCacheRecord
 from llmopt_bench.errors import describe, is_oom
 from llmopt_bench.scenarios import mixed
-from llmopt_bench.scenarios.arrivals import (H200_REFERENCE, ArrivalsParams, LoadPoint, RequestSource, add_speedups, facts,
-                                             plan_points, plan_throughput_point, point_row, sweep_settings)
+from llmopt_bench.scenarios.arrivals import (
+    H200_REFERENCE,
+    ArrivalsParams,
+    LoadPoint,
+    RequestSource,
+    add_speedups,
+    facts,
+    plan_points,
+    plan_throughput_point,
+    point_row,
+    sweep_settings,
+)
 from llmopt_bench.scenarios.arrivals_record import BatchingExtra, CapacityRow, CurveRow, ThroughputPoint
 from llmopt_bench.scenarios.capacity import hf_capacity, vllm_capacity_rows
 from llmopt_bench.stage import LoadInfo, RequestSample, Stage, StageContext, StageRun

@@ -31,27 +31,66 @@ def vllm_capacity_rows(kv: KVCacheRecord | None, contexts: list[int], max_num_se
              "method": "num_blocks * block_size / context (KV cache preallocated: peak is its size)"} for c in contexts]
 
 
+def search_sizes(sizes: list[int], context: int, cuda: bool, ask: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
+    """Probe batch sizes in order until the answer is known: on CUDA (top down) the first that
+    fits; on CPU (bottom up) until one runs out. An error or a timeout is no capacity answer:
+    the search stops there, and the row says so."""
+    got: dict[str, Any] = {"fit": None, "oom_at": None, "peak": None, "last": None, "oom_ans": None, "tried": []}
+    for b in sizes:
+        got["tried"].append(b)
+        ans = got["last"] = ask(b)
+        if ans["status"] == "ok":
+            got["fit"], got["peak"] = b, ans.get("peak_bytes")
+            if cuda:
+                break
+        elif ans["status"] == "oom":
+            got["oom_at"], got["oom_ans"] = b, ans
+            if not cuda:
+                break
+        else:
+            break
+    return got
+
+
+def capacity_row(context: int, attn: str, got: dict[str, Any], ruled_out: list[int], no_fit: tuple[int, int] | None,
+                 cuda: bool, sizes: list[int], max_batch: int) -> dict[str, Any]:
+    oom_at = got["oom_at"] if got["oom_at"] is not None or not ruled_out else min(ruled_out)  # ruled out: not probed
+    row: dict[str, Any] = {"engine": "transformers", "context": context, "max_batch": got["fit"], "oom_at": oom_at,
+                           "peak_bytes": got["peak"], "attn_implementation": attn, "probed": got["tried"]}
+    if ruled_out and no_fit:
+        row["ruled_out"] = {"batches": ruled_out, "because": f"batch {no_fit[0]} ran out of memory at {no_fit[1]} tokens"}
+    if got["last"] and got["last"]["status"] not in ("ok", "oom"):
+        row["error"] = got["last"].get("reason")
+    if not cuda:
+        row["note"] = CPU_NOTE
+    elif oom_at is None and sizes and got["fit"] == max(sizes):
+        row["note"] = f"no OOM up to max_batch={max_batch}"
+    if got["oom_ans"]:
+        row["memory_at_oom_bytes"] = got["oom_ans"].get("memory_at_oom_bytes")
+    return row
+
+
 def hf_capacity(model_path: str, device: str, dtype: str, attn: str, contexts: list[int], max_batch: int,
                 decode_steps: int, timeout_s: float, workdir: Path,
                 progress: Callable[[str], None] = lambda m: None,
                 probe: Callable[..., dict[str, Any]] = run_isolated) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """transformers rows of extra["capacity"], and every probe's answer. probe(kind, job,
-    timeout_s, workdir) runs one batch in its own process (run_isolated)."""
+    timeout_s, workdir) runs one batch in its own process (run_isolated).
+
+    CUDA: halve from max_batch until a batch fits (each probe loads the model in a new process,
+    ~15 s for 7B: a big card fits most sizes, so top-down asks fewest). The answer is the same
+    as growing from 1: the largest power of two that fits, and the next one up, which did not.
+    A batch that ran out at a shorter context runs out at a longer one too (more tokens, same
+    model): it is not probed again. CPU never runs out: both small sizes are shown running."""
     rows, probes = [], []
     no_fit: tuple[int, int] | None = None  # (batch, context): the smallest batch out of memory so far
+    cuda = device == "cuda"
     for context in sorted(contexts):
-        # CUDA: halve from max_batch until a batch fits (each probe loads the model in a new
-        # process, ~15 s for 7B: a big card fits most sizes, so top-down asks fewest). The
-        # answer is the same as growing from 1: the largest power of two that fits, and the
-        # next one up, which did not. A batch that ran out at a shorter context runs out at a
-        # longer one too (more tokens, same model): it is not probed again. CPU never runs
-        # out: both small sizes are shown running.
-        sizes = [1, 2] if device != "cuda" else sorted((b for b in (2**i for i in range(16)) if b <= max_batch), reverse=True)
-        ruled_out = [b for b in sizes if no_fit and b >= no_fit[0]] if device == "cuda" else []
+        sizes = sorted((b for b in (2**i for i in range(16)) if b <= max_batch), reverse=True) if cuda else [1, 2]
+        ruled_out = [b for b in sizes if no_fit and b >= no_fit[0]] if cuda else []
         sizes = [b for b in sizes if b not in ruled_out]
-        fit, oom_at, peak, last, oom_ans, tried = None, None, None, None, None, []
-        for b in sizes:
-            tried.append(b)
+
+        def ask(b: int, context: int = context) -> dict[str, Any]:
             progress(f"capacity: transformers batch {b} x {context} tokens")
             job = {"model_path": model_path, "device": device, "dtype": dtype, "attn_implementation": attn,
                    "batch": b, "context": context, "decode_steps": decode_steps}
@@ -59,32 +98,11 @@ def hf_capacity(model_path: str, device: str, dtype: str, attn: str, contexts: l
             ans.setdefault("batch", b)
             ans.setdefault("context", context)
             probes.append(ans)
-            last = ans
-            if ans["status"] == "ok":
-                fit, peak = b, ans.get("peak_bytes")
-                if device == "cuda":
-                    break
-            elif ans["status"] == "oom":
-                oom_at, oom_ans = b, ans
-                if device != "cuda":
-                    break
-            else:  # an error or a timeout is not a capacity answer: stop, and say so
-                break
-        if oom_at is None and ruled_out:  # the next size up was ruled out, not probed
-            oom_at = min(ruled_out)
-        row: dict[str, Any] = {"engine": "transformers", "context": context, "max_batch": fit, "oom_at": oom_at,
-                               "peak_bytes": peak, "attn_implementation": attn, "probed": tried}
-        if ruled_out:
-            row["ruled_out"] = {"batches": ruled_out, "because": f"batch {no_fit[0]} ran out of memory at {no_fit[1]} tokens"}
-        if oom_at is not None and (no_fit is None or oom_at < no_fit[0]) and oom_at in tried:
-            no_fit = (oom_at, context)
-        if last and last["status"] not in ("ok", "oom"):
-            row["error"] = last.get("reason")
-        if device != "cuda":
-            row["note"] = CPU_NOTE
-        elif oom_at is None and sizes and fit == max(sizes):
-            row["note"] = f"no OOM up to max_batch={max_batch}"
-        if oom_ans:
-            row["memory_at_oom_bytes"] = oom_ans.get("memory_at_oom_bytes")
+            return ans
+
+        got = search_sizes(sizes, context, cuda, ask)
+        row = capacity_row(context, attn, got, ruled_out, no_fit, cuda, sizes, max_batch)
+        if row["oom_at"] is not None and (no_fit is None or row["oom_at"] < no_fit[0]) and row["oom_at"] in got["tried"]:
+            no_fit = (row["oom_at"], context)
         rows.append(row)
     return rows, probes

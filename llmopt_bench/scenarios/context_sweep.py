@@ -26,7 +26,8 @@ class ContextSweepParams(StrictModel):
     decode_tokens: int = Field(32, ge=1)
     repeats: int = Field(3, ge=1)
     warmup: int = Field(1, ge=0, description="untimed generations before each (impl, context, batch) cell")
-    cpu_max_context: int | None = Field(1024, ge=1, description="on CPU, contexts above this are measured at this length instead, with a note; None: no cap")
+    cpu_max_context: int | None = Field(1024, ge=1, description="on CPU, contexts above this are measured at this length "
+                                                                "instead, with a note; None: no cap")
 
 
 class SweepRow(StrictModel):
