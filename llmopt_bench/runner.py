@@ -24,6 +24,7 @@ from llmopt_bench.workload import WorkloadConfig
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
             "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 REFERENCE_FILE = "quality_reference.pt"
+RERUN = ("interrupted", "killed")  # what --resume runs again: stopped from outside, not by the stage itself
 
 
 class Reporter(Protocol):
@@ -203,7 +204,7 @@ def _run_plans(run: RunResult, previous: RunResult | None, model: ModelInfo, rd:
     from llmopt_bench import durations
 
     ref = find_reference(rd, opts.plans, previous)
-    todo = [p for p in opts.plans if not ((d := previous.stage(p.name) if previous else None) and d.status != "interrupted")]
+    todo = [p for p in opts.plans if not ((d := previous.stage(p.name) if previous else None) and d.status not in RERUN)]
     for i, plan in enumerate(opts.plans):
         if plan not in todo:
             reporter.progress(plan.name, f"already in the run ({previous.stage(plan.name).status}): kept (resume)", None, None)

@@ -67,8 +67,8 @@ def write_outputs(run, out: Path, report: bool, as_json: bool) -> None:
             from llmopt_bench.render.report import write_report
 
             write_report(run, out)
-        except ImportError:
-            pass
+        except ImportError as e:  # said, not swallowed: the run is measured, its report can follow
+            print(f"warning: report not written ({e}); install what it needs, then run `llmopt report {out}`", file=sys.stderr)
         except Exception as e:  # noqa: BLE001 - a report failure must not lose the measured run
             print(f"warning: report not written ({type(e).__name__}: {e}); run `llmopt report {out}`", file=sys.stderr)
     if as_json:

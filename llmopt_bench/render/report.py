@@ -206,10 +206,7 @@ def write_outputs(run: RunResult, out_dir: Path, formats: Sequence[str] = ("md",
     written: list[Path] = []
     for fmt in formats:
         if fmt == "md":
-            from llmopt_bench.render.charts import write_charts, write_stage_charts
-
-            charts = {p.stem: p for p in write_charts(run, out_dir / "charts")}
-            per_stage = write_stage_charts(run, out_dir / "charts")
+            charts, per_stage = draw_charts(run, out_dir / "charts")
             path = out_dir / "report.md"
             path.write_text(render_markdown(run, charts, per_stage), encoding="utf-8")
             written += [path, *charts.values(), *(p for ps in per_stage.values() for p in ps)]
@@ -220,6 +217,20 @@ def write_outputs(run: RunResult, out_dir: Path, formats: Sequence[str] = ("md",
         else:
             raise ValueError(f"unknown report format {fmt!r}")
     return written
+
+
+def draw_charts(run: RunResult, out_dir: Path) -> tuple[dict[str, Path], dict[str, list[Path]]]:
+    """The charts, or none (with a warning) where matplotlib is not installed: report.md still
+    holds every table."""
+    try:
+        from llmopt_bench.render.charts import write_charts, write_stage_charts
+
+        return {p.stem: p for p in write_charts(run, out_dir)}, write_stage_charts(run, out_dir)
+    except ImportError as e:
+        import sys
+
+        print(f"warning: no charts ({e}): pip install 'llmopt-bench[charts]'; the report has every table", file=sys.stderr)
+        return {}, {}
 
 
 def write_report(run: RunResult, out_dir: Path, formats: Sequence[str] = ("md",)) -> Path:
