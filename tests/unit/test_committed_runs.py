@@ -246,3 +246,12 @@ def test_a_stage_without_reference_keeps_its_perplexity_line():
     text = render_markdown(run, charts={})
     line = next(x for x in text[text.index("### awq-int4"):].splitlines() if x.startswith("Quality"))
     assert f"perplexity {num(q.perplexity)}" in line
+
+
+def test_the_stage_table_shows_n_and_marks_a_p99_of_few_requests(journey):
+    """Issue 15 §6: 24 requests a stage; their p99 is the largest one or two, and says so."""
+    text = render_markdown(journey, charts={})
+    row = next(line for line in text.splitlines() if line.startswith("| vllm | ok |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "24" and cells[5].endswith("(~max)") and not cells[4].endswith("(~max)")
+    assert "rests on fewer than 100 requests" in text
