@@ -57,4 +57,4 @@ def test_stages_all_resolves_from_a_fresh_virtualenv(wheel, tmp_path):
     assert got["module"].startswith(str(site)) and got["journeys"].startswith(str(site))
     shipped = [line.split('"')[1] for line in (ROOT / "stages" / "journey.toml").read_text().splitlines()
                if line.startswith("name = ")]
-    assert got["plans"] == shipped and len(shipped) == 9
+    assert shipped[0] == "hf-fp16" and got["plans"] == shipped  # the journey as shipped, whatever its length
