@@ -14,7 +14,7 @@ def _on_sigterm(signum, frame):  # a kill ends the run like Ctrl-C: run.json kee
 
 
 def main(argv: list[str] | None = None) -> int:
-    import click
+    import typer
 
     from llmopt_bench.cli import bench, compare, doctor, history, recommend, report, stages  # noqa: F401 - commands register on import
     from llmopt_bench.cli.app import app
@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     import faulthandler
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 <pid>: where is it stuck?
+    # typer 0.29 vendors click (typer._click): its usage errors are not click's own classes, so
+    # take the base of whichever click this typer raises, or a bad option becomes a traceback
+    click_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
     try:
         app(args=argv, standalone_mode=False)
         code = ExitCode.OK
@@ -34,12 +37,14 @@ def main(argv: list[str] | None = None) -> int:
         if e.fix:
             print(f"  fix: {e.fix}", file=sys.stderr)
         code = e.code
-    except click.exceptions.Exit as e:
+    except typer.Exit as e:
         code = e.exit_code
-    except click.ClickException as e:
-        e.show()
+    except click_error as e:  # an unknown option or command, a value of the wrong type
+        ctx = getattr(e, "ctx", None)
+        print(f"error: {e.format_message()}", file=sys.stderr)
+        print(f"  fix: see `{ctx.command_path if ctx else 'llmopt'} --help` for what it takes", file=sys.stderr)
         code = ExitCode.USAGE
-    except click.exceptions.Abort:
+    except typer.Abort:
         print("interrupted", file=sys.stderr)
         code = ExitCode.INTERRUPTED
     except KeyboardInterrupt:

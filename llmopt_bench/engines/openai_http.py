@@ -1,6 +1,6 @@
 """A streaming client for an OpenAI-compatible /v1/completions endpoint, timed on the client.
 
-Each request streams (server-sent events, parsed by httpx-sse); the clock is read as each
+Each request streams (server-sent events, parsed by httpx-sse, carried by aiohttp); the clock is read as each
 chunk arrives, and a chunk that carries k tokens gives its time to each of them, as the
 in-process vLLM engine does (engines/vllm.py serve()). Tokens are counted from what arrived:
 the chunk's `token_ids` (vLLM's `return_token_ids`), else the growth of the streamed usage
@@ -168,14 +168,21 @@ class OpenAIClient:
         self._http: Any = None
 
     async def __aenter__(self) -> OpenAIClient:
+        import aiohttp
         import httpx
+        from httpx_aiohttp import AiohttpTransport
 
         e = self.endpoint
         headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
-        # No pool limit by default: a request waiting for a free connection would count the
-        # client's queue as the server's latency. Reads wait up to the request's own timeout.
+        # httpx's API over aiohttp's transport: httpx's own transport spent ~2 ms sending each
+        # request on a busy host against ~0.5 ms for aiohttp (scripts/client-overhead.py), and that
+        # showed as TTFT beside vllm bench serve (an aiohttp client). No pool limit by default
+        # (limit=0): a request waiting for a free connection would count the client's queue as
+        # the server's latency. Reads wait up to the request's own timeout.
+        limit = self._max_connections or 0
+        transport = AiohttpTransport(client=lambda: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit)))
         self._http = httpx.AsyncClient(
-            headers=headers, limits=httpx.Limits(max_connections=self._max_connections, max_keepalive_connections=None),
+            headers=headers, transport=transport,
             timeout=httpx.Timeout(e.request_timeout_s, connect=e.connect_timeout_s, pool=None))
         return self
 
@@ -292,9 +299,12 @@ class OpenAIClient:
 
 
 def _transport_error(e: Exception, endpoint: Endpoint) -> RequestFailed:
+    import aiohttp
     import httpx
 
-    if isinstance(e, httpx.ConnectError):
+    # httpx-aiohttp maps aiohttp's ClientConnectorError (refused, unreachable) to ConnectTimeout,
+    # so a refused connection is found in the chain, not by httpx's class
+    if isinstance(e, httpx.ConnectError) or any(isinstance(x, aiohttp.ClientConnectorError) for x in _chain(e)):
         cause = _root_cause(e)
         reason = "connection refused" if isinstance(cause, ConnectionRefusedError) else str(cause) or type(cause).__name__
         return RequestFailed("connection", f"cannot connect to {endpoint.base_url}: {reason}")
@@ -305,12 +315,17 @@ def _transport_error(e: Exception, endpoint: Endpoint) -> RequestFailed:
     return RequestFailed("protocol", f"{type(e).__name__}: {e}")
 
 
+def _chain(e: BaseException) -> list[BaseException]:
+    """e and the exceptions it was raised from, outermost first."""
+    chain = [e]
+    while (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None and nxt not in chain:
+        chain.append(nxt)
+    return chain
+
+
 def _root_cause(e: BaseException) -> BaseException:
-    """The OS error below httpx's wrappers ("All connection attempts failed" hides "refused")."""
-    seen = e
-    while (nxt := seen.__cause__ or seen.__context__) is not None and nxt is not seen:
-        seen = nxt
-    return seen
+    """The OS error below the HTTP wrappers ("All connection attempts failed" hides "refused")."""
+    return _chain(e)[-1]
 
 
 def fix_for(kind: str, endpoint: Endpoint) -> str:

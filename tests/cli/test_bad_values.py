@@ -101,3 +101,20 @@ def test_output_that_holds_another_run(tmp_path):
 
 def test_two_bad_values_name_the_first(tmp_path):
     refused(run("bench", "--num-prompts", "0", "--repeats", "0", "--output", str(tmp_path / "run")), "--num-prompts 0")
+
+
+# What the option parser refuses before llmopt sees a value (typer 0.29 vendors click: these came
+# out as a traceback and "internal error", exit 1)
+PARSER = [
+    (("bench", "--bogus"), "No such option: --bogus", "bench --help"),
+    (("bench", "--max-new-tokens", "abc"), "--max-new-tokens", "bench --help"),
+    (("bench", "--repeats"), "--repeats", "--help"),
+    (("nosuchcommand",), "nosuchcommand", "--help"),
+    (("compare", "--bogus", "a", "b"), "--bogus", "compare --help"),
+]
+
+
+@pytest.mark.parametrize("args,says,fix", PARSER, ids=[" ".join(a) for a, _, _ in PARSER])
+def test_parser_errors_are_one_line_with_the_fix(args, says, fix):
+    _, fix_line = refused(run(*args), says)
+    assert fix in fix_line
