@@ -116,6 +116,7 @@ def bench_cmd(
     endpoint: str | None = typer.Option(None, "--endpoint", help="Put the serving load on a server you run (any OpenAI-compatible URL); --model then names the model it serves. Runs the openai-endpoint stage."),
     api_key_env: str | None = typer.Option(None, "--api-key-env", help="With --endpoint: the NAME of the environment variable that holds the API key (the key is never written anywhere)."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="With --endpoint: the served model's tokenizer (a directory or hub id) to build and count prompts."),
+    slo: str | None = typer.Option(None, "--slo", help="The serving stages' latency targets, like ttft_p99=2s,tpot_p99=100ms (default: MLPerf's Server limits for Llama-3.1-8B): the capacity is the highest request rate that meets them. Sets the slo of every serving stage in the journey."),
     min_quality: str | None = typer.Option(None, "--min-quality", help="Quality gate: a stage whose perplexity exceeds FP16's by more than 1 - Q is flagged as a quality regression (0.99 or 99%: within 1%; default: 0.99)."),
 ) -> None:
     """Run the journey's stages and write run.json, requests.jsonl and logs into the run directory."""
@@ -131,12 +132,7 @@ def bench_cmd(
     given.check()
     gate, timeout = parse_min_quality(min_quality), check_timeout(timeout)
     previous = load_run(resume) if resume is not None else None
-    if endpoint is not None:
-        journey, model = endpoint_stage(endpoint, model, api_key_env, tokenizer, stages)
-        plans, named = choose_plans(journey, previous)[0], True  # named: an endpoint it cannot use exits 3
-        Path(journey).unlink()
-    else:
-        plans, named = choose_plans(stages, previous)
+    plans, named, model = journey_plans(stages, previous, model, endpoint, api_key_env, tokenizer, slo)
     cuda = bool(cuda_devices())
     spec = parse_model(model or (previous.model.source if previous and previous.model else default_model(cuda)))
     cfg = resolve_workload(given, previous.workload if previous else None, "cuda" if cuda else "cpu")
@@ -155,23 +151,55 @@ def bench_cmd(
     exit_status(run, out, named)
 
 
+def journey_plans(stages: str | None, previous, model: str | None, endpoint: str | None, api_key_env: str | None,
+                  tokenizer: str | None, slo: str | None) -> tuple[list, bool, str | None]:
+    """The stages to run, whether the user named them, and the run's model (an endpoint's own)."""
+    if endpoint is not None:
+        journey, model = endpoint_stage(endpoint, model, api_key_env, tokenizer, stages)
+        plans, named = choose_plans(journey, previous)[0], True  # named: an endpoint it cannot use exits 3
+        Path(journey).unlink()
+    else:
+        plans, named = choose_plans(stages, previous)
+    if slo is not None:
+        with_slo(plans, slo)
+    return plans, named, model
+
+
 def endpoint_stage(url: str, model: str | None, key_env: str | None, tokenizer: str | None,
                    stages: str | None) -> tuple[str, str]:
     """--endpoint: a one-stage journey file for openai-endpoint, and the run's model (the server's)."""
     import json
     import tempfile
+    from urllib.parse import urlsplit
 
     if stages is not None:
         raise UsageError("--endpoint runs the openai-endpoint stage alone: --stages is not for it",
                          "drop --stages, or name openai-endpoint in a journey file with its params")
     if not model:
         raise UsageError("--endpoint needs --model: the model name the server answers to", "pass --model NAME (its /v1/models lists them)")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--endpoint {url}: not an http(s) URL", "pass the server's base URL, like http://localhost:8000 (or .../v1)")
     params = {"endpoint": url, "model": model, **({"api_key_env": key_env} if key_env else {}),
               **({"tokenizer": tokenizer} if tokenizer else {})}
     inline = ", ".join(f"{k} = {json.dumps(v)}" for k, v in params.items())
     path = Path(tempfile.mkdtemp(prefix="llmopt-endpoint-")) / "endpoint.toml"
     path.write_text(f'[[stage]]\nname = "openai-endpoint"\nparams = {{ {inline} }}\n')
     return str(path), f"endpoint:{model}"
+
+
+def with_slo(plans: list, text: str) -> None:
+    """--slo: the slo param of every serving stage of the journey, checked before anything starts."""
+    from llmopt_bench.analysis.slo import parse_slo
+    from llmopt_bench.registry import load_stage
+
+    parse_slo(text)  # a bad target is a usage error here, not a failed stage later
+    serving = [p for p in plans if "slo" in load_stage(p.stage).Params.model_fields]
+    if not serving:
+        raise UsageError("--slo sets the serving stages' targets, and this journey has no serving stage",
+                         "add one (--stages vllm-serve, or --endpoint URL --model NAME), or drop --slo")
+    for plan in serving:
+        plan.params = {**plan.params, "slo": text.strip()}
 
 
 def choose_plans(stages: str | None, previous) -> tuple[list, bool]:

@@ -18,7 +18,7 @@ def closed_port() -> int:
 
 def test_endpoint_that_refuses_connections_is_skipped_with_the_fix(tmp_path, tiny_model):
     url = f"http://127.0.0.1:{closed_port()}"
-    res = run_cli("bench", "--endpoint", url, "--model", "served-name", "--api-key-env", "MY_KEY",
+    res = run_cli("bench", "--endpoint", url, "--model", "served-name", "--api-key-env", "MY_KEY", "--slo", "ttft_p90=1s,e2e_p99=3s",
                   "--no-report", "--output", str(tmp_path / "run"), env={"MY_KEY": "sk-secret-123"})
     assert res.returncode == 3, res.stderr[-2000:]
     assert "Traceback" not in res.stderr and "connection refused" in res.stderr and "fix:" in res.stderr
@@ -26,6 +26,7 @@ def test_endpoint_that_refuses_connections_is_skipped_with_the_fix(tmp_path, tin
     (stage,) = run["stages"]
     assert stage["name"] == "openai-endpoint" and stage["status"] == "skipped"
     assert stage["params"]["endpoint"] == url and stage["params"]["model"] == "served-name"
+    assert stage["params"]["slo"] == "ttft_p90=1s,e2e_p99=3s"  # --slo reached the serving stage
     assert run["model"]["source"] == "endpoint:served-name"
     assert "sk-secret-123" not in (tmp_path / "run" / "run.json").read_text()
 
@@ -33,3 +34,26 @@ def test_endpoint_that_refuses_connections_is_skipped_with_the_fix(tmp_path, tin
 def test_endpoint_without_a_model_name_is_a_usage_error(tmp_path):
     res = run_cli("bench", "--endpoint", "http://127.0.0.1:9", "--output", str(tmp_path / "run"))
     assert res.returncode == 2 and "--model" in res.stderr and "Traceback" not in res.stderr
+
+
+def refused(res) -> str:
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert lines[-2].startswith("error: ") and lines[-1].startswith("  fix: "), res.stderr
+    return lines[-2]
+
+
+def test_endpoint_that_is_not_a_url_is_a_usage_error(tmp_path):
+    error = refused(run_cli("bench", "--endpoint", "localhost-8000", "--model", "m", "--output", str(tmp_path / "run")))
+    assert "not an http(s) URL" in error and not (tmp_path / "run").exists()
+
+
+def test_a_bad_slo_is_refused_before_anything_starts(tmp_path):
+    error = refused(run_cli("bench", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--slo", "ttft_p99=fast",
+                            "--output", str(tmp_path / "run")))
+    assert "ttft_p99" in error and not (tmp_path / "run").exists()
+
+
+def test_slo_without_a_serving_stage_is_refused(tmp_path):
+    error = refused(run_cli("bench", "--stages", "hf-fp16", "--slo", "ttft_p99=2s", "--output", str(tmp_path / "run")))
+    assert "no serving stage" in error and not (tmp_path / "run").exists()
