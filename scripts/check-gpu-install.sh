@@ -25,8 +25,11 @@ if ! "$PY" -c "import urllib.request, sys; urllib.request.urlopen(sys.argv[1], t
 fi
 NEWEST="$("$PY" -c "import json, urllib.request; print(json.load(urllib.request.urlopen('https://pypi.org/pypi/vllm/json', timeout=30))['info']['version'])" 2>/dev/null || true)"
 
-PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --isolated --disable-pip-version-check --dry-run --ignore-installed \
-  --quiet --report "$REPORT" --index-url "$INDEX" "$REPO[gpu]"
+dry_run() {  # resolve against the index alone, install nothing
+  PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --isolated --disable-pip-version-check --dry-run --ignore-installed \
+    --quiet --index-url "$INDEX" "$@"
+}
+dry_run --report "$REPORT" "$REPO[gpu]"
 
 set +e
 "$PY" - "$REPORT" "$NEWEST" <<'PYEOF'
@@ -54,8 +57,7 @@ PYEOF
 code=$?
 set -e
 if [ "$code" = 3 ]; then  # behind the newest vLLM: does that vLLM install at all?
-  if why="$(PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --isolated --disable-pip-version-check --dry-run \
-        --ignore-installed --quiet --index-url "$INDEX" "vllm==$NEWEST" 2>&1)"; then
+  if why="$(dry_run "vllm==$NEWEST" 2>&1)"; then
     echo "check-gpu-install: vllm $NEWEST installs on its own but not with '.[gpu]': a requirement holds it back" \
          "(see which with: pip install --dry-run 'llmopt-bench[gpu]' vllm==$NEWEST)"
     exit 1

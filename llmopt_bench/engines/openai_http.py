@@ -302,10 +302,12 @@ def _transport_error(e: Exception, endpoint: Endpoint) -> RequestFailed:
     import aiohttp
     import httpx
 
+    chain = _chain(e)
     # httpx-aiohttp maps aiohttp's ClientConnectorError (refused, unreachable) to ConnectTimeout,
-    # so a refused connection is found in the chain, not by httpx's class
-    if isinstance(e, httpx.ConnectError) or any(isinstance(x, aiohttp.ClientConnectorError) for x in _chain(e)):
-        cause = _root_cause(e)
+    # so a refused connection is found in the chain, not by httpx's class; the reason is the OS
+    # error at its end ("All connection attempts failed" hides "refused")
+    if isinstance(e, httpx.ConnectError) or any(isinstance(x, aiohttp.ClientConnectorError) for x in chain):
+        cause = chain[-1]
         reason = "connection refused" if isinstance(cause, ConnectionRefusedError) else str(cause) or type(cause).__name__
         return RequestFailed("connection", f"cannot connect to {endpoint.base_url}: {reason}")
     if isinstance(e, httpx.TimeoutException):
@@ -321,11 +323,6 @@ def _chain(e: BaseException) -> list[BaseException]:
     while (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None and nxt not in chain:
         chain.append(nxt)
     return chain
-
-
-def _root_cause(e: BaseException) -> BaseException:
-    """The OS error below the HTTP wrappers ("All connection attempts failed" hides "refused")."""
-    return _chain(e)[-1]
 
 
 def fix_for(kind: str, endpoint: Endpoint) -> str:

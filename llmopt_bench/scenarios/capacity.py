@@ -31,7 +31,7 @@ def vllm_capacity_rows(kv: KVCacheRecord | None, contexts: list[int], max_num_se
              "method": "num_blocks * block_size / context (KV cache preallocated: peak is its size)"} for c in contexts]
 
 
-def search_sizes(sizes: list[int], context: int, cuda: bool, ask: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
+def search_sizes(sizes: list[int], cuda: bool, ask: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
     """Probe batch sizes in order until the answer is known: on CUDA (top down) the first that
     fits; on CPU (bottom up) until one runs out. An error or a timeout is no capacity answer:
     the search stops there, and the row says so."""
@@ -100,7 +100,7 @@ def hf_capacity(model_path: str, device: str, dtype: str, attn: str, contexts: l
             probes.append(ans)
             return ans
 
-        got = search_sizes(sizes, context, cuda, ask)
+        got = search_sizes(sizes, cuda, ask)
         row = capacity_row(context, attn, got, ruled_out, no_fit, cuda, sizes, max_batch)
         if row["oom_at"] is not None and (no_fit is None or row["oom_at"] < no_fit[0]) and row["oom_at"] in got["tried"]:
             no_fit = (row["oom_at"], context)
