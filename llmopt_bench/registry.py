@@ -131,7 +131,8 @@ def validate_params(cls: type[Stage], params: dict[str, Any]) -> dict[str, Any]:
 
 
 def journey_path(name: str = "journey") -> Path:
-    """A shipped journey by name: journey (the default, `--stages all`), batching-vllm-only, tp-scaling."""
+    """A shipped journey by name: journey (the default, `--stages all`), journey-cpu, quick, full,
+    full-cpu (the presets'), serving, batching-vllm-only, tp-scaling."""
     return JOURNEY_DIR / f"{name}.toml"
 
 
@@ -157,6 +158,40 @@ def parse_journey(path: Path) -> list[StagePlan]:
     if not plans:
         raise UsageError(f"{path}: no [[stage]] entries")
     return plans
+
+
+# --- presets: a journey at three sizes, each a shipped journey file (one per device where the
+# journey is scaled to a few cores) whose [preset_workload.cuda] / [preset_workload.cpu] tables
+# are its workload defaults on that device (on top of the device's own; under the command line's)
+
+@dataclass(frozen=True)
+class Preset:
+    description: str  # one line: `llmopt bench --help` lists it
+    journey: str  # the journey file's name with CUDA
+    cpu_journey: str  # ... and without
+
+
+PRESETS = {
+    "quick": Preset("hf-fp16, awq-int4, vllm, vllm-fp8 with quality; light, no sweeps", "quick", "quick"),
+    "standard": Preset("the whole journey at the default workload (as make bench)", "journey", "journey-cpu"),
+    "full": Preset("the journey, served FP8 and AWQ too, 10 repeats (the gate's)", "full", "full-cpu"),
+}
+
+
+def check_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise UsageError(f"--preset {name!r}: unknown, allowed {', '.join(PRESETS)}",
+                         "use --preset quick, --preset standard or --preset full")
+    return PRESETS[name]
+
+
+def resolve_preset(name: str, cuda: bool) -> tuple[list[StagePlan], dict[str, Any]]:
+    """A preset -> its journey's plans on this device, and its workload defaults there."""
+    preset = check_preset(name)
+    path = journey_path(preset.journey if cuda else preset.cpu_journey)
+    plans, _ = resolve_stages(str(path))
+    table = tomllib.loads(path.read_text(encoding="utf-8")).get("preset_workload", {})
+    return plans, dict(table.get("cuda" if cuda else "cpu", {}))
 
 
 def resolve_stages(arg: str) -> tuple[list[StagePlan], bool]:

@@ -214,22 +214,23 @@ class WorkloadOptions:
 
 
 def resolve_workload(given: WorkloadOptions, previous: WorkloadConfig | None = None,
-                     device: str = "cuda") -> WorkloadConfig:
+                     device: str = "cuda", preset: dict[str, object] | None = None) -> WorkloadConfig:
     """The run's workload: the resumed run's, else the defaults (lighter on a CPU, said in
-    notes), with what the user gave on top; the prompt file is read here, so a bad one fails
-    before any stage starts."""
+    notes) under a preset's workload (`llmopt bench --preset`), with what the user gave on top;
+    the prompt file is read here, so a bad one fails before any stage starts."""
     given.check()
     values = given.given()
     if previous is not None:
         base = previous.model_dump()
     else:
-        base = {}
-        lighter = {k: v for k, v in CPU_DEFAULTS.items() if k not in values} if device != "cuda" else {}
+        base = {k: v for k, v in (preset or {}).items() if k not in values}
+        chosen_elsewhere = {**base, **values}  # the CPU note names only the defaults it chose
+        lighter = {k: v for k, v in CPU_DEFAULTS.items() if k not in chosen_elsewhere} if device != "cuda" else {}
         if lighter:
             chosen = ", ".join(f"{option_name(k)} {v}" for k, v in lighter.items())
             gpu = ", ".join(str(WorkloadConfig.model_fields[k].default) for k in lighter)
             note = f"lighter defaults on CPU: {chosen} (on a GPU: {gpu}); pass these options to choose others"
-            base = {**lighter, "notes": [note]}
+            base = {**base, **lighter, "notes": [note]}
     cfg = WorkloadConfig(**{**base, **values})
     _, read_as = load_prompt_set(cfg.prompts)
     return cfg.model_copy(update={"prompt_key": read_as})

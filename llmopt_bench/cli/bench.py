@@ -92,10 +92,19 @@ def exit_status(run, out: Path, named: bool) -> None:
                           skipped[0].fix, code=ExitCode.STAGE_UNAVAILABLE)
 
 
-@app.command("bench")
+def presets_epilog() -> str:
+    """The presets, one line each, under the options of `llmopt bench --help`."""
+    from llmopt_bench.registry import PRESETS
+
+    lines = [f"--preset {name}: {p.description}" for name, p in PRESETS.items()]
+    return "Presets (their times: README.md, Presets):\n\n" + "\n\n".join(lines)
+
+
+@app.command("bench", epilog=presets_epilog())
 def bench_cmd(
     ctx: typer.Context,
     stages: str | None = typer.Option(None, "--stages", "-s", help="all (stages/journey.toml), a comma list (hf-fp16,vllm), or a journey .toml file (default: all). With --resume: stages added to the run's journey."),
+    preset: str | None = typer.Option(None, "--preset", help="quick, standard or full: a journey at one of three sizes with its workload defaults (listed below; a workload option given wins). Not with --stages, --endpoint or --resume.", show_default=False),
     model: str | None = typer.Option(None, "--model", "-m", help="synthetic:tiny | synthetic:llama2-7b | bundled:smollm2-135m | a local checkpoint dir | a hub id. Default: synthetic:llama2-7b on CUDA, synthetic:tiny on CPU."),
     prompts: str | None = typer.Option(None, "--prompts", help=f"The prompt file: {PROMPT_FILE_HELP}. Default: the shipped set."),
     max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", help=option_help("max_new_tokens")),
@@ -131,11 +140,17 @@ def bench_cmd(
     given = WorkloadOptions(**{f: ctx.params[f] for f in WorkloadOptions.__dataclass_fields__})
     given.check()
     gate, timeout = parse_min_quality(min_quality), check_timeout(timeout)
+    check_preset_use(preset, stages=stages, endpoint=endpoint, resume=resume)
     previous = load_run(resume) if resume is not None else None
-    plans, named, model = journey_plans(stages, previous, model, endpoint, api_key_env, tokenizer, slo)
     cuda = bool(cuda_devices())
+    if preset is not None:
+        (plans, cfg), named = preset_run(preset, given, cuda), False
+        if slo is not None:
+            with_slo(plans, slo)
+    else:
+        plans, named, model = journey_plans(stages, previous, model, endpoint, api_key_env, tokenizer, slo)
+        cfg = resolve_workload(given, previous.workload if previous else None, "cuda" if cuda else "cpu")
     spec = parse_model(model or (previous.model.source if previous and previous.model else default_model(cuda)))
-    cfg = resolve_workload(given, previous.workload if previous else None, "cuda" if cuda else "cpu")
     out = run_directory(output, resume)
     opts = RunOptions(out_dir=out, model=spec, workload=cfg, plans=plans, fail_fast=fail_fast, timeout_s=timeout,
                       resume=previous is not None, command=shlex.join(["llmopt", *sys.argv[1:]]), min_quality=gate)
@@ -149,6 +164,30 @@ def bench_cmd(
                           f"continue with llmopt bench --resume {out}", code=ExitCode.INTERRUPTED) from None
     write_outputs(run, out, report, as_json)
     exit_status(run, out, named)
+
+
+def check_preset_use(preset: str | None, *, stages: str | None, endpoint: str | None, resume: Path | None) -> None:
+    """--preset names the journey and its workload: with another way of naming them, one must go."""
+    from llmopt_bench.registry import check_preset
+
+    if preset is None:
+        return
+    check_preset(preset)
+    for option, value, fix in (("--stages", stages, f"drop --stages to run the {preset} preset, or drop --preset to run --stages {stages}"),
+                               ("--endpoint", endpoint, "drop --preset: --endpoint runs the openai-endpoint stage alone"),
+                               ("--resume", resume, f"drop --preset: --resume {resume} finishes the journey that run was started with")):
+        if value is not None:
+            raise UsageError(f"--preset {preset} and {option} both choose the stages to run", fix)
+
+
+def preset_run(name: str, given: WorkloadOptions, cuda: bool) -> tuple[list, object]:
+    """--preset NAME -> its journey's plans on this device and the run's workload: the preset's
+    defaults for the device, under the workload options given."""
+    from llmopt_bench.registry import resolve_preset
+    from llmopt_bench.workload import resolve_workload
+
+    plans, defaults = resolve_preset(name, cuda)
+    return plans, resolve_workload(given, None, "cuda" if cuda else "cpu", defaults)
 
 
 def journey_plans(stages: str | None, previous, model: str | None, endpoint: str | None, api_key_env: str | None,
