@@ -47,7 +47,9 @@ DEFAULT_THRESHOLDS = {"load_s": 0.20}
 SAMPLE_COLUMNS = {"ttft_p50": "ttft_s", "tpot_p50": "tpot_s", "e2e_p50": "e2e_s"}
 # workload fields that change how much is measured, not what: a run with more repeats is the
 # same measurement with a narrower interval (how a nightly outgrows its baseline's noise)
-SAME_MEASUREMENT = ("repeats",)
+# (and workload.notes: why the values were chosen, the values themselves compared above; the CPU
+# note names only the defaults it chose, so `--repeats 10` would otherwise change it)
+SAME_MEASUREMENT = ("repeats", "notes")
 
 
 def metric_key(name: str) -> str:

@@ -144,7 +144,7 @@ def bench_cmd(
     previous = load_run(resume) if resume is not None else None
     cuda = bool(cuda_devices())
     if preset is not None:
-        (plans, cfg), named = preset_run(preset, given, cuda), False
+        (plans, cfg), named = preset_run(preset, given), False
         if slo is not None:
             with_slo(plans, slo)
     else:
@@ -180,12 +180,13 @@ def check_preset_use(preset: str | None, *, stages: str | None, endpoint: str | 
             raise UsageError(f"--preset {preset} and {option} both choose the stages to run", fix)
 
 
-def preset_run(name: str, given: WorkloadOptions, cuda: bool) -> tuple[list, object]:
-    """--preset NAME -> its journey's plans on this device and the run's workload: the preset's
-    defaults for the device, under the workload options given."""
-    from llmopt_bench.registry import resolve_preset
+def preset_run(name: str, given: WorkloadOptions) -> tuple[list, object]:
+    """--preset NAME -> its journey's plans on this machine (with CUDA or without) and the run's
+    workload: the preset's defaults for the device, under the workload options given."""
+    from llmopt_bench.registry import cuda_devices, resolve_preset
     from llmopt_bench.workload import resolve_workload
 
+    cuda = bool(cuda_devices())
     plans, defaults = resolve_preset(name, cuda)
     return plans, resolve_workload(given, None, "cuda" if cuda else "cpu", defaults)
 
