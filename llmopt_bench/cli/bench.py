@@ -134,7 +134,6 @@ def bench_cmd(
     from llmopt_bench.render.progress import make_reporter
     from llmopt_bench.results import load_run
     from llmopt_bench.runner import RunOptions, run_journey
-    from llmopt_bench.workload import resolve_workload
 
     # the workload options, as one object, in range before anything else is looked at
     given = WorkloadOptions(**{f: ctx.params[f] for f in WorkloadOptions.__dataclass_fields__})
@@ -143,13 +142,7 @@ def bench_cmd(
     check_preset_use(preset, stages=stages, endpoint=endpoint, resume=resume)
     previous = load_run(resume) if resume is not None else None
     cuda = bool(cuda_devices())
-    if preset is not None:
-        (plans, cfg), named = preset_run(preset, given), False
-        if slo is not None:
-            with_slo(plans, slo)
-    else:
-        plans, named, model = journey_plans(stages, previous, model, endpoint, api_key_env, tokenizer, slo)
-        cfg = resolve_workload(given, previous.workload if previous else None, "cuda" if cuda else "cpu")
+    plans, named, model, cfg = plans_and_workload(preset, given, previous, cuda, stages, model, endpoint, api_key_env, tokenizer, slo)
     spec = parse_model(model or (previous.model.source if previous and previous.model else default_model(cuda)))
     out = run_directory(output, resume)
     opts = RunOptions(out_dir=out, model=spec, workload=cfg, plans=plans, fail_fast=fail_fast, timeout_s=timeout,
@@ -178,6 +171,22 @@ def check_preset_use(preset: str | None, *, stages: str | None, endpoint: str | 
                                ("--resume", resume, f"drop --preset: --resume {resume} finishes the journey that run was started with")):
         if value is not None:
             raise UsageError(f"--preset {preset} and {option} both choose the stages to run", fix)
+
+
+def plans_and_workload(preset: str | None, given: WorkloadOptions, previous, cuda: bool, stages: str | None,
+                       model: str | None, endpoint: str | None, api_key_env: str | None, tokenizer: str | None,
+                       slo: str | None) -> tuple[list, bool, str | None, object]:
+    """The stages to run, whether the user named them, the run's model and its workload: the
+    preset's, or those of --stages (or --endpoint) at the default workload."""
+    from llmopt_bench.workload import resolve_workload
+
+    if preset is not None:
+        plans, cfg = preset_run(preset, given)
+        if slo is not None:
+            with_slo(plans, slo)
+        return plans, False, model, cfg
+    plans, named, model = journey_plans(stages, previous, model, endpoint, api_key_env, tokenizer, slo)
+    return plans, named, model, resolve_workload(given, previous.workload if previous else None, "cuda" if cuda else "cpu")
 
 
 def preset_run(name: str, given: WorkloadOptions) -> tuple[list, object]:

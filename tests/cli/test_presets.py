@@ -197,3 +197,16 @@ def test_a_full_run_compares_with_a_standard_one_on_cpu(cpu):
 
     assert mismatches(run("standard"), run("full")) == []
     assert mismatches(run("standard"), run("quick")) == []  # on CPU quick keeps the standard workload
+
+
+def test_run_json_records_the_preset_and_keeps_it_on_resume():
+    from llmopt_bench.results import RunResult, parse_run
+
+    run = RunResult(run_id="r", created_at="2026-12-04T00:00:00Z", command="llmopt bench --preset quick -o r",
+                    workload=WorkloadConfig())
+    assert run.preset == "quick"
+    run.command = "llmopt bench --resume r"  # what the runner writes on --resume
+    again = parse_run(run.model_dump(mode="json"), "run.json")
+    assert again.preset == "quick"
+    before = {k: v for k, v in run.model_dump(mode="json").items() if k != "preset"}  # a run from before presets
+    assert parse_run(before, "old run.json").preset is None
