@@ -104,6 +104,8 @@ def bench_cmd(
     max_prompt_len: int | None = typer.Option(None, "--max-prompt-len", help=option_help("max_prompt_len")),
     warmup: int | None = typer.Option(None, "--warmup", help=option_help("warmup")),
     repeats: int | None = typer.Option(None, "--repeats", help=option_help("repeats")),
+    max_repeats: int | None = typer.Option(None, "--max-repeats", help=option_help("max_repeats")),
+    stop_within: float | None = typer.Option(None, "--stop-within", help=option_help("stop_within")),
     seed: int | None = typer.Option(None, "--seed", help=option_help("seed")),
     batch_size: int | None = typer.Option(None, "--batch-size", help=option_help("batch_size")),
     kind: str | None = typer.Option(None, "--workload", help=option_help("kind")),

@@ -47,9 +47,15 @@ def environment(run: RunResult) -> list[str]:
         lines += [f"  - {n}" for n in m.notes]
     lines.append(f"- workload: {w.num_prompts} prompts from {w.prompts} ({w.kind}), {w.max_new_tokens} new tokens forced, "
                  f"input length {w.input_len or 'as written'}, batch {w.batch_size}, {w.warmup} warm-up, "
-                 f"{w.repeats} repeats, seed {w.seed}{prompts_read_as(w.prompt_key)}")
+                 f"{repeats_text(w)}, seed {w.seed}{prompts_read_as(w.prompt_key)}")
     lines += [f"  - {n}" for n in w.notes]  # defaults chosen for this machine (the lighter CPU workload)
     return lines
+
+
+def repeats_text(w) -> str:
+    if w.max_repeats and w.max_repeats > w.repeats:
+        return f"{w.repeats} to {w.max_repeats} repeats (until TPOT p50's 95% interval is within ±{w.stop_within:g}%)"
+    return f"{w.repeats} repeats"
 
 
 def stage_table(run: RunResult) -> list[str]:
