@@ -111,7 +111,11 @@ def time_section(run: RunResult) -> list[str]:
     wall = (f"The run took {num(run.wall_s)} s end to end ({num(run.wall_s / 60)} min), probe and report included"
             + (" (over several invocations: --resume adds each one's time)" if "--resume" in run.command else "") + "."
             if run.wall_s else "The run's own wall time was not recorded (a run older than schema 2).")
-    return [wall, ""] + table(("stage", "status", "wall s", "load s", "share of the stages' time"), rows)
+    shared = [f"{s.name} ran on the engine {s.load.implementation['engine_shared_with']} started (one process, no start "
+              "of its own: docs/architecture.md, stage groups)" for s in timed
+              if s.load and s.load.implementation.get("engine_shared_with")]
+    return [wall, ""] + table(("stage", "status", "wall s", "load s", "share of the stages' time"), rows) + \
+        ([""] + [f"- {line}." for line in shared] if shared else [])
 
 
 def deploy_section(run: RunResult) -> list[str]:

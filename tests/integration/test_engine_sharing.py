@@ -87,6 +87,8 @@ def test_one_engine_start_serves_both_stages(shared_and_separate):
     # continuous-batching ran right after vllm, ahead of flash-attn which the journey puts between them
     assert vllm["started_at"] <= cb["started_at"] <= fa["started_at"]
     assert cb["gpu_free_after"] is None or cb["gpu_free_after"]["free"]
+    assert run_cli("report", str(shared["_out"])).returncode == 0
+    assert "continuous-batching ran on the engine vllm started" in (shared["_out"] / "report.md").read_text()
 
 
 @pytest.mark.vllm
