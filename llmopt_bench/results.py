@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError
 
 from llmopt_bench import __version__
 from llmopt_bench.distribution import Distribution
@@ -157,22 +157,6 @@ def peak_memory(stage: StageResult) -> tuple[float | None, str | None]:
     return None, None
 
 
-def preset_in_command(command: str) -> str | None:
-    """`llmopt bench ... --preset quick ...` (or --preset=quick) -> "quick"."""
-    import shlex
-
-    try:
-        words = shlex.split(command)
-    except ValueError:  # an unbalanced quote: no command llmopt wrote
-        return None
-    for i, word in enumerate(words):
-        if word == "--preset" and i + 1 < len(words):
-            return words[i + 1]
-        if word.startswith("--preset="):
-            return word.split("=", 1)[1]
-    return None
-
-
 class RunResult(StrictModel):
     schema_version: int = SCHEMA_VERSION
     llmopt_version: str = __version__
@@ -185,21 +169,13 @@ class RunResult(StrictModel):
     command: str
     journey: list[dict[str, Any]] = Field(default_factory=list)  # the plans it was started with: --resume finishes these
     # the `llmopt bench --preset` that chose the journey and workload defaults; None: --stages
-    # (or a run from before presets). Read from the command that started the run (_preset_of).
+    # (or a run from before presets); a resumed run keeps the one it was started with
     preset: str | None = None
     env: dict[str, Any] = Field(default_factory=dict)
     model: ModelInfo | None = None
     workload: WorkloadConfig
     min_quality: float = 0.99  # the quality gate (analysis/quality_gate.py)
     stages: list[StageResult] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _preset_of(self) -> RunResult:
-        """The run is made by the runner from the command line as given; its --preset is named
-        there, and a resumed run keeps the one it was started with (read from its run.json)."""
-        if self.preset is None:
-            self.preset = preset_in_command(self.command)
-        return self
 
     def stage(self, name: str) -> StageResult | None:
         return next((s for s in self.stages if s.name == name), None)

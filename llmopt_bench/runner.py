@@ -51,6 +51,7 @@ class RunOptions:
     fail_fast: bool = False
     timeout_s: float | None = None  # overrides every stage's own timeout
     min_quality: float | None = None  # the quality gate; None: the resumed run's, else the default
+    preset: str | None = None  # the --preset that chose the journey and workload, recorded in run.json
     share_engines: bool = True  # stages of one engine configuration run on one engine (engines/engine_pool.py)
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -147,6 +148,8 @@ def start_run(rd: RunDir, opts: RunOptions, reporter: Reporter) -> tuple[RunResu
     run.model = model.model_copy(update={"path": portable_path(model.path)})
     if opts.min_quality is not None:
         run.min_quality = opts.min_quality
+    if opts.preset is not None:
+        run.preset = opts.preset
     rd.save(run)
     return run, previous, model
 

@@ -150,7 +150,7 @@ def bench_cmd(
     out = run_directory(output, resume)
     opts = RunOptions(out_dir=out, model=spec, workload=cfg, plans=plans, fail_fast=fail_fast, timeout_s=timeout,
                       resume=previous is not None, command=shlex.join(["llmopt", *sys.argv[1:]]), min_quality=gate,
-                      share_engines=share_engines)
+                      share_engines=share_engines, preset=preset)
     reporter = make_reporter()
     reporter.phase(f"run directory {out}")
     say_workload(cfg, reporter)

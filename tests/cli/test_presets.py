@@ -5,6 +5,7 @@ of naming the stages is refused before anything starts, and run.json records the
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,6 @@ from testkit import ROOT, read_run
 from llmopt_bench.cli.bench import preset_run
 from llmopt_bench.measure import nvml
 from llmopt_bench.registry import JOURNEY_DIR, PRESETS, parse_journey, resolve_stages
-from llmopt_bench.results import preset_in_command
 from llmopt_bench.workload import CPU_DEFAULTS, WorkloadConfig, WorkloadOptions
 
 H200 = {"index": 0, "name": "NVIDIA H200", "compute_capability": "9.0", "memory_total_bytes": 150_000_000_000}
@@ -153,16 +153,6 @@ def test_preset_with_resume_is_refused(tmp_path):
 
 # --- what run.json says -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("command, preset", [
-    ("llmopt bench --preset quick --model synthetic:tiny", "quick"),
-    ("llmopt bench --model synthetic:tiny --preset=full", "full"),
-    ("llmopt bench --stages all", None),
-    ("llmopt bench --stages hf-fp16 --prompts '--preset x'", None),
-])
-def test_the_preset_is_read_from_the_command(command, preset):
-    assert preset_in_command(command) == preset
-
-
 @pytest.mark.slow
 def test_quick_runs_for_real_on_cpu(tmp_path):
     """The quick preset end to end on synthetic:tiny, without the vLLM virtualenv so that it stays
@@ -199,14 +189,24 @@ def test_a_full_run_compares_with_a_standard_one_on_cpu(cpu):
     assert mismatches(run("standard"), run("quick")) == []  # on CPU quick keeps the standard workload
 
 
-def test_run_json_records_the_preset_and_keeps_it_on_resume():
-    from llmopt_bench.results import RunResult, parse_run
+def test_run_json_records_the_preset_and_keeps_it_on_resume(tmp_path):
+    """The runner writes RunOptions.preset into run.json (a real probe of synthetic:tiny); a resumed
+    run, which --preset may not name, keeps the one it was started with."""
+    from llmopt_bench.models import parse_model
+    from llmopt_bench.results import parse_run
+    from llmopt_bench.rundir import RunDir
+    from llmopt_bench.runner import RunOptions, start_run
 
-    run = RunResult(run_id="r", created_at="2026-12-04T00:00:00Z", command="llmopt bench --preset quick -o r",
-                    workload=WorkloadConfig())
-    assert run.preset == "quick"
-    run.command = "llmopt bench --resume r"  # what the runner writes on --resume
-    again = parse_run(run.model_dump(mode="json"), "run.json")
-    assert again.preset == "quick"
+    class Quiet:
+        def phase(self, msg):
+            pass
+
+    rd = RunDir(tmp_path / "run")
+    rd.create()
+    base = dict(out_dir=rd.root, model=parse_model("synthetic:tiny"), workload=WorkloadConfig(), plans=[])
+    run, _, _ = start_run(rd, RunOptions(**base, command="llmopt bench --preset quick", preset="quick"), Quiet())
+    assert run.preset == "quick" and parse_run(json.loads(rd.run_json.read_text()), "run.json").preset == "quick"
+    resumed, previous, _ = start_run(rd, RunOptions(**base, command="llmopt bench --resume run", resume=True), Quiet())
+    assert previous is not None and resumed.preset == "quick"
     before = {k: v for k, v in run.model_dump(mode="json").items() if k != "preset"}  # a run from before presets
     assert parse_run(before, "old run.json").preset is None
