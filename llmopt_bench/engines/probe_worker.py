@@ -58,7 +58,7 @@ class ProbeWorker:
 
     def stats(self) -> dict[str, Any]:
         """What the stage records: model loads, worker processes, probes and their wall time."""
-        return {"probe_loads": self.loads, "probe_workers": self.workers, "probes": self.probes,
+        return {"probe_loads": self.loads, "probe_workers": self.workers, "probe_count": self.probes,
                 "probe_wall_s": round(self.wall_s, 3)}
 
     def ask(self, probe: str, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:

@@ -5,10 +5,12 @@ batch forms when N requests wait or the oldest waiting one has waited `timeout_s
 left-padded to its longest prompt and generated to completion while later arrivals queue.
 t_submit is each request's arrival, so TTFT includes the wait behind a running batch.
 
-run_isolated() runs one probe (a capacity probe or a mixed-length configuration) in a fresh
-process of this interpreter, in the stage's session (so the runner's memory sampler sees it
-and a stage timeout kills it), so that a CUDA OOM, or the host OOM killer, ends that probe
-only: `python -m llmopt_bench.engines.static_batching PROBE JOB.json OUT.json`."""
+The probes (a capacity probe, a mixed-length configuration: PROBES) take a loaded model. The
+stage runs them through engines/probe_worker.ProbeWorker, one process that loads the model once;
+run_isolated() runs one in a fresh process of this interpreter (load, probe, exit), in the
+stage's session (so the runner's memory sampler sees it and a stage timeout kills it):
+`python -m llmopt_bench.engines.static_batching PROBE JOB.json OUT.json`. Either way a CUDA OOM,
+or the host OOM killer, ends that probe only, and its peak memory is its own (reset_peaks)."""
 
 from __future__ import annotations
 
@@ -117,7 +119,7 @@ def plan_batches(lengths: Sequence[int], config: str, batch_size: int, cap_conte
     return batches
 
 
-# --- isolated probes ----------------------------------------------------------------------------
+# --- probes ---------------------------------------------------------------------------------
 
 def run_isolated(probe: str, job: dict[str, Any], timeout_s: float, workdir: Path) -> dict[str, Any]:
     """Run PROBES[probe](job) in a fresh process of this interpreter; its answer, or why not.
