@@ -133,3 +133,12 @@ def test_a_probe_past_its_timeout_ends_that_probe_only(tiny_model, worker):
     assert nxt["status"] == "ok" and nxt["worker"]["pid"] != pid
     assert worker.stats() | {"probe_wall_s": None} == {"probe_loads": 2, "probe_workers": 2, "probe_count": 3,
                                                      "probe_wall_s": None}
+
+
+def test_peak_memory_is_each_probes_own(tiny_model, worker):
+    """A small probe after a large one in the same worker reports its own peak, not the
+    process's lifetime peak (which the large probe set)."""
+    big = worker("capacity", capacity_job(tiny_model, 8, 1024), 300.0)
+    small = worker("capacity", capacity_job(tiny_model, 1, 256), 300.0)
+    assert big["status"] == small["status"] == "ok" and small["worker"]["loads"] == 1
+    assert small["peak_bytes"] < big["peak_bytes"], (small["peak_bytes"], big["peak_bytes"])
