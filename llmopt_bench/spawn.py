@@ -1,7 +1,8 @@
 """The one way llmopt starts a child process: a stage's worker, the probe, the probe worker
-of capacity and mixed-length probes (or an isolated probe), an AWQ calibration. Each child gets its own process session
-(or joins the caller's, for probes inside a stage) so that it can be killed whole, and its exit
-is described with evidence: a SIGKILL is an out-of-memory kill only when the kernel says so."""
+of capacity and mixed-length probes (or an isolated probe), an AWQ calibration. Each child gets
+its own process session (or joins the caller's, for probes inside a stage) so that it can be
+killed whole, and its exit is described with evidence: a SIGKILL is an out-of-memory kill only
+when the kernel says so."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Static batching over transformers generate, and probes isolated in their own process.
+"""Static batching over transformers generate, and the probes of transformers (capacity, mixed lengths).
 
 static_serve() replays the arrivals a continuous-batching run saw against a static batcher: a
 batch forms when N requests wait or the oldest waiting one has waited `timeout_s`; it is
