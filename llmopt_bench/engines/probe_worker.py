@@ -38,7 +38,8 @@ TIMEOUT = "timeout"
 
 
 class ProbeWorker:
-    """probe(kind, job, timeout_s, workdir) like run_isolated, through a long-lived worker."""
+    """probe(kind, job, timeout_s, workdir) like run_isolated, through a long-lived worker (its
+    files go to the ProbeWorker's own workdir). close() when the probes are done."""
 
     def __init__(self, workdir: Path):
         self.workdir = workdir
@@ -75,11 +76,15 @@ class ProbeWorker:
             self.proc.stdin.flush()
         except OSError:  # the worker is gone: its exit is the answer, below
             pass
-        while (event := self.next_event(deadline)) not in (None, TIMEOUT):
-            if event["event"] == "loading":
-                self.loads += 1
-            elif event["event"] == "answer":
-                return self.answered(out_path, round(now() - t0, 3))
+        try:
+            while (event := self.next_event(deadline)) not in (None, TIMEOUT):
+                if event["event"] == "loading":
+                    self.loads += 1
+                elif event["event"] == "answer":
+                    return self.answered(out_path, round(now() - t0, 3))
+        except BaseException:  # an interrupt of ours (the stage's timeout, Ctrl-C): the worker goes at once
+            self.stop()
+            raise
         wall = round(now() - t0, 3)
         code = self.stop(grace_s=0.0 if event == TIMEOUT else 10.0)  # at its end the worker has exited, or is exiting
         if event == TIMEOUT:
