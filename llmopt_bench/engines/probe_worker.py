@@ -161,6 +161,17 @@ def load_key(job: dict[str, Any]) -> tuple[Any, ...]:
     return job["model_path"], job["device"], job["dtype"], job.get("attn_implementation")
 
 
+def trim_heap() -> None:
+    """Give the heap a probe freed back to the kernel (glibc's malloc_trim), so the next probe's
+    RSS starts near the weights' as in a fresh process: its peak is then its own."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the heap keeps what it kept
+        pass
+
+
 def after_probe(m: Any) -> dict[str, Any]:
     """Free what the probe left and check that the model can take the next one: a small
     allocation works and, on CUDA, memory_allocated() is back to about the weights."""
@@ -173,6 +184,8 @@ def after_probe(m: Any) -> dict[str, Any]:
         if m.device == "cuda":
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
+        else:
+            trim_heap()
         x = torch.ones(1 << 18, device=m.device)  # 1 MiB: the allocator answers again
         ok = float(x.sum()) == float(1 << 18)
         del x
