@@ -2,8 +2,14 @@
 stage in its own process, in order. A crash, an OOM, a hang or a leak ends that stage only;
 run.json is rewritten after every stage, so an interrupted run keeps what finished.
 
-    run_journey   the run: lock the directory, probe, each plan in turn, the run's outcome
-    run_stage     one stage: skip it here, or spawn its worker and supervise it (stage_child.py)"""
+Stages that start the same engine configuration (Stage.share_key: the `vllm` stage and
+continuous batching's vLLM side) run one after the other in one process on one engine, a
+stage group (engines/engine_pool.py); a failure in a group ends the group, and its remaining
+stages run each in its own process. --no-share-engines turns groups off.
+
+    run_journey   the run: lock the directory, probe, each plan (or group) in turn, the outcome
+    run_stage     one stage: skip it here, or spawn its worker and supervise it (stage_child.py)
+    plan_groups   the order stages run in, and which share an engine"""
 
 from __future__ import annotations
 
@@ -45,6 +51,7 @@ class RunOptions:
     fail_fast: bool = False
     timeout_s: float | None = None  # overrides every stage's own timeout
     min_quality: float | None = None  # the quality gate; None: the resumed run's, else the default
+    share_engines: bool = True  # stages of one engine configuration run on one engine (engines/engine_pool.py)
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -201,32 +208,120 @@ def say_eta(run: RunResult, plans: list[StagePlan], reporter: Reporter) -> None:
 
 def _run_plans(run: RunResult, previous: RunResult | None, model: ModelInfo, rd: RunDir, opts: RunOptions,
                reporter: Reporter) -> None:
-    from llmopt_bench import durations
-
     ref = find_reference(rd, opts.plans, previous)
     todo = [p for p in opts.plans if not ((d := previous.stage(p.name) if previous else None) and d.status not in RERUN)]
-    for i, plan in enumerate(opts.plans):
+    for plan in opts.plans:
         if plan not in todo:
             reporter.progress(plan.name, f"already in the run ({previous.stage(plan.name).status}): kept (resume)", None, None)
+    keys = share_keys(todo) if opts.share_engines else {}
+    groups = plan_groups(todo, keys, ref.name)
+    for g, group in enumerate(groups):
+        say_eta(run, [p for later in groups[g:] for p in later], reporter)
+        left, stop = _run_group(group, keys, run, model, rd, opts, ref, reporter) if len(group) > 1 else (group, False)
+        if stop:
+            return
+        for plan in left:  # alone, or after its group stopped at a failure: each in its own process
+            if not _run_one(plan, run, model, rd, opts, ref, reporter):
+                return
+
+
+def _index(opts: RunOptions, plan: StagePlan) -> int:
+    return opts.plans.index(plan) + 1
+
+
+def _run_one(plan: StagePlan, run: RunResult, model: ModelInfo, rd: RunDir, opts: RunOptions, ref: Reference,
+             reporter: Reporter) -> bool:
+    """One stage in its own process; False when --fail-fast says to stop."""
+    reporter.stage_start(plan.name, _index(opts, plan), len(opts.plans))
+    started = time.time()
+    try:
+        result = run_stage(plan, run, model, rd, opts, ref, reporter)
+    except KeyboardInterrupt:
+        _interrupted(plan, run, rd, started)
+        raise
+    return _record(plan, result, run, rd, opts, reporter)
+
+
+def _run_group(group: list[StagePlan], keys: dict[str, str], run: RunResult, model: ModelInfo, rd: RunDir,
+               opts: RunOptions, ref: Reference, reporter: Reporter) -> tuple[list[StagePlan], bool]:
+    """Stages that share an engine, in one process (stage_child.supervise_group): the plans it
+    did not run, and whether --fail-fast stops the journey."""
+    from llmopt_bench.stage_child import supervise_group
+
+    current: list[Any] = [None, time.time()]
+    stop: list[bool] = [False]
+
+    def begin(plan: StagePlan) -> None:
+        current[:] = [plan, time.time()]
+        reporter.stage_start(plan.name, _index(opts, plan), len(opts.plans))
+
+    def done(plan: StagePlan, result: StageResult) -> None:
+        current[0] = None
+        stop[0] = stop[0] or not _record(plan, result, run, rd, opts, reporter)
+
+    classes = [load_stage(p.stage) for p in group]
+    try:
+        left = supervise_group(group, classes, [keys[p.name] for p in group], run, model, rd,
+                               [opts.timeout_s or p.timeout_s for p in group], ref, env_for_children(opts), reporter,
+                               begin, done)
+    except KeyboardInterrupt:
+        if current[0] is not None:
+            _interrupted(current[0], run, rd, current[1])
+        raise
+    return left, stop[0]
+
+
+def _interrupted(plan: StagePlan, run: RunResult, rd: RunDir, started: float) -> None:
+    run.put(skipped(plan, load_stage(plan.stage), "interrupted", "stopped before it finished (Ctrl-C or SIGTERM)",
+                    f"llmopt bench --resume {rd.root}", log=rd.relative(rd.log(plan.name)),
+                    partial=rd.read_partial(plan.name, started)))
+
+
+def _record(plan: StagePlan, result: StageResult, run: RunResult, rd: RunDir, opts: RunOptions,
+            reporter: Reporter) -> bool:
+    """A stage's result into the run, saved; False when --fail-fast says to stop."""
+    from llmopt_bench import durations
+
+    run.put(result)
+    if result.status == "ok" and result.duration_s:
+        durations.record(_duration_key(run, plan), result.duration_s)
+    apply_gate(run, run.min_quality)
+    rd.save(run)
+    reporter.stage_end(result)
+    return not (opts.fail_fast and result.status in FAILED)
+
+
+def share_keys(plans: list[StagePlan]) -> dict[str, str]:
+    """Each plan's engine share key (Stage.share_key), for the stages that can run here and
+    declare one."""
+    keys = {}
+    for plan in plans:
+        cls = load_stage(plan.stage)
+        if unavailable(cls):
             continue
-        say_eta(run, todo[todo.index(plan):], reporter)
-        reporter.stage_start(plan.name, i + 1, len(opts.plans))
-        started = time.time()
-        try:
-            result = run_stage(plan, run, model, rd, opts, ref, reporter)
-        except KeyboardInterrupt:
-            run.put(skipped(plan, load_stage(plan.stage), "interrupted", "stopped before it finished (Ctrl-C or SIGTERM)",
-                            f"llmopt bench --resume {rd.root}", log=rd.relative(rd.log(plan.name)),
-                            partial=rd.read_partial(plan.name, started)))
-            raise
-        run.put(result)
-        if result.status == "ok" and result.duration_s:
-            durations.record(_duration_key(run, plan), result.duration_s)
-        apply_gate(run, run.min_quality)
-        rd.save(run)
-        reporter.stage_end(result)
-        if opts.fail_fast and result.status in FAILED:
-            break
+        key = cls.share_key(cls.Params(**plan.params))
+        if key:
+            keys[plan.name] = key
+    return keys
+
+
+def plan_groups(todo: list[StagePlan], keys: dict[str, str], reference: str | None) -> list[list[StagePlan]]:
+    """The order stages run in: the journey's, except that the later stages sharing a stage's
+    engine key run right after it, in one group (results are still saved in journey order).
+    Nothing is moved past the quality reference's provider, which the others need first."""
+    rest, groups = list(todo), []
+    while rest:
+        head = rest.pop(0)
+        group = [head]
+        if head.name in keys:
+            for plan in list(rest):
+                if plan.name == reference:
+                    break
+                if keys.get(plan.name) == keys[head.name]:
+                    group.append(plan)
+                    rest.remove(plan)
+        groups.append(group)
+    return groups
 
 
 def resume_plans(previous: RunResult, added: list[StagePlan] | None) -> list[StagePlan]:

@@ -252,6 +252,12 @@ class Stage:
     def teardown(self) -> None:
         """Free the GPU. Must be idempotent."""
 
+    @classmethod
+    def share_key(cls, params: BaseModel) -> str | None:
+        """The engine configuration this stage starts, as a key: consecutive stages of one key
+        run in one process on one engine (engines/engine_pool.py). None: never shared."""
+        return None
+
     # --- presentation hooks: the parent process, run.json only ----------------------------
 
     @classmethod

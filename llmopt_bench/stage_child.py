@@ -28,7 +28,8 @@ FIXES = {"oom": "lower --batch-size, --input-len or the stage's max_model_len, o
          "killed": "something outside llmopt killed the stage; --resume runs it again"}
 
 
-def write_job(plan: StagePlan, cls: Any, run: RunResult, model: ModelInfo, rd: RunDir, ref: Any) -> float:
+def write_job(plan: StagePlan, cls: Any, run: RunResult, model: ModelInfo, rd: RunDir, ref: Any,
+              share_key: str | None = None) -> float:
     """The child's job, with paths relative to the run directory (a committed run leaks no
     machine's layout). Returns the spawn time the child measures its load from."""
     spawned = time.time()
@@ -37,7 +38,8 @@ def write_job(plan: StagePlan, cls: Any, run: RunResult, model: ModelInfo, rd: R
         "model": model.model_dump(mode="json"), "workload": run.workload.model_dump(mode="json"),
         "stage_dir": rd.relative(rd.stage_dir(plan.name)), "log": rd.relative(rd.log(plan.name)),
         "reference_file": rd.relative(ref.file) if ref.file else None, "reference_name": ref.name,
-        "provides_reference": ref.name == plan.name, "spawned_at": spawned, "owns_device": getattr(cls, "owns_device", True)})
+        "provides_reference": ref.name == plan.name, "spawned_at": spawned, "owns_device": getattr(cls, "owns_device", True),
+        "share_key": share_key})
     return spawned
 
 
@@ -102,6 +104,67 @@ def supervise(plan: StagePlan, cls: Any, run: RunResult, model: ModelInfo, rd: R
                   memory=memory_of(load_evt, final, sampler), gpu_free_after=free,
                   load_s=load_evt["load_s"] if load_evt else None, load=(load_evt or {}).get("info"))
     return outcome(plan, cls, final, common, rd, spawned)
+
+
+def supervise_group(plans: list[StagePlan], classes: list[Any], keys: list[str | None], run: RunResult, model: ModelInfo,
+                    rd: RunDir, timeouts: list[float], ref: Any, env: dict[str, str], reporter: Any,
+                    begin: Any, done: Any) -> list[StagePlan]:
+    """Stages that share an engine, in one worker, in order (worker.main with several jobs):
+    begin(plan) as each starts, done(plan, result) as each ends. The group stops at the first
+    stage that does not end in a result or a skip; returns the plans it did not run."""
+    for plan, cls, key in zip(plans, classes, keys):
+        rd.stage_dir(plan.name).mkdir(parents=True, exist_ok=True)
+        spawned = write_job(plan, cls, run, model, rd, ref, key)
+    before = spawn.oom_kills()
+    rfd, wfd = os.pipe()
+    with open(rd.log(plans[0].name), "w") as log:
+        python = engine_python(classes[0].requires.engine) if classes[0].requires.child_in_engine else sys.executable
+        proc = spawn.start([python, "-m", "llmopt_bench.worker", *(str(rd.job(p.name)) for p in plans)],
+                           log=log, env=spawn.child_env({**env, FD_ENV: str(wfd)}), pass_fds=(wfd,))
+    left = list(plans)
+    baseline: dict[int, int] = {}
+    try:
+        os.close(wfd)
+        events = start_reader(rfd)
+        for i, (plan, cls) in enumerate(zip(plans, classes)):
+            begin(plan)
+            started = spawned if i == 0 else time.time()
+            with MemorySampler(proc.pid, enabled=cls.owns_device) as sampler:
+                # the card before the group's engine started: the later stages' peaks and the
+                # group's final check count from there, not from a card the engine already holds
+                baseline = baseline if i else dict(sampler.peaks.device_baseline_bytes)
+                sampler.peaks.device_baseline_bytes.update(baseline)
+                load_evt, final = follow(proc, events, plan, timeouts[i], reporter)
+            left.remove(plan)
+            last = not left or final["type"] not in ("result", "skipped")
+            free = _end_group(proc, final, sampler.peaks.nvml, baseline) if last else None
+            if final["type"] == "died":
+                status, reason = spawn.Exit(final["code"], oom_killed=spawn.oom_evidence(before)).outcome()
+                final = {"type": status, "reason": f"worker {reason}"}
+            rd.scrub(rd.log(plan.name))
+            common = dict(started_at=utcnow(), log=rd.relative(rd.log(plan.name)), duration_s=round(time.time() - started, 3),
+                          memory=memory_of(load_evt, final, sampler), gpu_free_after=free,
+                          load_s=load_evt["load_s"] if load_evt else None, load=(load_evt or {}).get("info"))
+            done(plan, outcome(plan, cls, final, common, rd, started))
+            if last:
+                return left
+    except BaseException:
+        spawn.kill_session(proc.pid)
+        raise
+    finally:
+        spawn.kill_session(proc.pid)
+    return left
+
+
+def _end_group(proc: subprocess.Popen, final: dict, nvml: bool, baseline: dict[int, int]) -> Any:
+    """The group's worker ends (its engines close in it), then the card must be free."""
+    try:
+        proc.wait(timeout=60 if final["type"] in ("result", "skipped") else 1)
+    except subprocess.TimeoutExpired:
+        pass
+    spawn.kill_session(proc.pid)
+    proc.wait()
+    return wait_until_free(proc.pid, baseline) if nvml else None
 
 
 def memory_of(load_evt: dict | None, final: dict, sampler: MemorySampler) -> MemoryRecord:

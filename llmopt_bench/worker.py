@@ -1,7 +1,8 @@
 """The child process that runs one stage: load, warm up, measure, tear down, and send back
 its samples or the reason it could not. Started by the runner as
 `python -m llmopt_bench.worker RUN_DIR/stages/NAME/job.json` in a new session, so it can be
-killed whole. Paths in the job are relative to the run directory."""
+killed whole; with several jobs, a stage group that shares one engine (engines/engine_pool.py).
+Paths in the job are relative to the run directory."""
 
 from __future__ import annotations
 
@@ -51,9 +52,9 @@ def context(job: dict[str, Any], job_path: Path, device: str, events: EventWrite
         meter=TimedMeter() if job.get("owns_device", True) else TimedMeter(read_mj=lambda: None))
 
 
-def main(job_path: str) -> int:
-    job = json.loads(Path(job_path).read_text())
-    events = EventWriter()
+def run_one(job: dict[str, Any], job_path: Path, events: EventWriter, shared: dict[str, Any], started: float) -> bool:
+    """One stage: load, warm up, measure, tear down, its outcome sent as an event. True when it
+    ended so that a stage group may go on (a result, or skipped)."""
     stage = None
     device = "cpu"
     try:
@@ -62,10 +63,11 @@ def main(job_path: str) -> int:
         model = ModelInfo(**{**job["model"], "path": local_path(job["model"]["path"])})
         workload = WorkloadConfig(**job["workload"])
         device = _pick_device()
-        ctx = context(job, Path(job_path), device, events)
+        ctx = context(job, job_path, device, events)
+        ctx.shared = shared
         stage = cls()
         info = stage.load(model, params, ctx)
-        events.send("load", info=info.model_dump(mode="json"), load_s=time.time() - job["spawned_at"],
+        events.send("load", info=info.model_dump(mode="json"), load_s=time.time() - started,
                     memory=_torch_memory(device))
         if device == "cuda":
             import torch
@@ -74,16 +76,16 @@ def main(job_path: str) -> int:
         stage.warmup(workload, ctx)
         run = stage.run(workload, ctx)
         events.send("result", run=run.model_dump(mode="json"), memory=_torch_memory(device), energy=ctx.meter.record("main"))
-        return 0
+        return True
     except StageSkipped as e:
         events.send("skipped", reason=e.reason, fix=e.fix)
-        return 0
+        return True
     except BaseException as e:  # noqa: BLE001 - every failure is reported, then the child exits
         tb = traceback.format_exc()
         print(tb, file=sys.stderr, flush=True)
         kind = "oom" if is_oom(e) else ("interrupted" if isinstance(e, KeyboardInterrupt) else "error")
         events.send(kind, reason=describe(e), traceback=tb, memory=_torch_memory(device))
-        return 1
+        return False
     finally:
         if stage is not None:
             try:
@@ -92,5 +94,42 @@ def main(job_path: str) -> int:
                 traceback.print_exc()
 
 
+def log_to(path: Path) -> None:
+    """This process's stdout and stderr into the next stage's log (a stage group). Processes an
+    engine started keep the log they were started with: the first stage's."""
+    import os
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def main(job_paths: list[str]) -> int:
+    """One stage, or a stage group: stages that share an engine, in order; the group stops at
+    the first stage that fails (the runner runs the rest on their own)."""
+    from llmopt_bench.engines.engine_pool import POOL_KEY, EnginePool
+
+    events = EventWriter()
+    paths = [Path(p) for p in job_paths]
+    jobs = [json.loads(p.read_text()) for p in paths]
+    pool = EnginePool() if len(jobs) > 1 else None
+    try:
+        for i, (job, path) in enumerate(zip(jobs, paths)):
+            if i:
+                log_to(path.resolve().parent.parent.parent / job["log"])
+            if pool is not None:
+                pool.current, pool.current_key = job["stage"], job.get("share_key")
+                pool.later = {j["share_key"] for j in jobs[i + 1:] if j.get("share_key")}
+            if not run_one(job, path, events, {POOL_KEY: pool} if pool else {}, job["spawned_at"] if i == 0 else time.time()):
+                return 1
+        return 0
+    finally:
+        if pool is not None:
+            pool.close_all()
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1:]))

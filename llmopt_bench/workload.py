@@ -40,6 +40,11 @@ class WorkloadConfig(StrictModel):
     max_prompt_len: int = Field(2048, ge=1, description="longer prompts keep their last N tokens")
     warmup: int = Field(2, ge=0, description="untimed requests before measuring")
     repeats: int = Field(3, ge=1, description="times the workload is measured; the spread is reported")
+    max_repeats: int | None = Field(None, ge=1, le=1000, description="go on past --repeats, one repeat at a time, until the "
+                                    "headline figure's 95% interval over the repeats is within --stop-within (default: "
+                                    "--repeats, a fixed count)")
+    stop_within: float = Field(2.0, ge=0.1, le=100, description="the stopping rule's target: TPOT p50's 95% interval "
+                                                                "half-width over the repeats, in % of the value")
     seed: int = Field(0, ge=0, le=2**32 - 1, description="seed for prompt choice and arrivals")
     batch_size: int = Field(1, ge=1, description="requests generated together by one-shot stages")
     kind: Literal["fixed", "mixed"] = Field("fixed", description="the prompt mix: fixed, or mixed (a quarter long documents, "
@@ -148,7 +153,7 @@ def load_prompts(source: str = DEFAULT_PROMPTS) -> list[Prompt]:
 # --- the workload options of `llmopt bench`: validated here, before anything starts ---------
 
 OPTION_FIELDS = ("prompts", "num_prompts", "max_new_tokens", "input_len", "max_prompt_len", "warmup", "repeats",
-                 "seed", "batch_size", "kind")
+                 "max_repeats", "stop_within", "seed", "batch_size", "kind")
 OPTION_NAMES = {"kind": "--workload"}  # the command-line name, where it is not the field's
 # On a CPU the GPU defaults (8 prompts x 3 repeats + 2 warm-up, 100 tokens each) make the journey
 # take tens of minutes on 2 cores; the lighter set keeps `make bench` within 10.
@@ -187,6 +192,8 @@ class WorkloadOptions:
     max_prompt_len: int | None = None
     warmup: int | None = None
     repeats: int | None = None
+    max_repeats: int | None = None
+    stop_within: float | None = None
     seed: int | None = None
     batch_size: int | None = None
     kind: str | None = None
@@ -231,6 +238,9 @@ def resolve_workload(given: WorkloadOptions, previous: WorkloadConfig | None = N
             note = f"lighter defaults on CPU: {chosen} (on a GPU: {gpu}); pass these options to choose others"
             base = {**lighter, "notes": [note]}
     cfg = WorkloadConfig(**{**base, **values})
+    if cfg.max_repeats is not None and cfg.max_repeats < cfg.repeats:
+        raise UsageError(f"--max-repeats {cfg.max_repeats}: below --repeats {cfg.repeats}, the minimum it extends",
+                         f"pass --max-repeats {cfg.repeats} or more, or leave it out for a fixed count")
     _, read_as = load_prompt_set(cfg.prompts)
     return cfg.model_copy(update={"prompt_key": read_as})
 

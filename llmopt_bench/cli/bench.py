@@ -104,12 +104,15 @@ def bench_cmd(
     max_prompt_len: int | None = typer.Option(None, "--max-prompt-len", help=option_help("max_prompt_len")),
     warmup: int | None = typer.Option(None, "--warmup", help=option_help("warmup")),
     repeats: int | None = typer.Option(None, "--repeats", help=option_help("repeats")),
+    max_repeats: int | None = typer.Option(None, "--max-repeats", help=option_help("max_repeats")),
+    stop_within: float | None = typer.Option(None, "--stop-within", help=option_help("stop_within")),
     seed: int | None = typer.Option(None, "--seed", help=option_help("seed")),
     batch_size: int | None = typer.Option(None, "--batch-size", help=option_help("batch_size")),
     kind: str | None = typer.Option(None, "--workload", help=option_help("kind")),
     output: Path | None = typer.Option(None, "--output", "-o", help="Run directory, created if missing; never another run's (use --resume). (default: results/runs/<timestamp>)"),
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run in DIR: the journey it was started with, only the stages missing from its run.json or interrupted there."),
     fail_fast: bool = typer.Option(False, "--fail-fast", help="Stop at the first stage that fails (error, oom, timeout)."),
+    share_engines: bool = typer.Option(True, "--share-engines/--no-share-engines", help="Run stages that start the same engine configuration (vllm and continuous-batching's vLLM side) one after the other on one engine, in one process."),
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds per stage (more than 0), overriding the journey's timeout_s (default: 1800)."),
     as_json: bool = typer.Option(False, "--json", help="Print run.json to stdout instead of the table."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write report.md and charts/ into the run directory."),
@@ -138,7 +141,8 @@ def bench_cmd(
     cfg = resolve_workload(given, previous.workload if previous else None, "cuda" if cuda else "cpu")
     out = run_directory(output, resume)
     opts = RunOptions(out_dir=out, model=spec, workload=cfg, plans=plans, fail_fast=fail_fast, timeout_s=timeout,
-                      resume=previous is not None, command=shlex.join(["llmopt", *sys.argv[1:]]), min_quality=gate)
+                      resume=previous is not None, command=shlex.join(["llmopt", *sys.argv[1:]]), min_quality=gate,
+                      share_engines=share_engines)
     reporter = make_reporter()
     reporter.phase(f"run directory {out}")
     say_workload(cfg, reporter)

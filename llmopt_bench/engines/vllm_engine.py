@@ -4,12 +4,14 @@ its KV cache as a record, and shut it down with its processes."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from llmopt_bench.engines import vllm as V
+from llmopt_bench.engines.engine_pool import EnginePool, Pooled, pool_for, shared_info
 from llmopt_bench.engines.vllm_kv import KVCacheRecord, kv_cache_record
-from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config, prepare_engine_env, weights_estimate
+from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config, prepare_engine_env, share_key, weights_estimate
 from llmopt_bench.stage import LoadInfo, QualityRecord, RequestSample, StageContext
 from llmopt_bench.workload import Request, WorkloadConfig
 
@@ -20,11 +22,31 @@ class VLLMEngine:
     def __init__(self, llm: Any, cfg: V.EngineConfig, model_info: Any, params: VLLMEngineParams):
         self.llm, self.cfg, self.model_info, self.params = llm, cfg, model_info, params
         self.tok = llm.get_tokenizer()
+        self.pool: EnginePool | None = None  # set when a stage group shares this engine
+        self.key = share_key(params)
+        self.baseline: dict[str, Any] = {}  # device memory and processes before it started (pooled engines)
+        self.log_path: Path | None = None  # the log its processes write to: the starting stage's
 
     @classmethod
     def launch(cls, model_info: Any, params: VLLMEngineParams, ctx: StageContext,
                max_len_cap: int | None = None) -> tuple["VLLMEngine", LoadInfo]:
-        """The engine started, and what vLLM itself said of its start (start() adds llmopt's records)."""
+        """The engine started, and what vLLM itself said of its start (start() adds llmopt's
+        records); in a stage group, the engine an earlier stage of this process started."""
+        pool = pool_for(ctx, share_key(params))
+        pooled = pool.take(share_key(params)) if pool else None
+        if pool and pooled:
+            ctx.progress(f"vLLM engine shared with {pooled.owner}: not started again", None, None)
+            return pooled.engine, shared_info(pooled, pool.current or "this stage")
+        baseline = _baseline() if pool else {}
+        engine, info = cls._build(model_info, params, ctx, max_len_cap)
+        if pool:
+            engine.pool, engine.baseline = pool, baseline
+            pool.put(engine.key, Pooled(engine, copy.deepcopy(info), pool.current or "?", baseline))
+        return engine, info
+
+    @classmethod
+    def _build(cls, model_info: Any, params: VLLMEngineParams, ctx: StageContext,
+               max_len_cap: int | None) -> tuple["VLLMEngine", LoadInfo]:
         prepare_engine_env(params, ctx.device)
         cfg = engine_config(params, ctx.device, max_len_cap or model_info.max_position_embeddings)
         limits = "".join(f", {k}={getattr(params, k)}" for k in ("max_num_seqs", "max_num_batched_tokens")
@@ -32,7 +54,9 @@ class VLLMEngine:
         ctx.progress(f"starting vLLM ({cfg.dtype}{', ' + cfg.quantization if cfg.quantization else ''}{limits}): "
                      "compile and graph capture take a while", None, None)
         llm, info = V.build_engine(model_info.path, cfg, ctx.log_path)
-        return cls(llm, cfg, model_info, params), info
+        engine = cls(llm, cfg, model_info, params)
+        engine.log_path = ctx.log_path
+        return engine, info
 
     @classmethod
     def start(cls, model_info: Any, params: VLLMEngineParams, ctx: StageContext,
@@ -69,8 +93,9 @@ class VLLMEngine:
                        on_done=progress)
 
     def kv_cache(self, max_num_seqs: int | None = None, log_path: Path | None = None) -> KVCacheRecord | None:
-        """The KV cache; with the engine's log, also the concurrency vLLM said it holds."""
-        return kv_cache_record(self.llm, self.model_info, self.cfg.dtype, log_path, max_num_seqs)
+        """The KV cache; with the engine's log, also the concurrency vLLM said it holds (the log of
+        the stage that started it: in a stage group, not the asking stage's)."""
+        return kv_cache_record(self.llm, self.model_info, self.cfg.dtype, self.log_path or log_path, max_num_seqs)
 
     def quality(self, workload: WorkloadConfig, ctx: StageContext) -> QualityRecord:
         from llmopt_bench.engines import vllm_quality
@@ -81,9 +106,25 @@ class VLLMEngine:
                                                      real, ctx.progress, dummy=dummy))
 
     def records(self, requests: Sequence[Request], workload: WorkloadConfig, ctx: StageContext) -> dict[str, Any]:
-        kv = kv_cache_record(self.llm, self.model_info, self.cfg.dtype, ctx.log_path)
+        kv = kv_cache_record(self.llm, self.model_info, self.cfg.dtype, self.log_path or ctx.log_path)
         return {"kv_cache": kv} if kv else {}
 
     def close(self) -> None:
+        """Shut down, unless a later stage of this process takes the engine (a stage group)."""
+        if self.pool is not None and self.pool.keep(self.key):
+            return
+        self.close_now()
+
+    def close_now(self) -> None:
+        if self.pool is not None:
+            self.pool.drop(self.key)
         llm, self.llm = self.llm, None
         V.shutdown(llm)
+
+
+def _baseline() -> dict[str, Any]:
+    """Before a pooled engine starts: the device memory and processes a later stage of the group
+    measures its shutdown against (continuous batching waits for the memory to come back)."""
+    from llmopt_bench.engines.lifecycle import descendants, device_memory
+
+    return {"before_engine": device_memory(use_torch=False), "processes_before_engine": len(descendants())}

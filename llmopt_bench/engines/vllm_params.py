@@ -32,6 +32,13 @@ class VLLMEngineParams(StrictModel):
     enable_prefix_caching: bool = False
 
 
+def share_key(params: VLLMEngineParams) -> str:
+    """Two stages whose engine options are equal can share one engine (engines/engine_pool.py)."""
+    import json
+
+    return "vllm:" + json.dumps({f: getattr(params, f) for f in VLLMEngineParams.model_fields}, sort_keys=True, default=str)
+
+
 def engine_config(params: VLLMEngineParams, device: str, max_len_cap: int | None) -> EngineConfig:
     dtype = resolve_dtype(params.dtype, device)
     max_len = params.max_model_len

@@ -47,9 +47,15 @@ def environment(run: RunResult) -> list[str]:
         lines += [f"  - {n}" for n in m.notes]
     lines.append(f"- workload: {w.num_prompts} prompts from {w.prompts} ({w.kind}), {w.max_new_tokens} new tokens forced, "
                  f"input length {w.input_len or 'as written'}, batch {w.batch_size}, {w.warmup} warm-up, "
-                 f"{w.repeats} repeats, seed {w.seed}{prompts_read_as(w.prompt_key)}")
+                 f"{repeats_text(w)}, seed {w.seed}{prompts_read_as(w.prompt_key)}")
     lines += [f"  - {n}" for n in w.notes]  # defaults chosen for this machine (the lighter CPU workload)
     return lines
+
+
+def repeats_text(w) -> str:
+    if w.max_repeats and w.max_repeats > w.repeats:
+        return f"{w.repeats} to {w.max_repeats} repeats (until TPOT p50's 95% interval is within ±{w.stop_within:g}%)"
+    return f"{w.repeats} repeats"
 
 
 def stage_table(run: RunResult) -> list[str]:
@@ -105,7 +111,11 @@ def time_section(run: RunResult) -> list[str]:
     wall = (f"The run took {num(run.wall_s)} s end to end ({num(run.wall_s / 60)} min), probe and report included"
             + (" (over several invocations: --resume adds each one's time)" if "--resume" in run.command else "") + "."
             if run.wall_s else "The run's own wall time was not recorded (a run older than schema 2).")
-    return [wall, ""] + table(("stage", "status", "wall s", "load s", "share of the stages' time"), rows)
+    shared = [f"{s.name} ran on the engine {s.load.implementation['engine_shared_with']} started (one process, no start "
+              "of its own: docs/architecture.md, stage groups)" for s in timed
+              if s.load and s.load.implementation.get("engine_shared_with")]
+    return [wall, ""] + table(("stage", "status", "wall s", "load s", "share of the stages' time"), rows) + \
+        ([""] + [f"- {line}." for line in shared] if shared else [])
 
 
 def deploy_section(run: RunResult) -> list[str]:

@@ -86,6 +86,8 @@ class ArrivalsStage(Stage):
         self.tp_point: LoadPoint | None = None
         self.mixed_point: LoadPoint | None = None
         self.engine, info = self.start_engine(model, params, ctx)
+        if info.implementation.get("engine_shared_with"):  # the engine was up before this stage: its baseline
+            self.lifecycle.update(getattr(self.engine, "baseline", {}))
         self.dtype = self.engine.cfg.dtype  # transformers loads in the engine's dtype, after the engine is gone
         self.source = RequestSource(self.engine.encode, self.engine.max_model_len, self.notes)
         return info

@@ -12,6 +12,7 @@ from typing import Any, Callable, ClassVar, Protocol, Sequence
 
 from pydantic import BaseModel, Field
 
+from llmopt_bench.analysis.stopping import StoppingRecord, StoppingRule, headline_metric, stopping_sentence
 from llmopt_bench.engines.vllm_kv import KVCacheRecord, kv_line
 from llmopt_bench.errors import describe
 from llmopt_bench.stage import Block, LoadInfo, QualityRecord, RequestSample, Stage, StageContext, StageRun, StrictModel
@@ -33,6 +34,7 @@ class FixedExtra(StrictModel):
     greedy_tokens: dict[str, list[int]] = Field(default_factory=dict)  # repeat 0's output ids, per request
     instrumentation: Instrumentation | None = None
     kv_cache: KVCacheRecord | None = None  # vLLM engines: the preallocated KV cache
+    stopping: StoppingRecord | None = None  # how many repeats ran, and why (analysis/stopping.py)
 
 
 class FixedEngine(Protocol):
@@ -58,20 +60,29 @@ def warmup(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext) -> 
                      progress=lambda n: None)
 
 
-def measure(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext) -> tuple[list[Request], list[RequestSample], dict]:
-    """The timed repeats: requests, samples, and repeat 0's output token ids."""
+def stopping_rule(workload: WorkloadConfig) -> StoppingRule:
+    return StoppingRule(workload.repeats, workload.max_repeats or workload.repeats, workload.stop_within,
+                        headline_metric(workload.max_new_tokens))
+
+
+def measure(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext,
+            rule: StoppingRule) -> tuple[list[Request], list[RequestSample], dict]:
+    """The timed repeats, as many as the stopping rule asks: requests, samples, and repeat 0's
+    output token ids."""
     reqs = build_requests(workload, engine.encode)
     samples: list[RequestSample] = []
     tokens: dict[str, list[int]] = {}
-    for rep in range(workload.repeats):
+    for rep in range(rule.record.max_repeats):
         def done(n: int, rep: int = rep) -> None:
-            ctx.progress(f"repeat {rep + 1}/{workload.repeats}", n, len(reqs))
+            ctx.progress(f"repeat {rep + 1}/{rule.label()}", n, len(reqs))
 
         with ctx.meter.window("main") as window:
             got = engine.serve(reqs, workload.max_new_tokens, batch_size=workload.batch_size, repeat=rep,
                                tokens_out=tokens if rep == 0 else None, progress=done)
             window.tokens = sum(s.output_tokens for s in got if s.ok)
         samples += got
+        if rule.add(got):
+            break
     return reqs, samples, {r.id: tokens.get(r.id, []) for r in reqs}
 
 
@@ -103,8 +114,9 @@ class FixedWorkloadStage(Stage):
         warmup(self.engine, workload, ctx)
 
     def run(self, workload: WorkloadConfig, ctx: StageContext) -> StageRun:
-        reqs, samples, tokens = measure(self.engine, workload, ctx)
-        extra = FixedExtra(greedy_tokens=tokens, **self.engine.records(reqs, workload, ctx))
+        rule = stopping_rule(workload)
+        reqs, samples, tokens = measure(self.engine, workload, ctx, rule)
+        extra = FixedExtra(greedy_tokens=tokens, stopping=rule.record, **self.engine.records(reqs, workload, ctx))
         quality = quality_or_failure(self.engine, workload, ctx) if self.params.quality else None
         return StageRun(samples=samples, extra=extra.model_dump(mode="json", exclude_none=True), quality=quality)
 
@@ -122,6 +134,8 @@ class FixedWorkloadStage(Stage):
         out = []
         if extra.kv_cache:
             out.append(Block(text=kv_line(extra.kv_cache)))
+        if extra.stopping and extra.stopping.max_repeats > extra.stopping.min_repeats:
+            out.append(Block(text=stopping_sentence(extra.stopping)))
         if extra.instrumentation:
             out.append(Block(text=overhead_sentence(extra.instrumentation.model_dump())))
         return out

@@ -7,7 +7,7 @@ docs/batching.md defines the figures and extra's keys."""
 from __future__ import annotations
 
 from llmopt_bench.engines.vllm_engine import VLLMEngine
-from llmopt_bench.engines.vllm_params import VLLMEngineParams
+from llmopt_bench.engines.vllm_params import VLLMEngineParams, share_key
 from llmopt_bench.scenarios.arrivals import ArrivalsParams
 from llmopt_bench.scenarios.arrivals_record import BatchingExtra
 from llmopt_bench.scenarios.arrivals_stage import ArrivalsStage
@@ -32,6 +32,10 @@ class ContinuousBatchingStage(ArrivalsStage):
         info.implementation.update(max_num_seqs=params.max_num_seqs, max_num_batched_tokens=params.max_num_batched_tokens,
                                    static_attn_implementation=params.static_attn_implementation)
         return engine, info
+
+    @classmethod
+    def share_key(cls, params) -> str | None:
+        return share_key(params)
 
     @classmethod
     def claims(cls, result, run):

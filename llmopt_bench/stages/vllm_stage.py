@@ -7,7 +7,7 @@ from __future__ import annotations
 from llmopt_bench.analysis.claims import verdict
 from llmopt_bench.analysis.selectors import p50_of, ratio, reference
 from llmopt_bench.engines.vllm_engine import VLLMEngine
-from llmopt_bench.engines.vllm_params import VLLMEngineParams
+from llmopt_bench.engines.vllm_params import VLLMEngineParams, share_key
 from llmopt_bench.fmt import num, times
 from llmopt_bench.scenarios.fixed import FixedParams, FixedWorkloadStage
 from llmopt_bench.stage import Claim, Requirements
@@ -28,7 +28,15 @@ class VLLMStage(FixedWorkloadStage):
     Params = VLLMParams
 
     def start_engine(self, model, params, ctx):
-        return VLLMEngine.start(model, params, ctx)
+        return VLLMEngine.start(model, self.engine_params(params), ctx)
+
+    @classmethod
+    def engine_params(cls, params: VLLMParams) -> VLLMParams:
+        return params
+
+    @classmethod
+    def share_key(cls, params) -> str | None:
+        return share_key(cls.engine_params(params))
 
     @classmethod
     def claims(cls, result, run) -> list[Claim]:
@@ -50,8 +58,9 @@ class VLLMFP8Stage(VLLMStage):
     changes = "weights and matmuls in FP8 (beyond the story)"
     requires = Requirements(imports={"vllm": "vllm"}, engine="vllm", cuda=True, min_compute_capability=(8, 9))
 
-    def start_engine(self, model, params, ctx):
-        return VLLMEngine.start(model, params.model_copy(update={"quantization": params.quantization or "fp8"}), ctx)
+    @classmethod
+    def engine_params(cls, params: VLLMParams) -> VLLMParams:
+        return params.model_copy(update={"quantization": params.quantization or "fp8"})
 
     @classmethod
     def claims(cls, result, run) -> list[Claim]:

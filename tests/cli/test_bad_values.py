@@ -18,6 +18,9 @@ BAD = [
     ("--num-prompts", "0", "allowed 1 or more"),
     ("--batch-size", "0", "allowed 1 or more"),
     ("--repeats", "0", "allowed 1 or more"),
+    ("--max-repeats", "0", "allowed 1 to 1000"),
+    ("--max-repeats", "1", "below --repeats 2"),  # the CPU default minimum is 2
+    ("--stop-within", "0", "allowed 0.1 to 100"),
     ("--input-len", "0", "allowed 1 or more"),
     ("--max-prompt-len", "0", "allowed 1 or more"),
     ("--warmup", "-1", "allowed 0 or more"),
