@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from enum import IntEnum
 from pathlib import Path
 
@@ -66,11 +67,19 @@ def extra_fix(extra: str, cuda: bool = True) -> str:
     return f"pip install 'llmopt-bench[{extra}]'"
 
 
+# torch's CPU allocator does not raise MemoryError: a RuntimeError "[enforce fail at
+# alloc_cpu.cpp] ... DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes.
+# Error code 12 (Cannot allocate memory)".
+HOST_ALLOC_FAILED = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
 def is_oom(exc: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, a host MemoryError, or an engine's "out of memory" message."""
-    if isinstance(exc, MemoryError):
+    """CUDA's OutOfMemoryError, a host MemoryError or ENOMEM, torch's CPU allocator failing, or
+    an engine's "out of memory" message."""
+    if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
         return True
-    return type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()[:300]
+    text = str(exc).lower()[:300]
+    return type(exc).__name__ == "OutOfMemoryError" or any(s in text for s in HOST_ALLOC_FAILED)
 
 
 def first_line(exc: BaseException, limit: int = 500) -> str:

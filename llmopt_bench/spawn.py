@@ -1,7 +1,8 @@
-"""The one way llmopt starts a child process: a stage's worker, the probe, an isolated
-capacity or mixed-length probe, an AWQ calibration. Each child gets its own process session
-(or joins the caller's, for probes inside a stage) so that it can be killed whole, and its exit
-is described with evidence: a SIGKILL is an out-of-memory kill only when the kernel says so."""
+"""The one way llmopt starts a child process: a stage's worker, the probe, the probe worker
+of capacity and mixed-length probes (or an isolated probe), an AWQ calibration. Each child gets
+its own process session (or joins the caller's, for probes inside a stage) so that it can be
+killed whole, and its exit is described with evidence: a SIGKILL is an out-of-memory kill only
+when the kernel says so."""
 
 from __future__ import annotations
 
@@ -66,12 +67,14 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def start(argv: Sequence[str], *, log: IO[Any] | None = None, env: dict[str, str] | None = None,
-          cwd: Path | None = None, own_session: bool = True, pass_fds: Sequence[int] = ()) -> subprocess.Popen:
-    """Start a child: stdout and stderr to `log` (else inherited), in a session of its own."""
+          cwd: Path | None = None, own_session: bool = True, pass_fds: Sequence[int] = (),
+          stdin: int | None = None) -> subprocess.Popen:
+    """Start a child: stdout and stderr to `log` (else inherited), in a session of its own.
+    stdin=subprocess.PIPE gives a child that takes work line by line (the probe worker)."""
     if log is None:
         sys.stdout.flush()
         sys.stderr.flush()
-    return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT if log is not None else None,
+    return subprocess.Popen(list(argv), stdin=stdin, stdout=log, stderr=subprocess.STDOUT if log is not None else None,
                             env=env, cwd=cwd, start_new_session=own_session, pass_fds=tuple(pass_fds))
 
 

@@ -1,14 +1,16 @@
-"""Static batching over transformers generate, and probes isolated in their own process.
+"""Static batching over transformers generate, and the probes of transformers (capacity, mixed lengths).
 
 static_serve() replays the arrivals a continuous-batching run saw against a static batcher: a
 batch forms when N requests wait or the oldest waiting one has waited `timeout_s`; it is
 left-padded to its longest prompt and generated to completion while later arrivals queue.
 t_submit is each request's arrival, so TTFT includes the wait behind a running batch.
 
-run_isolated() runs one probe (a capacity probe or a mixed-length configuration) in a fresh
-process of this interpreter, in the stage's session (so the runner's memory sampler sees it
-and a stage timeout kills it), so that a CUDA OOM, or the host OOM killer, ends that probe
-only: `python -m llmopt_bench.engines.static_batching PROBE JOB.json OUT.json`."""
+The probes (a capacity probe, a mixed-length configuration: PROBES) take a loaded model. The
+stage runs them through engines/probe_worker.ProbeWorker, one process that loads the model once;
+run_isolated() runs one in a fresh process of this interpreter (load, probe, exit), in the
+stage's session (so the runner's memory sampler sees it and a stage timeout kills it):
+`python -m llmopt_bench.engines.static_batching PROBE JOB.json OUT.json`. Either way a CUDA OOM,
+or the host OOM killer, ends that probe only, and its peak memory is its own (reset_peaks)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -116,7 +119,7 @@ def plan_batches(lengths: Sequence[int], config: str, batch_size: int, cap_conte
     return batches
 
 
-# --- isolated probes ----------------------------------------------------------------------------
+# --- probes ---------------------------------------------------------------------------------
 
 def run_isolated(probe: str, job: dict[str, Any], timeout_s: float, workdir: Path) -> dict[str, Any]:
     """Run PROBES[probe](job) in a fresh process of this interpreter; its answer, or why not.
@@ -142,10 +145,6 @@ def run_isolated(probe: str, job: dict[str, Any], timeout_s: float, workdir: Pat
     return {"status": status, "reason": f"probe {reason} (see the stage log)", "wall_s": wall, "exit_code": ended.code}
 
 
-def _rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def _current_rss_bytes() -> int | None:
     try:
         with open("/proc/self/statm") as f:
@@ -154,8 +153,44 @@ def _current_rss_bytes() -> int | None:
         return None
 
 
-def _memory(device: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"peak_rss_bytes": _rss_bytes()}
+def _vm_hwm_bytes() -> int | None:
+    """The kernel's high-water mark of this process's RSS (VmHWM), since it was last reset."""
+    try:
+        with open("/proc/self/status") as f:
+            line = next(x for x in f if x.startswith("VmHWM:"))
+        return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+PEAK_SINCE_RESET = "VmHWM, reset before the probe"
+PEAK_LIFETIME = "ru_maxrss: the process's lifetime peak (its load, and any earlier probe in it, included)"
+
+
+def reset_peaks(device: str) -> str:
+    """Start this probe's peak memory from now, so that a process that runs several probes
+    reports each one's own: on CUDA torch's peak counters; on the host the kernel's RSS
+    high-water mark (writing 5 to /proc/self/clear_refs, Linux >= 4.0). Returns how the host
+    peak is measured: where the reset fails, ru_maxrss, which never goes down."""
+    if device == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return PEAK_LIFETIME
+    return PEAK_SINCE_RESET if _vm_hwm_bytes() is not None else PEAK_LIFETIME
+
+
+def _rss_bytes(method: str) -> int:
+    hwm = _vm_hwm_bytes() if method == PEAK_SINCE_RESET else None
+    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _memory(device: str, method: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"peak_rss_bytes": _rss_bytes(method), "peak_rss_method": method}
     if device == "cuda":
         import torch
 
@@ -166,13 +201,15 @@ def _memory(device: str) -> dict[str, Any]:
     return out
 
 
-def _oom_details(exc: BaseException, device: str) -> dict[str, Any]:
+def _oom_details(exc: BaseException, device: str, method: str) -> dict[str, Any]:
     """Memory when the allocation failed: taken inside the except block, while the failed
     step's tensors are still referenced by the traceback."""
     d: dict[str, Any] = {"status": "oom", "reason": describe(exc, 300)}
     m = re.search(r"Tried to allocate ([\d.]+) (GiB|MiB|KiB)", str(exc))
     if m:
         d["tried_to_allocate_bytes"] = int(float(m.group(1)) * {"GiB": 1024**3, "MiB": 1024**2, "KiB": 1024}[m.group(2)])
+    elif m := re.search(r"you tried to allocate (\d+) bytes", str(exc)):  # torch's CPU allocator
+        d["tried_to_allocate_bytes"] = int(m.group(1))
     if device == "cuda":
         import torch
 
@@ -182,7 +219,7 @@ def _oom_details(exc: BaseException, device: str) -> dict[str, Any]:
         d["device_free_at_oom_bytes"], d["device_total_bytes"] = int(free), int(total)
     else:
         d["memory_at_oom_bytes"] = _current_rss_bytes()
-        d["peak_bytes"] = _rss_bytes()
+        d["peak_bytes"], d["peak_rss_method"] = _rss_bytes(method), method
     return d
 
 
@@ -214,49 +251,60 @@ def load_model(path: str, device: str, dtype: str, attn: str | None) -> tuple[An
     return model, tok
 
 
-def _load(job: dict[str, Any]) -> tuple[Any, Any, str]:
+@dataclass
+class Loaded:
+    """A model loaded for probes, and how the current probe's host peak is measured."""
+
+    model: Any
+    tok: Any
+    device: str
+    rss_after_load_bytes: int | None = None
+    weights_allocated_bytes: int | None = None  # CUDA: memory_allocated() right after the load
+    peak_method: str = PEAK_LIFETIME
+
+
+def load_for_probes(job: dict[str, Any]) -> Loaded:
     device = job["device"]
     model, tok = load_model(job["model_path"], device, job["dtype"], job.get("attn_implementation"))
+    loaded = Loaded(model, tok, device, rss_after_load_bytes=_current_rss_bytes())
     if device == "cuda":
         import torch
 
-        torch.cuda.reset_peak_memory_stats()
-    return model, tok, device
+        loaded.weights_allocated_bytes = int(torch.cuda.memory_allocated())
+    return loaded
 
 
-def probe_capacity(job: dict[str, Any]) -> dict[str, Any]:
+def probe_capacity(job: dict[str, Any], m: Loaded) -> dict[str, Any]:
     """A batch of `batch` sequences of `context` tokens: prefill context - decode_steps, then
     decode_steps tokens. ok with the peak memory, or oom with the memory when it failed."""
     from llmopt_bench.engines import hf
 
-    model, tok, device = _load(job)
     batch, context, steps = int(job["batch"]), int(job["context"]), int(job["decode_steps"])
-    vocab = int(model.config.vocab_size)
+    vocab = int(m.model.config.vocab_size)
     reqs = [Request(id=f"c{i}", prompt_id="capacity",
                     token_ids=tuple((7 + 31 * i + 13 * j) % (vocab - 1) + 1 for j in range(context - steps)))
             for i in range(batch)]
-    base = {"batch": batch, "context": context, "rss_after_load_bytes": _current_rss_bytes()}
-    if device == "cuda":
+    base = {"batch": batch, "context": context, "rss_after_load_bytes": m.rss_after_load_bytes}
+    if m.device == "cuda":
         import torch
 
         base["weights_allocated_bytes"] = int(torch.cuda.memory_allocated())
     t0 = now()
     try:
-        samples = hf.generate_batch(model, tok.pad_token_id, reqs, steps, device, streamer=False)
+        samples = hf.generate_batch(m.model, m.tok.pad_token_id, reqs, steps, m.device, streamer=False)
     except BaseException as e:  # noqa: BLE001 - an OOM is the answer, anything else is reported
         if not is_oom(e):
             raise
-        return {**base, **_oom_details(e, device)}
+        return {**base, **_oom_details(e, m.device, m.peak_method)}
     return {**base, "status": "ok", "seconds": round(now() - t0, 4), "output_tokens": samples[0].output_tokens,
-            **_memory(device)}
+            **_memory(m.device, m.peak_method)}
 
 
-def probe_mixed(job: dict[str, Any]) -> dict[str, Any]:
+def probe_mixed(job: dict[str, Any], m: Loaded) -> dict[str, Any]:
     """One mixed-length configuration (static-mixed, cap-context, bucketed) through static
     batches: padded widths, throughput, peak memory, or the OOM and the memory it hit."""
     from llmopt_bench.engines import hf
 
-    model, tok, device = _load(job)
     config = job["config"]
     cap = int(job["cap_context"])
     ids = [list(x) for x in job["requests"]]
@@ -270,10 +318,10 @@ def probe_mixed(job: dict[str, Any]) -> dict[str, Any]:
         "config": config, "requests": len(reqs), "batches": len(batches), "batch_sizes": [len(b) for b in batches],
         "max_padded_len": max(widths), "prompt_tokens": sum(lengths),
         "padded_prompt_tokens": sum(w * len(b) for w, b in zip(widths, batches)),
-        "rss_after_load_bytes": _current_rss_bytes(), "attn_implementation": job.get("attn_implementation"),
+        "rss_after_load_bytes": m.rss_after_load_bytes, "attn_implementation": job.get("attn_implementation"),
     }
     info["padding_fraction"] = round(1 - info["prompt_tokens"] / info["padded_prompt_tokens"], 4)
-    if device == "cuda":
+    if m.device == "cuda":
         import torch
 
         info["weights_allocated_bytes"] = int(torch.cuda.memory_allocated())
@@ -282,37 +330,50 @@ def probe_mixed(job: dict[str, Any]) -> dict[str, Any]:
     t0 = now()
     try:
         for b, idx in enumerate(batches):
-            samples = hf.generate_batch(model, tok.pad_token_id, [reqs[i] for i in idx], new, device, batch=b)
+            samples = hf.generate_batch(m.model, m.tok.pad_token_id, [reqs[i] for i in idx], new, m.device, batch=b)
             produced += sum(s.output_tokens for s in samples)
             info["batches_done"] = b + 1
     except BaseException as e:  # noqa: BLE001
         if not is_oom(e):
             raise
-        info.update(_oom_details(e, device))
+        info.update(_oom_details(e, m.device, m.peak_method))
         info["failed_batch_width"] = widths[info.get("batches_done", 0)]
         info["failed_batch_size"] = len(batches[info.get("batches_done", 0)])
         return info
     wall = now() - t0
     info.update(status="ok", seconds=round(wall, 4), output_tokens=produced,
                 all_tokens_produced=produced == new * len(reqs),
-                output_tok_s=produced / wall if wall > 0 else None, memory_at_oom_bytes=None, **_memory(device))
+                output_tok_s=produced / wall if wall > 0 else None, memory_at_oom_bytes=None,
+                **_memory(m.device, m.peak_method))
     return info
 
 
-PROBES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"capacity": probe_capacity, "mixed": probe_mixed}
+PROBES: dict[str, Callable[[dict[str, Any], Loaded], dict[str, Any]]] = {"capacity": probe_capacity, "mixed": probe_mixed}
 
 
-def main(argv: list[str]) -> int:
-    probe, job_path, out_path = argv
-    job = json.loads(Path(job_path).read_text())
-    try:
-        answer = PROBES[probe](job)
-    except BaseException as e:  # noqa: BLE001
-        traceback.print_exc()
-        answer = {"status": "oom" if is_oom(e) else "error", "reason": f"{type(e).__name__}: {str(e)[:300]}"}
+def failure(exc: BaseException) -> dict[str, Any]:
+    """The answer of a probe that raised: an OOM outside the probe's own guard, or an error."""
+    return {"status": "oom" if is_oom(exc) else "error", "reason": f"{type(exc).__name__}: {str(exc)[:300]}"}
+
+
+def write_answer(out_path: str, answer: dict[str, Any]) -> None:
     tmp = out_path + ".tmp"
     Path(tmp).write_text(json.dumps(answer))
     os.replace(tmp, out_path)
+
+
+def main(argv: list[str]) -> int:
+    """One probe in this fresh process: load, then the probe (run_isolated's child)."""
+    probe, job_path, out_path = argv
+    job = json.loads(Path(job_path).read_text())
+    try:
+        loaded = load_for_probes(job)
+        loaded.peak_method = reset_peaks(loaded.device)
+        answer = PROBES[probe](job, loaded)
+    except BaseException as e:  # noqa: BLE001
+        traceback.print_exc()
+        answer = failure(e)
+    write_answer(out_path, answer)
     return 0
 
 

@@ -48,7 +48,7 @@ class ArrivalsParams(StrictModel):
     static_timeout_s: float = 0.05  # a static batch starts when N wait or the oldest waited this long
     static_batch_size: int | None = None  # N; default: the point's concurrency (poisson: main_concurrency)
     static_attn_implementation: Attn = "sdpa"
-    # transformers' capacity per context (isolated probes)
+    # transformers' capacity per context (probes of the probe worker)
     capacity: bool = True
     contexts: list[int] = Field(default_factory=lambda: [2048, 4096])
     max_batch: int = 64  # transformers capacity probe: 1, 2, 4, ... up to this (CUDA)

@@ -92,3 +92,9 @@ class BatchingExtra(StrictModel):
     mixed: list[MixedRow] = Field(default_factory=list)
     mixed_setup: dict[str, Any] | None = None
     lifecycle: dict[str, Any] = Field(default_factory=dict)  # device memory and processes around the engine
+    # the transformers probes (mixed-length, capacity) through the probe worker: model loads,
+    # worker processes, probes, and their wall time (loads included)
+    probe_loads: int | None = None
+    probe_workers: int | None = None
+    probe_count: int | None = None
+    probe_wall_s: float | None = None

@@ -8,7 +8,8 @@ scenario on an engine (ArrivalsStage.start_engine); run() is its phases, in orde
 4. kv_capacity: the KV cache and the sequences of each context it holds;
 5. shutdown: the engine goes; device memory before, with and after it (lifecycle);
 6. static_replay: transformers in this process, the same requests and arrivals, static batches;
-7. mixed_probes, transformers_capacity: isolated probes, one process each (an OOM ends the probe only).
+7. mixed_probes, transformers_capacity: transformers probes through one probe worker that loads
+   the model once (engines/probe_worker.py: an OOM ends the probe only).
 
 Each point's serving is a timed window of the energy meter (the main point's continuous one is
 "main", the stage's headline); its joules per token go into its CurveRow. What is measured is
@@ -22,6 +23,7 @@ from typing import Any, ClassVar, Protocol, Sequence
 from pydantic import BaseModel
 
 from llmopt_bench.engines.lifecycle import cmdline, descendants, device_memory, rss, wait_freed
+from llmopt_bench.engines.probe_worker import ProbeWorker
 from llmopt_bench.engines.static_engine import StaticEngine
 from llmopt_bench.engines.vllm_kv import KVCacheRecord
 from llmopt_bench.errors import describe, is_oom
@@ -110,11 +112,15 @@ class ArrivalsStage(Stage):
         if p.static_replay:
             self.static_replay()
         self.keep()
-        if self.mixed_point:
-            self.mixed_probes()
-            self.keep()
-        if p.capacity:
-            self.transformers_capacity()
+        self.prober = ProbeWorker(self.ctx.stage_dir / "probes")
+        try:
+            if self.mixed_point:
+                self.mixed_probes()
+                self.keep()
+            if p.capacity:
+                self.transformers_capacity()
+        finally:
+            self.close_prober()
         return StageRun(samples=self.samples, extra=self.dump(), notes=self.notes,
                         facts=facts(self.extra, p.main_concurrency if p.mode == "closed" else None))
 
@@ -233,11 +239,12 @@ class ArrivalsStage(Stage):
             static.close()
             self.lifecycle["transformers_unloaded"] = device_memory(use_torch=self.device == "cuda")
 
-    # --- isolated probes ------------------------------------------------------------------
+    # --- transformers probes, through the probe worker ------------------------------------
 
     def mixed_probes(self) -> None:
         rows = mixed.static_probes(self.params, self.mixed_point, self.model.path, self.device, self.dtype,
-                                   self.ctx.stage_dir / "probes", progress=lambda m: self.ctx.progress(m, None, None))
+                                   self.ctx.stage_dir / "probes", progress=lambda m: self.ctx.progress(m, None, None),
+                                   probe=self.prober)
         self.extra.mixed = mixed.in_order(self.extra.mixed + rows)
         self.extra.mixed_setup = mixed.setup(self.params, self.mixed_point, self.n_long)
         if self.device != "cuda":
@@ -247,9 +254,18 @@ class ArrivalsStage(Stage):
         p = self.params
         rows, probes = hf_capacity(self.model.path, self.device, self.dtype, p.capacity_attn_implementation, p.contexts,
                                    p.max_batch, p.capacity_decode_steps, p.probe_timeout_s, self.ctx.stage_dir / "probes",
-                                   progress=lambda m: self.ctx.progress(m, None, None))
+                                   progress=lambda m: self.ctx.progress(m, None, None), probe=self.prober)
         self.extra.capacity = self.extra.capacity + [CapacityRow(**r) for r in rows]
         self.extra.capacity_probes = probes
+
+    def close_prober(self) -> None:
+        """The worker goes; the model loads and wall time the probes took are recorded."""
+        prober, self.prober = getattr(self, "prober", None), None
+        if prober is not None:
+            prober.close()
+            if prober.probes:
+                for key, value in prober.stats().items():
+                    setattr(self.extra, key, value)
 
     # --- the record -----------------------------------------------------------------------
 
@@ -268,3 +284,4 @@ class ArrivalsStage(Stage):
         if engine is not None:
             engine.close()
         self.close_static()
+        self.close_prober()

@@ -6,11 +6,12 @@ recorded under extra["kv_cache"] and extra["capacity"]:
 - vLLM: from the engine's KV-cache block count, floor(num_blocks * block_size / context),
   and the engine's own "Maximum concurrency for N tokens per request" log line. The scheduler
   admits at most max_num_seqs at once, recorded next to it.
-- transformers: a batch of `context` tokens (prefill, then a few decode steps) in its own
-  process, on CUDA from max_batch down by halves until one fits; the largest power of two that
-  fit is the answer (the story's "batch 4 to 16"). Batches that ran out of memory at a shorter
-  context are not probed again at a longer one (row["ruled_out"]). On CPU there is no OOM boundary to find in reasonable
-  time: batch 1 and 2 are probed, and the row says so."""
+- transformers: a batch of `context` tokens (prefill, then a few decode steps) as a probe (the
+  stage's probe worker: one model load for every probe; an OOM ends the probe only), on CUDA
+  from max_batch down by halves until one fits; the largest power of two that fit is the
+  answer (the story's "batch 4 to 16"). Batches that ran out of memory at a shorter context
+  are not probed again at a longer one (row["ruled_out"]). On CPU there is no OOM boundary to
+  find in reasonable time: batch 1 and 2 are probed, and the row says so."""
 
 from __future__ import annotations
 
@@ -75,10 +76,11 @@ def hf_capacity(model_path: str, device: str, dtype: str, attn: str, contexts: l
                 progress: Callable[[str], None] = lambda m: None,
                 probe: Callable[..., dict[str, Any]] = run_isolated) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """transformers rows of extra["capacity"], and every probe's answer. probe(kind, job,
-    timeout_s, workdir) runs one batch in its own process (run_isolated).
+    timeout_s, workdir) runs one batch: the stage's ProbeWorker, or run_isolated (a process each).
 
-    CUDA: halve from max_batch until a batch fits (each probe loads the model in a new process,
-    ~15 s for 7B: a big card fits most sizes, so top-down asks fewest). The answer is the same
+    CUDA: halve from max_batch until a batch fits (a big card fits most sizes, so top-down asks
+    fewest; each probe is a prefill of batch x context, and after an OOM a fresh worker may have
+    to load the model again, ~24 s for 7B). The answer is the same
     as growing from 1: the largest power of two that fits, and the next one up, which did not.
     A batch that ran out at a shorter context runs out at a longer one too (more tokens, same
     model): it is not probed again. CPU never runs out: both small sizes are shown running."""

@@ -1,6 +1,6 @@
 """The mixed-length set of the load scenario: mixed_batch requests, a quarter long documents,
-served once through the continuous engine (no padding) and, each in its own process (an OOM
-ends that probe only), as static batches: padded to the longest prompt (static-mixed), every
+served once through the continuous engine (no padding) and, as probes of transformers (each its
+own answer: an OOM ends that probe only; engines/probe_worker.py), as static batches: padded to the longest prompt (static-mixed), every
 prompt cut to cap_context (cap-context), and power-of-two length buckets (bucketed).
 docs/batching.md, "The mixed-length pitfall"."""
 
@@ -15,7 +15,7 @@ from llmopt_bench.scenarios.arrivals_record import CurveRow, MixedRow
 from llmopt_bench.stage import RequestSample
 from llmopt_bench.workload import Request, WorkloadConfig, fit_length, load_prompts
 
-CONFIGS = ("static-mixed", "cap-context", "bucketed")  # each in its own process
+CONFIGS = ("static-mixed", "cap-context", "bucketed")  # one probe each
 ORDER = [*CONFIGS, "continuous"]
 CONTINUOUS_NOTE = "vLLM: paged KV cache preallocated at start-up, no padding; peak is the engine's footprint (see lifecycle)"
 CPU_NOTE = "mixed lengths on CPU: the configurations ran (peak RSS recorded); the OOM of static-mixed needs the GPU"
@@ -69,13 +69,14 @@ def bucket_budget(p: ArrivalsParams) -> int:
 def static_probes(p: ArrivalsParams, point: LoadPoint, model_path: str, device: str, dtype: str, workdir: Path,
                   progress: Callable[[str], None] = lambda m: None,
                   probe: Callable[..., dict[str, Any]] = run_isolated) -> list[MixedRow]:
-    """The three static configurations, one process each (probe(kind, job, timeout_s, workdir))."""
+    """The three static configurations, one probe each: probe(kind, job, timeout_s, workdir) is
+    the stage's ProbeWorker (one model load for all), or run_isolated (a process each)."""
     base = {"model_path": model_path, "device": device, "dtype": dtype, "attn_implementation": p.mixed_attn_implementation,
             "requests": [list(r.token_ids) for r in point.requests], "max_new_tokens": point.new,
             "batch_size": p.mixed_batch, "cap_context": p.cap_context, "bucket_token_budget": bucket_budget(p)}
     rows = []
     for config in CONFIGS:
-        progress(f"mixed lengths: {config} (own process)")
+        progress(f"mixed lengths: {config} (probe)")
         ans = probe("mixed", {**base, "config": config}, p.probe_timeout_s, workdir)
         ans.setdefault("config", config)
         ans.setdefault("memory_at_oom_bytes", None)

@@ -1,7 +1,7 @@
 """Continuous batching: requests arrive over time and join vLLM's running batch; the same
 arrivals replayed against transformers with static batching show what it buys. The stage is
 the load scenario (scenarios/arrivals_stage.py: the sweep, the throughput point, the mixed-
-length set, KV capacity, the static replay, the isolated probes) on the vLLM engine.
+length set, KV capacity, the static replay, the transformers probes) on the vLLM engine.
 docs/batching.md defines the figures and extra's keys."""
 
 from __future__ import annotations

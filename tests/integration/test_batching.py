@@ -208,6 +208,19 @@ def test_mixed_length_pitfall(batching_run):
 
 @pytest.mark.vllm
 @pytest.mark.slow
+def test_transformers_probes_share_one_model_load(batching_run):
+    """The 3 mixed-length configurations and the 2 capacity probes ran in one probe worker
+    that loaded the model once (the worker's own count, in each answer and in extra)."""
+    extra = batching_run["extra"]
+    answers = [r for r in extra["mixed"] if r["config"] != "continuous"] + extra["capacity_probes"]
+    assert len(answers) == 5 and len({a["worker"]["pid"] for a in answers}) == 1
+    assert [a["worker"]["loads"] for a in answers] == [1] * 5 and all(a["worker"]["went_on"] for a in answers)
+    assert (extra["probe_loads"], extra["probe_workers"], extra["probe_count"]) == (1, 1, 5)
+    assert extra["probe_wall_s"] >= sum(a["wall_s"] for a in answers) - 0.01
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
 def test_engine_shut_down_before_transformers(batching_run):
     life = batching_run["extra"]["lifecycle"]
     assert life["engine_processes"] >= 1 and life["engine_rss_bytes"] > 0
