@@ -68,42 +68,11 @@ def follow(proc: subprocess.Popen, events: "queue.Queue", plan: StagePlan, timeo
 
 def supervise(plan: StagePlan, cls: Any, run: RunResult, model: ModelInfo, rd: RunDir, timeout: float, ref: Any,
               env: dict[str, str], reporter: Any) -> StageResult:
-    rd.stage_dir(plan.name).mkdir(parents=True, exist_ok=True)
-    spawned = write_job(plan, cls, run, model, rd, ref)
-    before = spawn.oom_kills()
-    rfd, wfd = os.pipe()
-    with open(rd.log(plan.name), "w") as log:
-        python = engine_python(cls.requires.engine) if cls.requires.child_in_engine else sys.executable
-        proc = spawn.start([python, "-m", "llmopt_bench.worker", str(rd.job(plan.name))],
-                           log=log, env=spawn.child_env({**env, FD_ENV: str(wfd)}), pass_fds=(wfd,))
-    # from here on an interrupt (Ctrl-C, SIGTERM) must take the worker's session with it, even
-    # one that lands before the event loop (seen under load: the worker outlived llmopt)
-    load_evt: dict | None = None
-    final: dict | None = None
-    try:
-        os.close(wfd)
-        events = start_reader(rfd)
-        with MemorySampler(proc.pid, enabled=cls.owns_device) as sampler:
-            load_evt, final = follow(proc, events, plan, timeout, reporter)
-    except BaseException:
-        spawn.kill_session(proc.pid)
-        raise
-    finally:
-        try:
-            proc.wait(timeout=60 if final and final["type"] in ("result", "skipped") else 1)
-        except subprocess.TimeoutExpired:
-            pass
-        spawn.kill_session(proc.pid)
-        proc.wait()
-    rd.scrub(rd.log(plan.name))
-    if final["type"] == "died":
-        status, reason = spawn.Exit(final["code"], oom_killed=spawn.oom_evidence(before)).outcome()
-        final = {"type": status, "reason": f"worker {reason}"}
-    free = wait_until_free(proc.pid, sampler.peaks.device_baseline_bytes) if sampler.peaks.nvml else None
-    common = dict(started_at=utcnow(), log=rd.relative(rd.log(plan.name)), duration_s=round(time.time() - spawned, 3),
-                  memory=memory_of(load_evt, final, sampler), gpu_free_after=free,
-                  load_s=load_evt["load_s"] if load_evt else None, load=(load_evt or {}).get("info"))
-    return outcome(plan, cls, final, common, rd, spawned)
+    """One stage in a worker of its own: a group of one."""
+    results: list[StageResult] = []
+    supervise_group([plan], [cls], [None], run, model, rd, [timeout], ref, env, reporter,
+                    begin=lambda _plan: None, done=lambda _plan, result: results.append(result))
+    return results[0]
 
 
 def supervise_group(plans: list[StagePlan], classes: list[Any], keys: list[str | None], run: RunResult, model: ModelInfo,

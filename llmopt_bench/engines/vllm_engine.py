@@ -19,21 +19,23 @@ DUMMY_NOTE = "load_format=dummy: random weights generated in place; speed only, 
 
 
 class VLLMEngine:
-    def __init__(self, llm: Any, cfg: V.EngineConfig, model_info: Any, params: VLLMEngineParams):
+    def __init__(self, llm: Any, cfg: V.EngineConfig, model_info: Any, params: VLLMEngineParams,
+                 log_path: Path | None = None):
         self.llm, self.cfg, self.model_info, self.params = llm, cfg, model_info, params
         self.tok = llm.get_tokenizer()
-        self.pool: EnginePool | None = None  # set when a stage group shares this engine
+        self.log_path = log_path  # the log its processes write to: the starting stage's
         self.key = share_key(params)
+        self.pool: EnginePool | None = None  # set when a stage group shares this engine
         self.baseline: dict[str, Any] = {}  # device memory and processes before it started (pooled engines)
-        self.log_path: Path | None = None  # the log its processes write to: the starting stage's
 
     @classmethod
     def launch(cls, model_info: Any, params: VLLMEngineParams, ctx: StageContext,
                max_len_cap: int | None = None) -> tuple["VLLMEngine", LoadInfo]:
         """The engine started, and what vLLM itself said of its start (start() adds llmopt's
         records); in a stage group, the engine an earlier stage of this process started."""
-        pool = pool_for(ctx, share_key(params))
-        pooled = pool.take(share_key(params)) if pool else None
+        key = share_key(params)
+        pool = pool_for(ctx, key)
+        pooled = pool.take(key) if pool else None
         if pool and pooled:
             ctx.progress(f"vLLM engine shared with {pooled.owner}: not started again", None, None)
             return pooled.engine, shared_info(pooled, pool.current or "this stage")
@@ -54,9 +56,7 @@ class VLLMEngine:
         ctx.progress(f"starting vLLM ({cfg.dtype}{', ' + cfg.quantization if cfg.quantization else ''}{limits}): "
                      "compile and graph capture take a while", None, None)
         llm, info = V.build_engine(model_info.path, cfg, ctx.log_path)
-        engine = cls(llm, cfg, model_info, params)
-        engine.log_path = ctx.log_path
-        return engine, info
+        return cls(llm, cfg, model_info, params, ctx.log_path), info
 
     @classmethod
     def start(cls, model_info: Any, params: VLLMEngineParams, ctx: StageContext,
