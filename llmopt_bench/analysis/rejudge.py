@@ -6,14 +6,16 @@ are judged on the pooled gaps' p50, p90 and p99 kept per point (p95 is not kept:
 
 The capacity is then the highest measured rate whose point meets the SLO, known within
 [that rate, the lowest measured rate above it that fails]: the precision is the spacing of the
-rates the search happened to probe, not one the search aimed for."""
+rates the search happened to probe, not one the search aimed for. A point that meets the SLO
+while its client fell behind (analysis/slo.client_late, against this SLO's limits) is not
+judged: its server saw less load than the point asked for."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from llmopt_bench.analysis.slo import SLO, Target
+from llmopt_bench.analysis.slo import SLO, Target, client_late
 from llmopt_bench.distribution import percentile
 from llmopt_bench.stage import SLOPoint
 
@@ -81,6 +83,11 @@ def judge_point(point: SLOPoint, slo: SLO, max_failure_rate: float) -> PointVerd
     goodput = _good(point, slo) / point.window_s if point.window_s > 0 else None
     if unknown and not reasons:
         return PointVerdict(point.rate_rps, None, max(ratios, default=None), f"cannot judge {', '.join(unknown)} here", goodput)
+    # a pass needs the load the point asked for (the bound moves with this SLO's limits); a miss
+    # under less load than asked is still a miss
+    late = None if reasons else client_late(point.send_delay_p99_s, slo)
+    if late:
+        return PointVerdict(point.rate_rps, None, max(ratios, default=None), f"cannot judge: {late}", goodput)
     return PointVerdict(point.rate_rps, not reasons, max(ratios, default=None), "; ".join(reasons) or "met", goodput)
 
 
@@ -89,7 +96,7 @@ def rejudge(points: Sequence[SLOPoint], slo: SLO, max_failure_rate: float = 0.01
     passing = [v for v in verdicts if v.ok]
     notes = []
     if any(v.ok is None for v in verdicts):
-        notes.append("some points could not be judged on every target (ITL p95 is not kept per point)")
+        notes.append("some points could not be judged: " + "; ".join(sorted({v.reason for v in verdicts if v.ok is None})))
     if not passing:
         return Rejudged(None, [None, min((v.rate_rps for v in verdicts if v.ok is False), default=None)], None, verdicts, notes)
     best = max(passing, key=lambda v: v.rate_rps)

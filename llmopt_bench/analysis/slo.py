@@ -55,6 +55,23 @@ class SLO(StrictModel):
         return ",".join(str(t) for t in self.targets)
 
 
+# The client must send on time for a point to measure the server: a request sent late reaches a
+# server that saw less load than the point asked for. A point counts when its send delay p99
+# (when sent - when due) stays under this fraction of the SLO's tightest limit.
+CLIENT_LATE_FRACTION = 0.1
+
+
+def client_late(send_delay_p99_s: float | None, slo: SLO) -> str | None:
+    """Why a load point measured the client rather than the server, None when it sent on time."""
+    if send_delay_p99_s is None or not slo.targets:
+        return None
+    bound = CLIENT_LATE_FRACTION * min(t.limit_s for t in slo.targets)
+    if send_delay_p99_s <= bound:
+        return None
+    return (f"the client fell behind (send delay p99 {send_delay_p99_s * 1e3:.1f} ms > {bound * 1e3:g} ms, "
+            f"{CLIENT_LATE_FRACTION:.0%} of the SLO's tightest limit)")
+
+
 class TargetVerdict(StrictModel):
     target: str
     value_s: float | None  # None: no request gave this metric (TPOT of one-token answers)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmopt_bench.analysis.slo import SLO, Verdict, judge, parse_slo
+from llmopt_bench.analysis.slo import SLO, Verdict, client_late, judge, parse_slo
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient, Tally
 from llmopt_bench.errors import LlmoptError, UsageError
 from llmopt_bench.scenarios.load import LoadPoint, PointResult, run_point
@@ -152,7 +152,9 @@ class ServingRun:
             ok = bool(verdict and verdict.ok)
             first = self.slo.targets[0].name
             latency = next((v.value_s for v in verdict.targets if v.target == first), None) if verdict else None
-            return Probe(rate=rate, ok=ok, latency_s=latency,
+            # a miss under less load than asked is still a miss; only a pass needs the load it asked for
+            late = client_late(row.send_delay_p99_s, self.slo) if ok else None
+            return Probe(rate=rate, ok=ok, latency_s=latency, invalid=late,
                          detail={"reason": verdict.reason if verdict else row.error, "goodput_rps": row.goodput_rps,
                                  "failure_rate": row.failure_rate,
                                  "backlog_at_end": (row.queued_at_end or 0) + (row.in_flight_at_end or 0),

@@ -52,7 +52,8 @@ def capacity_blocks(x: ServingExtra) -> list[Block]:
                 f"({'converged to' if c.converged else 'not converged to'} {pct(c.precision)}; {len(c.probes)} probes, "
                 f"bracket then bisect). Knee of the latency curve: {num(c.knee_rps) + ' req/s' if c.knee_rps else 'none found'}."
                 + "".join(f" {n.rstrip('.')}." for n in c.notes))
-    rows = [[i + 1, p.rate, "met" if p.ok else "missed", p.detail.get("reason") or "-", p.detail.get("goodput_rps"),
+    rows = [[i + 1, p.rate, "not judged" if p.invalid else "met" if p.ok else "missed",
+             p.invalid or p.detail.get("reason") or "-", p.detail.get("goodput_rps"),
              p.detail.get("achieved_rate"), ms(p.detail.get("send_delay_p99_s")), p.detail.get("backlog_at_end")]
             for i, p in enumerate(c.probes)]
     return [Block(text=head, headers=["probe", "rate req/s", "SLO", "why", "goodput req/s", "achieved req/s",

@@ -4,7 +4,10 @@ The search brackets, then bisects (a fixed grid would spend most of its probes f
 answer): from a start rate it doubles while the SLO holds (or halves while it fails) until one
 rate passes and a higher one fails; then it probes the middle of [last passing, first failing]
 until that interval is narrower than `precision` times its lower end (5% by default). The
-answer is the last passing rate, with the interval it is known to within.
+answer is the last passing rate, with the interval it is known to within. A probe whose pass
+cannot be trusted (`Probe.invalid`: the client fell behind its schedule, so the server saw less
+load than asked) is neither a pass nor a fail: nothing above its rate can be told, so the search
+bisects below it and the capacity is a lower bound (not converged).
 
 Each probe is a whole load point (`measure(rate)`), so it costs its duration in machine time:
 about log2(answer / start) + log2(1 / precision) + 1 probes, 9 or so for a start within 8x.
@@ -37,6 +40,9 @@ class Probe(StrictModel):
     ok: bool
     latency_s: float | None = None
     detail: dict[str, Any] = Field(default_factory=dict)
+    # why this probe measured something other than the server (the client fell behind): neither a
+    # pass nor a fail; the search treats its rate as a ceiling it cannot test above
+    invalid: str | None = None
 
 
 class Capacity(StrictModel):
@@ -71,28 +77,43 @@ def find_capacity(measure: Callable[[float], Probe], start_rate: float, precisio
     probes: list[Probe] = []
     lo: float | None = None  # highest rate that passed
     hi: float | None = None  # lowest rate that failed
+    ceiling: float | None = None  # lowest rate whose probe was invalid: nothing above it can be told
     rate, notes = start_rate, []
     while len(probes) < max_probes:
         p = measure(rate)
         probes.append(p)
-        if p.ok:
+        if p.invalid:
+            ceiling = rate if ceiling is None else min(ceiling, rate)
+        elif p.ok:
             lo = rate if lo is None else max(lo, rate)
         else:
             hi = rate if hi is None else min(hi, rate)
-        nxt = _next_rate(lo, hi, rate, precision, min_rate, max_rate)
+        nxt = _next_rate(lo, _lowest(hi, ceiling), rate, precision, min_rate, max_rate)
         if nxt is None:
             break
         rate = nxt
     else:
         notes.append(f"stopped after {max_probes} probes before the interval narrowed to {precision:.0%}")
-    converged = lo is not None and hi is not None and hi - lo <= precision * lo
-    if lo is None:
-        notes.append(f"the SLO failed at every rate tried, down to {min(p.rate for p in probes):g} req/s")
+    # converged only on the server's own failure: below a ceiling the capacity may lie higher
+    converged = lo is not None and hi is not None and _lowest(hi, ceiling) == hi and hi - lo <= precision * lo
+    judged = [p for p in probes if not p.invalid]
+    if ceiling is not None:
+        why = next(p.invalid for p in probes if p.invalid and p.rate == ceiling)
+        notes.append(f"at {ceiling:g} req/s {why}: rates from there up measure the client, not the server")
+    if not judged:
+        notes.append("no probe measured the server: no capacity")
+    elif lo is None:
+        notes.append(f"the SLO failed at every rate tried, down to {min(p.rate for p in judged):g} req/s")
     elif hi is None:
         notes.append(f"the SLO held at every rate tried, up to {lo:g} req/s: the capacity is at least that")
     return Capacity(capacity_rps=lo, passing_rps=lo, failing_rps=hi, precision=precision, converged=converged,
-                    probes=probes, knee_rps=knee([(p.rate, p.latency_s) for p in probes if p.latency_s is not None]),
+                    probes=probes, knee_rps=knee([(p.rate, p.latency_s) for p in judged if p.latency_s is not None]),
                     notes=notes)
+
+
+def _lowest(*rates: float | None) -> float | None:
+    known = [r for r in rates if r is not None]
+    return min(known) if known else None
 
 
 def _next_rate(lo: float | None, hi: float | None, rate: float, precision: float,

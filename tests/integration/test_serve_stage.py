@@ -17,7 +17,7 @@ import pytest
 from testkit import read_run, run_cli, worktree_stages_env
 
 from llmopt_bench.analysis.rejudge import judge_point
-from llmopt_bench.analysis.slo import parse_slo
+from llmopt_bench.analysis.slo import client_late, parse_slo
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -88,10 +88,14 @@ def test_the_capacity_search_bracketed_then_bisected(served_run):
     rows = [r for r in s["extra"]["curve"] if r["phase"] == "search"]
     assert [p["rate"] for p in probes] == [r["rate_rps"] for r in rows] and 1 <= len(probes) <= 5
     assert [p["ok"] for p in probes] == [r["slo_ok"] for r in rows]
-    passed, failed = [p["rate"] for p in probes if p["ok"]], [p["rate"] for p in probes if not p["ok"]]
-    assert f["slo_capacity_rps"] == cap["capacity_rps"] == (max(passed) if passed else None)
-    assert f["slo_capacity_interval"] == [cap["passing_rps"], cap["failing_rps"]]
-    assert cap["failing_rps"] == (min(failed) if failed else None)
+    # a pass whose client fell behind is not judged (its server saw less load than asked)
+    late = [bool(r["slo_ok"] and client_late(r["send_delay_p99_s"], parse_slo(SLO))) for r in rows]
+    assert [bool(p.get("invalid")) for p in probes] == late
+    judged = [p for p in probes if not p.get("invalid")]
+    passed, failed = [p["rate"] for p in judged if p["ok"]], [p["rate"] for p in judged if not p["ok"]]
+    assert f["slo_capacity_rps"] == cap.get("capacity_rps") == (max(passed) if passed else None)
+    assert f["slo_capacity_interval"] == [cap.get("passing_rps"), cap.get("failing_rps")]  # a None end is left out
+    assert cap.get("failing_rps") == (min(failed) if failed else None)
     # the first probe: half the sweep's best completion rate
     best = max(r["qps"] for r in s["extra"]["curve"] if r["phase"] == "sweep")
     assert probes[0]["rate"] == pytest.approx(best / 2)
@@ -124,7 +128,9 @@ def test_rejudging_the_points_under_the_run_s_slo_gives_the_stage_s_verdicts(ser
     for raw, row in zip(s["facts"]["slo_points"], [r for r in s["extra"]["curve"] if r["phase"] == "search"]):
         point = SLOPoint(**raw)
         assert point.rate_rps == row["rate_rps"] and point.slo_ok == row["slo_ok"]
-        assert judge_point(point, parse_slo(SLO), 0.01).ok == row["slo_ok"]
+        late = row["slo_ok"] and client_late(row["send_delay_p99_s"], parse_slo(SLO))
+        assert point.send_delay_p99_s == row["send_delay_p99_s"]
+        assert judge_point(point, parse_slo(SLO), 0.01).ok == (None if late else row["slo_ok"])
 
 
 def test_the_served_model_is_the_offline_one(served_run):

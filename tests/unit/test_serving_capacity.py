@@ -78,6 +78,40 @@ def test_a_one_sided_search_survives_the_stages_record(mu, start, kw):
     assert ServingExtra.model_validate(stored).capacity == cap
 
 
+def late_client(measure, limit_rps: float):
+    """The same server, driven by a client that cannot send faster than limit_rps: a pass above
+    it is not judged (scenarios/serving.py), a miss stays a miss."""
+    def probe(rate: float) -> Probe:
+        p = measure(rate)
+        return p.model_copy(update={"invalid": "the client fell behind"}) if rate > limit_rps and p.ok else p
+    return probe
+
+
+def test_a_client_that_falls_behind_caps_the_search_below_it():
+    calls: list[float] = []
+    cap = find_capacity(late_client(mm1(100.0, 2.0, calls), 30.0), 1.0, precision=0.05)
+    # the server holds to ~97.7 req/s; the client can test up to 30: the answer is a lower bound
+    assert cap.capacity_rps is not None and 30.0 / 1.05 <= cap.capacity_rps <= 30.0
+    assert cap.failing_rps is None and not cap.converged
+    assert all(p.ok for p in cap.probes if not p.invalid)
+    late = [p.rate for p in cap.probes if p.invalid]
+    assert late and min(late) > cap.capacity_rps
+    assert any("measure the client, not the server" in n for n in cap.notes)
+    assert any("at least" in n for n in cap.notes)
+
+
+def test_a_server_failure_below_the_clients_limit_still_converges():
+    cap = find_capacity(late_client(mm1(10.0, 2.0, []), 50.0), 1.0, precision=0.05)
+    assert cap.converged and not any(p.invalid for p in cap.probes)
+    assert cap.passing_rps <= true_capacity(10.0, 2.0) < cap.failing_rps
+
+
+def test_a_client_late_from_the_first_probe_finds_no_capacity_above_it():
+    cap = find_capacity(late_client(mm1(100.0, 2.0, []), 0.5), 4.0, min_rate=0.25, precision=0.05)
+    assert cap.capacity_rps is not None and cap.capacity_rps <= 0.5 and not cap.converged
+    assert [p.rate for p in cap.probes][:4] == [4.0, 2.0, 1.0, 0.5]
+
+
 def test_the_probe_budget_is_kept():
     calls: list[float] = []
     cap = find_capacity(mm1(10.0, 2.0, calls), 0.001, max_probes=5)

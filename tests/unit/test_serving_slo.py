@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmopt_bench.analysis.slo import DEFAULT_SLO, judge, meets, parse_slo
+from llmopt_bench.analysis.slo import DEFAULT_SLO, client_late, judge, meets, parse_slo
 from llmopt_bench.distribution import percentile
 from llmopt_bench.errors import UsageError
 from llmopt_bench.stage import RequestSample
@@ -80,3 +80,11 @@ def test_itl_target_per_request_uses_the_requests_own_gaps():
                       t_first=times[0], t_done=times[-1], token_times=times)
     assert meets(parse_slo("itl_p50=20ms"), s)
     assert not meets(parse_slo("itl_p99=20ms"), s)
+
+
+def test_the_client_is_late_past_a_tenth_of_the_tightest_limit():
+    slo = parse_slo("ttft_p99=2s,tpot_p99=100ms")  # tightest 100 ms: 10 ms of lateness allowed
+    assert client_late(None, slo) is None and client_late(0.0099, slo) is None
+    why = client_late(0.0101, slo)
+    assert why and "10.1 ms > 10 ms" in why
+    assert client_late(0.15, parse_slo("ttft_p99=2s")) is None  # 200 ms allowed
