@@ -184,18 +184,3 @@ def run_sequential(gen: Callable[[Sequence[Request], int, int], list[RequestSamp
             samples.extend(gen(chunk, rep, b))
             progress(f"repeat {rep + 1}/{repeats}", rep * len(batches) + b + 1, total)
     return samples
-
-
-def unload(model: Any) -> None:
-    import gc
-
-    del model
-    gc.collect()
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except ImportError:
-        pass
-

@@ -12,12 +12,12 @@ and the greedy tokens are kept, to check every implementation against the baseli
 from __future__ import annotations
 
 import contextlib
-import gc
 import importlib.util
 import warnings
 from typing import Any, Callable, Iterator, Literal
 
 from llmopt_bench.engines import hf
+from llmopt_bench.engines.lifecycle import release_cached_memory
 from llmopt_bench.engines.variants import CellParams, Measured, Opened, Timed, VariantUnavailable
 from llmopt_bench.errors import describe, extra_fix
 from llmopt_bench.measure.timing import make_sync, now
@@ -250,16 +250,6 @@ class HFAttention:
         return {"kernels": self.kernels, "agreement": self.agreement()}
 
     def close(self) -> None:
-        model, self.model = self.model, None
-        if model is None:
-            return
-        hf.unload(model)
-        del model
-        gc.collect()
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        except ImportError:
-            pass
+        if self.model is not None:
+            self.model = None  # the last reference: the weights go now, then the allocator's cache
+            release_cached_memory()

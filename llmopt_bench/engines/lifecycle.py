@@ -23,10 +23,10 @@ def cmdline(pid: int) -> str:
 HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "multiprocessing.semaphore_tracker")
 
 
-def descendants() -> list[int]:
-    """Live processes below this one (vLLM's engine core and its workers), without
-    multiprocessing's own resource tracker."""
-    parent: dict[int, int] = {}
+def live_processes() -> dict[int, list[str]]:
+    """Every live process's /proc/PID/stat fields after the command name (state, ppid, pgrp,
+    session, ...): zombies and dead ones left out."""
+    out = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -35,8 +35,15 @@ def descendants() -> list[int]:
                 rest = f.read().rsplit(")", 1)[-1].split()
         except OSError:
             continue
-        if rest and rest[0] != "Z":
-            parent[int(entry)] = int(rest[1])
+        if len(rest) > 3 and rest[0] not in ("Z", "X"):
+            out[int(entry)] = rest
+    return out
+
+
+def descendants() -> list[int]:
+    """Live processes below this one (vLLM's engine core and its workers), without
+    multiprocessing's own resource tracker."""
+    parent = {pid: int(rest[1]) for pid, rest in live_processes().items()}
     out, frontier = [], [os.getpid()]
     while frontier:
         p = frontier.pop()
@@ -44,6 +51,20 @@ def descendants() -> list[int]:
         out += kids
         frontier += kids
     return [pid for pid in out if not any(h in cmdline(pid) for h in HELPERS)]
+
+
+def release_cached_memory() -> None:
+    """Collect what Python still holds, then give the CUDA caching allocator's free blocks back
+    to the driver (without CUDA: the collection only), so the card reads as free again."""
+    import gc
+
+    gc.collect()
+    try:
+        import torch
+    except ImportError:
+        return
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def rss(pids: list[int]) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Callable, Literal, Sequence
 
 from llmopt_bench.engines import hf
+from llmopt_bench.engines.lifecycle import release_cached_memory
 from llmopt_bench.stage import LoadInfo, QualityRecord, RequestSample, StageContext, StrictModel
 from llmopt_bench.workload import Request, WorkloadConfig, build_requests
 
@@ -69,6 +70,6 @@ class TransformersEngine:
                                                                min(workload.max_new_tokens, 64), self.device)}
 
     def close(self) -> None:
-        model, self.model = self.model, None
-        if model is not None:
-            hf.unload(model)
+        if self.model is not None:
+            self.model = None  # the last reference: the weights go now, then the allocator's cache
+            release_cached_memory()

@@ -7,13 +7,13 @@ is what a client of the engine sees."""
 
 from __future__ import annotations
 
-import gc
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from llmopt_bench.engines.lifecycle import release_cached_memory
 from llmopt_bench.measure.timing import now
 from llmopt_bench.stage import LoadInfo, RequestSample
 from llmopt_bench.workload import Request
@@ -242,11 +242,4 @@ def shutdown(llm: Any) -> None:
     if core is not None and hasattr(core, "shutdown"):
         core.shutdown()
     del llm
-    gc.collect()
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except ImportError:
-        pass
+    release_cached_memory()

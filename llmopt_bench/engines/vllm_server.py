@@ -87,18 +87,7 @@ def session_processes(sid: int, field: int = 3) -> list[int]:
     """Live processes of session `sid`: the server and every process it started, including
     those whose parent died (they are no longer our descendants, but stay in the session).
     field=2: of process group `sid` instead (a server kept in its caller's session)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                rest = f.read().rsplit(")", 1)[-1].split()
-        except OSError:
-            continue
-        if len(rest) > 3 and rest[0] not in ("Z", "X") and int(rest[field]) == sid:
-            out.append(int(entry))
-    return out
+    return [pid for pid, rest in lifecycle.live_processes().items() if int(rest[field]) == sid]
 
 
 def peak_rss(pid: int) -> int:
