@@ -158,3 +158,13 @@ def energy_mj(index: int) -> int | None:
     value = ctypes.c_ulonglong(0)
     ok = lib.nvmlDeviceGetTotalEnergyConsumption(handle, ctypes.byref(value)) == _OK
     return int(value.value) if ok else None
+
+
+def sm_clock_mhz(index: int) -> int | None:
+    """The device's current SM clock, MHz (NVML_CLOCK_SM)."""
+    lib = _lib()
+    handle = _handle(lib, index) if lib else None
+    if handle is None:
+        return None
+    value = ctypes.c_uint(0)
+    return int(value.value) if lib.nvmlDeviceGetClockInfo(handle, ctypes.c_uint(1), ctypes.byref(value)) == _OK else None

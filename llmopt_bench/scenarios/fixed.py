@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from llmopt_bench.analysis.stopping import StoppingRecord, StoppingRule, headline_metric, stopping_sentence
 from llmopt_bench.engines.vllm_kv import KVCacheRecord, kv_line
 from llmopt_bench.errors import describe
+from llmopt_bench.measure.conditions import ConditionsProbe, RepeatConditions, conditions_sentence, repeats_differ
 from llmopt_bench.stage import Block, LoadInfo, QualityRecord, RequestSample, Stage, StageContext, StageRun, StrictModel
 from llmopt_bench.workload import Request, WorkloadConfig, build_requests
 
@@ -35,6 +36,7 @@ class FixedExtra(StrictModel):
     instrumentation: Instrumentation | None = None
     kv_cache: KVCacheRecord | None = None  # vLLM engines: the preallocated KV cache
     stopping: StoppingRecord | None = None  # how many repeats ran, and why (analysis/stopping.py)
+    conditions: list[RepeatConditions] = Field(default_factory=list)  # what the machine did during each repeat
 
 
 class FixedEngine(Protocol):
@@ -65,10 +67,10 @@ def stopping_rule(workload: WorkloadConfig) -> StoppingRule:
                         headline_metric(workload.max_new_tokens))
 
 
-def measure(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext,
-            rule: StoppingRule) -> tuple[list[Request], list[RequestSample], dict]:
+def measure(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext, rule: StoppingRule,
+            conditions: list[RepeatConditions] | None = None) -> tuple[list[Request], list[RequestSample], dict]:
     """The timed repeats, as many as the stopping rule asks: requests, samples, and repeat 0's
-    output token ids."""
+    output token ids; each repeat's conditions appended to `conditions` when given."""
     reqs = build_requests(workload, engine.encode)
     samples: list[RequestSample] = []
     tokens: dict[str, list[int]] = {}
@@ -76,10 +78,12 @@ def measure(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext,
         def done(n: int, rep: int = rep) -> None:
             ctx.progress(f"repeat {rep + 1}/{rule.label()}", n, len(reqs))
 
-        with ctx.meter.window("main") as window:
+        with ConditionsProbe() as probe, ctx.meter.window("main") as window:
             got = engine.serve(reqs, workload.max_new_tokens, batch_size=workload.batch_size, repeat=rep,
                                tokens_out=tokens if rep == 0 else None, progress=done)
             window.tokens = sum(s.output_tokens for s in got if s.ok)
+        if conditions is not None:
+            conditions.append(probe.result)
         samples += got
         if rule.add(got):
             break
@@ -115,8 +119,10 @@ class FixedWorkloadStage(Stage):
 
     def run(self, workload: WorkloadConfig, ctx: StageContext) -> StageRun:
         rule = stopping_rule(workload)
-        reqs, samples, tokens = measure(self.engine, workload, ctx, rule)
-        extra = FixedExtra(greedy_tokens=tokens, stopping=rule.record, **self.engine.records(reqs, workload, ctx))
+        conditions: list[RepeatConditions] = []
+        reqs, samples, tokens = measure(self.engine, workload, ctx, rule, conditions)
+        extra = FixedExtra(greedy_tokens=tokens, stopping=rule.record, conditions=conditions,
+                           **self.engine.records(reqs, workload, ctx))
         quality = quality_or_failure(self.engine, workload, ctx) if self.params.quality else None
         return StageRun(samples=samples, extra=extra.model_dump(mode="json", exclude_none=True), quality=quality)
 
@@ -136,6 +142,8 @@ class FixedWorkloadStage(Stage):
             out.append(Block(text=kv_line(extra.kv_cache)))
         if extra.stopping and extra.stopping.max_repeats > extra.stopping.min_repeats:
             out.append(Block(text=stopping_sentence(extra.stopping)))
+        if extra.stopping and extra.conditions and repeats_differ(extra.stopping.per_repeat):  # older runs lack them
+            out.append(Block(text=conditions_sentence(extra.stopping.metric, extra.stopping.per_repeat, extra.conditions)))
         if extra.instrumentation:
             out.append(Block(text=overhead_sentence(extra.instrumentation.model_dump())))
         return out

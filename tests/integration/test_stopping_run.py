@@ -26,5 +26,10 @@ def test_adaptive_repeats_are_recorded_and_consistent(tmp_path):
     else:
         assert rec["stopped"] == "max_repeats" and rec["repeats_run"] == 4 and rec["halfwidth_pct"] > 30
     assert sorted(set(stage["samples"]["repeat"])) == list(range(rec["repeats_run"]))
+    # each repeat's conditions, read on this machine (no GPU here: no clock)
+    conditions = stage["extra"]["conditions"]
+    assert len(conditions) == rec["repeats_run"]
+    assert all(c["cpus"] >= 1 and c["cpu_share"] > 0 and c["involuntary_switches"] >= 0 and "gpu_sm_mhz" not in c
+               for c in conditions)
     assert stage["metrics"]["repeats"] == rec["repeats_run"]
     assert f"Repeats: {rec['repeats_run']} of 2..4" in (out / "report.md").read_text()

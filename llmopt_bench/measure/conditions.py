@@ -1,0 +1,74 @@
+"""What the machine was doing during each timed repeat, so that a repeat slower than the others
+can be told apart from a slower build: the host's load, how often this process lost its CPU to
+another, how much CPU it got, and the GPU's SM clock. docs/regression.md: on the H200 a
+host-bound stage's repeats differ by 22% where its own requests scatter by 4%; these figures say
+what changed between them (they explain, they do not correct: the gate still sees the noise).
+
+Read from /proc and getrusage (Linux), and NVML for the clock; a figure the machine cannot give
+is None. The per-process counters cover this process's threads: a vLLM engine's own processes
+are not in them."""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from llmopt_bench.measure import nvml
+
+
+class RepeatConditions(BaseModel):
+    """One timed repeat's conditions (the stage's extra.conditions, in repeat order)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    load1: float | None = Field(None, description="the host's 1-minute load average at the repeat's end")
+    cpus: int | None = Field(None, description="CPUs this process may run on")
+    involuntary_switches: int | None = Field(None, description="times this process was preempted during the repeat")
+    cpu_share: float | None = Field(None, description="this process's CPU time / the repeat's wall time (1.0: one core busy)")
+    gpu_sm_mhz: int | None = Field(None, description="GPU 0's SM clock at the repeat's end (a point sample)")
+
+
+class ConditionsProbe:
+    """with ConditionsProbe() as probe: <one repeat>; then probe.result."""
+
+    def __enter__(self) -> "ConditionsProbe":
+        self.t0, self.usage0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+        self.result = RepeatConditions()  # filled in when the repeat ends
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall = time.perf_counter() - self.t0
+        u0, u1 = self.usage0, resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (u1.ru_utime + u1.ru_stime) - (u0.ru_utime + u0.ru_stime)
+        devices = nvml.device_indices()
+        self.result = RepeatConditions(
+            load1=round(os.getloadavg()[0], 2), cpus=len(os.sched_getaffinity(0)),
+            involuntary_switches=u1.ru_nivcsw - u0.ru_nivcsw, cpu_share=round(cpu / wall, 3) if wall > 0 else None,
+            gpu_sm_mhz=nvml.sm_clock_mhz(devices[0]) if devices else None)
+
+
+# The report explains the repeats when their headlines differ by more than this (max / min - 1):
+# GPU-bound stages' repeats agree within 0.1-0.5% and need no explanation
+EXPLAIN_ABOVE = 0.05
+
+
+def repeats_differ(values: list[float | None]) -> bool:
+    known = [v for v in values if v is not None and v > 0]
+    return len(known) > 1 and max(known) / min(known) - 1 > EXPLAIN_ABOVE
+
+
+def conditions_sentence(metric: str, values: list[float | None], conditions: list[RepeatConditions]) -> str:
+    """The report's line: each repeat's headline next to what the machine was doing."""
+    def col(xs) -> str:
+        return " / ".join("-" if x is None else f"{x:g}" for x in xs)
+
+    parts = [f"{metric} {col([None if v is None else round(v * 1e3, 2) for v in values])} ms",
+             f"host load {col([c.load1 for c in conditions])}",
+             f"preempted {col([c.involuntary_switches for c in conditions])} times",
+             f"CPU share {col([c.cpu_share for c in conditions])}"]
+    if any(c.gpu_sm_mhz is not None for c in conditions):
+        parts.append(f"GPU SM clock {col([c.gpu_sm_mhz for c in conditions])} MHz")
+    return "Repeat conditions (per repeat): " + "; ".join(parts) + "."

@@ -1,0 +1,50 @@
+"""Each repeat's conditions (measure/conditions.py) are the machine's, read for real: a repeat
+that computes gets a CPU share near one, a repeat that sleeps near zero; the report explains
+repeats only when they differ."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from llmopt_bench.measure.conditions import ConditionsProbe, RepeatConditions, conditions_sentence, repeats_differ
+
+
+def _spin(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_a_computing_repeat_and_a_sleeping_one_read_apart():
+    with ConditionsProbe() as busy:
+        _spin(0.3)
+    with ConditionsProbe() as idle:
+        time.sleep(0.3)
+    assert busy.result.cpu_share > 0.5 > 0.2 > idle.result.cpu_share
+    for c in (busy.result, idle.result):
+        assert c.cpus == len(os.sched_getaffinity(0)) and c.involuntary_switches >= 0
+        assert c.load1 is not None and abs(c.load1 - os.getloadavg()[0]) < 2
+
+
+def test_no_gpu_clock_without_nvml(monkeypatch):
+    monkeypatch.setattr("llmopt_bench.measure.nvml.device_indices", lambda: [])
+    with ConditionsProbe() as probe:
+        pass
+    assert probe.result.gpu_sm_mhz is None
+
+
+def test_the_sentence_sets_each_repeat_next_to_its_conditions():
+    conds = [RepeatConditions(load1=1.2, involuntary_switches=10, cpu_share=0.99),
+             RepeatConditions(load1=7.9, involuntary_switches=5400, cpu_share=0.61)]
+    text = conditions_sentence("tpot_p50", [0.0213, 0.0327], conds)
+    assert "tpot_p50 21.3 / 32.7 ms" in text and "host load 1.2 / 7.9" in text
+    assert "preempted 10 / 5400 times" in text and "CPU share 0.99 / 0.61" in text and "GPU" not in text
+    conds[0].gpu_sm_mhz, conds[1].gpu_sm_mhz = 1980, 1410
+    assert "GPU SM clock 1980 / 1410 MHz" in conditions_sentence("tpot_p50", [0.0213, 0.0327], conds)
+
+
+def test_only_repeats_that_differ_are_explained():
+    assert repeats_differ([0.0213, 0.0327, 0.0240])  # the committed H200 hf-fp16
+    assert not repeats_differ([0.00450, 0.00451, 0.00450])  # its vllm stage
+    assert not repeats_differ([0.02, None]) and not repeats_differ([])
