@@ -90,6 +90,12 @@ def _handle(lib: Any, index: int) -> Any:
     return handle
 
 
+def _device(index: int) -> tuple[Any, Any]:
+    """(the library, the device's handle), handle None when NVML or the device is absent."""
+    lib = _lib()
+    return lib, (_handle(lib, index) if lib else None)
+
+
 def device_indices() -> list[int]:
     """NVML indices of the GPUs this process may use (CUDA_VISIBLE_DEVICES respected)."""
     lib = _lib()
@@ -105,8 +111,7 @@ def driver_version() -> str | None:
 
 
 def device_info(index: int) -> dict[str, Any] | None:
-    lib = _lib()
-    handle = _handle(lib, index) if lib else None
+    lib, handle = _device(index)
     if handle is None:
         return None
     name = ctypes.create_string_buffer(96)
@@ -124,8 +129,7 @@ def device_info(index: int) -> dict[str, Any] | None:
 
 
 def used_bytes(index: int) -> int | None:
-    lib = _lib()
-    handle = _handle(lib, index) if lib else None
+    lib, handle = _device(index)
     if handle is None:
         return None
     mem = _Memory()
@@ -134,8 +138,7 @@ def used_bytes(index: int) -> int | None:
 
 def process_bytes(index: int) -> dict[int, int]:
     """GPU memory per process id on one device ({} when NVML cannot say)."""
-    lib = _lib()
-    handle = _handle(lib, index) if lib else None
+    lib, handle = _device(index)
     if handle is None:
         return {}
     for fn_name in ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"):
@@ -151,8 +154,7 @@ def process_bytes(index: int) -> dict[int, int]:
 
 def energy_mj(index: int) -> int | None:
     """Total energy the device has used since the driver loaded, in millijoules (Volta+)."""
-    lib = _lib()
-    handle = _handle(lib, index) if lib else None
+    lib, handle = _device(index)
     if handle is None:
         return None
     value = ctypes.c_ulonglong(0)
@@ -162,8 +164,7 @@ def energy_mj(index: int) -> int | None:
 
 def sm_clock_mhz(index: int) -> int | None:
     """The device's current SM clock, MHz (NVML_CLOCK_SM)."""
-    lib = _lib()
-    handle = _handle(lib, index) if lib else None
+    lib, handle = _device(index)
     if handle is None:
         return None
     value = ctypes.c_uint(0)
