@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 from llmopt_bench.analysis import noise
 from llmopt_bench.errors import UsageError
+from llmopt_bench.measure.conditions import conditions_summary
 from llmopt_bench.results import RunResult, StageResult, peak_memory
 
 
@@ -332,6 +333,8 @@ class Comparison:
     incomplete: list[str] = field(default_factory=list)
     allowed: list[str] = field(default_factory=list)
     history_runs: int = 0  # earlier runs of the same device, model and workload that were consulted
+    # per regressed stage, what the machine did during each side's repeats (measure/conditions.py)
+    conditions: dict[str, dict[str, str | None]] = field(default_factory=dict)
 
     @property
     def regressions(self) -> list[tuple[str, str]]:
@@ -371,5 +374,8 @@ def compare_runs(base: RunResult, new: RunResult, thresholds: dict[str, float] |
     names = [s.name for s in base.stages] + [s.name for s in new.stages if base.stage(s.name) is None]
     stages = [compare_stage(base.stage(n), new.stage(n), thresholds, resamples, confidence, seed, history) for n in names]
     effective = {k: threshold_for(k, thresholds) for k in METRICS}
+    conditions = {s.stage: {"baseline": conditions_summary(base.stage(s.stage).extra.get("conditions")),
+                            "new": conditions_summary(new.stage(s.stage).extra.get("conditions"))}
+                  for s in stages if s.regressions}
     return Comparison(run_summary(base), run_summary(new), stages, accepted, resamples, confidence, seed, effective,
-                      incomplete(base, new, allowed), sorted(allowed), len(history))
+                      incomplete(base, new, allowed), sorted(allowed), len(history), conditions)

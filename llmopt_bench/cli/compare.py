@@ -80,6 +80,9 @@ def to_markdown(cmp) -> str:
         lines += _stage_rows(s)
     regs, imps = cmp.regressions, cmp.improvements
     lines += ["", f"**{len(regs)} regression(s)**: " + ", ".join(f"{s} {m}" for s, m in regs) if regs else "**No regression.**"]
+    for stage, sides in cmp.conditions.items():  # was one run's machine busier? (docs/regression.md)
+        lines.append(f"Repeat conditions of {stage}: baseline {sides['baseline'] or 'not recorded'}; "
+                     f"new {sides['new'] or 'not recorded'}.")
     if cmp.incomplete:
         lines.append("**Incomplete comparison**: " + "; ".join(cmp.incomplete) + ".")
     if imps:

@@ -72,3 +72,23 @@ def conditions_sentence(metric: str, values: list[float | None], conditions: lis
     if any(c.gpu_sm_mhz is not None for c in conditions):
         parts.append(f"GPU SM clock {col([c.gpu_sm_mhz for c in conditions])} MHz")
     return "Repeat conditions (per repeat): " + "; ".join(parts) + "."
+
+
+def conditions_summary(raw: list | None) -> str | None:
+    """A stage's repeat conditions as ranges over its repeats (compare's line for a regressed
+    stage: was the machine busier in one run?); None when the run did not record them."""
+    if not raw:
+        return None
+    rows = [c if isinstance(c, RepeatConditions) else RepeatConditions.model_validate(c) for c in raw]
+
+    def span(field: str, unit: str = "") -> str | None:
+        xs = [getattr(c, field) for c in rows if getattr(c, field) is not None]
+        if not xs:
+            return None
+        lo, hi = min(xs), max(xs)
+        return (f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}") + unit
+
+    parts = [(label, span(field, unit)) for label, field, unit in (
+        ("host load", "load1", ""), ("preempted", "involuntary_switches", " times a repeat"),
+        ("CPU share", "cpu_share", ""), ("GPU SM clock", "gpu_sm_mhz", " MHz"))]
+    return ", ".join(f"{label} {value}" for label, value in parts if value is not None) + f" ({len(rows)} repeats)"

@@ -86,6 +86,7 @@ def test_a_whole_run_slowdown_exits_5_and_the_fix_never_overwrites_a_run(tmp_pat
     row = next(line for line in out.splitlines() if "| TPOT p50 |" in line)
     assert "**REGRESSED**" in row and "3 repeats / 3 repeats" in row
     assert "regression(s): continuous-batching tpot_p50" in err
+    assert "Repeat conditions of continuous-batching: baseline not recorded; new not recorded." in out
     fix = err.split("fix: ", 1)[1]
     assert f"{base}/run.json" not in fix and "results/baselines/nvidia-h200-synthetic-llama2-7b.json" in fix
     baseline_file = tmp_path / "baselines" / "h200.json"

@@ -7,7 +7,18 @@ from __future__ import annotations
 import os
 import time
 
-from llmopt_bench.measure.conditions import ConditionsProbe, RepeatConditions, conditions_sentence, repeats_differ
+from gatekit import BASELINE, load, only_stages, repeats_run
+
+from llmopt_bench.analysis.compare import compare_runs
+from llmopt_bench.cli.compare import to_markdown
+from llmopt_bench.measure.conditions import (
+    ConditionsProbe,
+    RepeatConditions,
+    conditions_sentence,
+    conditions_summary,
+    repeats_differ,
+)
+from llmopt_bench.results import RunResult
 
 
 def _spin(seconds: float) -> None:
@@ -48,3 +59,31 @@ def test_only_repeats_that_differ_are_explained():
     assert repeats_differ([0.0213, 0.0327, 0.0240])  # the committed H200 hf-fp16
     assert not repeats_differ([0.00450, 0.00451, 0.00450])  # its vllm stage
     assert not repeats_differ([0.02, None]) and not repeats_differ([])
+
+
+def test_the_summary_gives_each_figure_s_range_over_the_repeats():
+    raw = [{"load1": 1.2, "cpus": 2, "involuntary_switches": 10, "cpu_share": 0.99},
+           {"load1": 7.9, "cpus": 2, "involuntary_switches": 5400, "cpu_share": 0.61}]
+    assert conditions_summary(raw) == "host load 1.2-7.9, preempted 10-5400 times a repeat, CPU share 0.61-0.99 (2 repeats)"
+    assert conditions_summary([]) is None and conditions_summary(None) is None
+
+
+def _with_conditions(raw: dict, load: float) -> dict:
+    for s in raw["stages"]:
+        s["extra"]["conditions"] = [{"load1": load, "cpus": 16, "involuntary_switches": 3, "cpu_share": 1.0}] * 3
+    return raw
+
+
+def test_compare_sets_a_regressed_stage_s_conditions_side_by_side():
+    """The committed H200 baseline's vllm stage against its own repeats 20% slower as a whole, the
+    slow run's machine recorded as busy: the regressed stage carries both sides' conditions."""
+    base = only_stages(load(BASELINE), ["vllm", "awq-int4"])
+    slow = only_stages(repeats_run(load(BASELINE), [0, 1, 2], factor=1.2), ["vllm"])
+    slow["stages"] += [s for s in base["stages"] if s["name"] == "awq-int4"]  # unchanged: no conditions line
+    cmp = compare_runs(RunResult.model_validate(_with_conditions(base, 1.1)),
+                       RunResult.model_validate(_with_conditions(slow, 9.5)))
+    assert ("vllm", "tpot_p50") in cmp.regressions and all(s != "awq-int4" for s, _ in cmp.regressions)
+    assert cmp.conditions == {"vllm": {"baseline": "host load 1.1, preempted 3 times a repeat, CPU share 1 (3 repeats)",
+                                       "new": "host load 9.5, preempted 3 times a repeat, CPU share 1 (3 repeats)"}}
+    assert "Repeat conditions of vllm: baseline host load 1.1" in to_markdown(cmp)
+    assert cmp.to_dict()["conditions"]["vllm"]["new"].startswith("host load 9.5")
