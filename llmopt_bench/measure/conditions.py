@@ -1,22 +1,42 @@
 """What the machine was doing during each timed repeat, so that a repeat slower than the others
-can be told apart from a slower build: the host's load, how often this process lost its CPU to
-another, how much CPU it got, and the GPU's SM clock. docs/regression.md: on the H200 a
-host-bound stage's repeats differ by 22% where its own requests scatter by 4%; these figures say
-what changed between them (they explain, they do not correct: the gate still sees the noise).
+can be told apart from a slower build: the host's load, how often the stage's processes lost
+their CPU to another, how much CPU they got, and the GPU's SM clock. docs/regression.md: on the
+H200 a host-bound stage's repeats differ by 22% where its own requests scatter by 4%; these
+figures say what changed between them (they explain, they do not correct: the gate still sees
+the noise).
 
-Read from /proc and getrusage (Linux), and NVML for the clock; a figure the machine cannot give
-is None. The per-process counters cover this process's threads: a vLLM engine's own processes
-are not in them."""
+The processes are the stage's and every one below it (a vLLM engine's core and workers), read
+with psutil; preemptions are each process's main thread's (where a Python engine loop runs).
+A figure the machine cannot give is None; the clock comes from NVML."""
 
 from __future__ import annotations
 
 import os
-import resource
 import time
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmopt_bench.measure import nvml
+
+
+def _tree_usage() -> dict[int, tuple[float, int]] | None:
+    """CPU seconds and involuntary context switches of this process and every one below it; None
+    without psutil (an install made with --no-deps: the other figures stay)."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+
+    me = psutil.Process()
+    out = {}
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            with proc.oneshot():
+                t = proc.cpu_times()
+                out[proc.pid] = (t.user + t.system, proc.num_ctx_switches().involuntary)
+        except psutil.Error:  # gone between the listing and the read
+            continue
+    return out
 
 
 class RepeatConditions(BaseModel):
@@ -26,8 +46,9 @@ class RepeatConditions(BaseModel):
 
     load1: float | None = Field(None, description="the host's 1-minute load average at the repeat's end")
     cpus: int | None = Field(None, description="CPUs this process may run on")
-    involuntary_switches: int | None = Field(None, description="times this process was preempted during the repeat")
-    cpu_share: float | None = Field(None, description="this process's CPU time / the repeat's wall time (1.0: one core busy)")
+    processes: int | None = Field(None, description="the stage's process and those below it, at the repeat's end")
+    involuntary_switches: int | None = Field(None, description="times their main threads were preempted during the repeat")
+    cpu_share: float | None = Field(None, description="their CPU time / the repeat's wall time (1.0: one core busy)")
     gpu_sm_mhz: int | None = Field(None, description="GPU 0's SM clock at the repeat's end (a point sample)")
 
 
@@ -35,19 +56,21 @@ class ConditionsProbe:
     """with ConditionsProbe() as probe: <one repeat>; then probe.result."""
 
     def __enter__(self) -> "ConditionsProbe":
-        self.t0, self.usage0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+        self.t0, self.usage0 = time.perf_counter(), _tree_usage()
         self.result = RepeatConditions()  # filled in when the repeat ends
         return self
 
     def __exit__(self, *exc) -> None:
         wall = time.perf_counter() - self.t0
-        u0, u1 = self.usage0, resource.getrusage(resource.RUSAGE_SELF)
-        cpu = (u1.ru_utime + u1.ru_stime) - (u0.ru_utime + u0.ru_stime)
+        before, after = self.usage0, _tree_usage()
         devices = nvml.device_indices()
-        self.result = RepeatConditions(
-            load1=round(os.getloadavg()[0], 2), cpus=len(os.sched_getaffinity(0)),
-            involuntary_switches=u1.ru_nivcsw - u0.ru_nivcsw, cpu_share=round(cpu / wall, 3) if wall > 0 else None,
-            gpu_sm_mhz=nvml.sm_clock_mhz(devices[0]) if devices else None)
+        self.result = RepeatConditions(load1=round(os.getloadavg()[0], 2), cpus=len(os.sched_getaffinity(0)),
+                                       gpu_sm_mhz=nvml.sm_clock_mhz(devices[0]) if devices else None)
+        if before is not None and after is not None and wall > 0:
+            # a process started during the repeat counts from zero; one that ended is not seen
+            self.result.processes = len(after)
+            self.result.cpu_share = round(sum(c - before.get(pid, (0.0, 0))[0] for pid, (c, _) in after.items()) / wall, 3)
+            self.result.involuntary_switches = sum(n - before.get(pid, (0.0, 0))[1] for pid, (_, n) in after.items())
 
 
 # The report explains the repeats when their headlines differ by more than this (max / min - 1):

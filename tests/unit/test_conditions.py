@@ -87,3 +87,34 @@ def test_compare_sets_a_regressed_stage_s_conditions_side_by_side():
                                        "new": "host load 9.5, preempted 3 times a repeat, CPU share 1 (3 repeats)"}}
     assert "Repeat conditions of vllm: baseline host load 1.1" in to_markdown(cmp)
     assert cmp.to_dict()["conditions"]["vllm"]["new"].startswith("host load 9.5")
+
+
+def test_the_stage_s_child_processes_count(tmp_path):
+    """A vLLM engine computes in processes below the stage's: a child that spins while the stage's
+    own process sleeps still shows as CPU used during the repeat."""
+    import subprocess
+    import sys
+
+    go, spun = tmp_path / "go", tmp_path / "spun"
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import time, pathlib\n"
+        f"while not pathlib.Path({str(go)!r}).exists(): time.sleep(0.01)\n"
+        "end = time.process_time() + 0.5\n"
+        "while time.process_time() < end: pass\n"
+        f"pathlib.Path({str(spun)!r}).touch()\n"
+        "time.sleep(60)\n")])
+    try:
+        time.sleep(0.5)  # the child's start-up is over before the repeat begins
+        t0 = time.perf_counter()
+        with ConditionsProbe() as probe:
+            go.touch()
+            deadline = time.time() + 30
+            while not spun.exists() and time.time() < deadline:
+                time.sleep(0.05)
+        wall = time.perf_counter() - t0
+    finally:
+        child.kill()
+        child.wait()
+    assert spun.exists()
+    assert probe.result.processes >= 2
+    assert probe.result.cpu_share * wall > 0.4  # the child's 0.5 s of CPU, however long it took on this host
