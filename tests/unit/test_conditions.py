@@ -118,3 +118,24 @@ def test_the_stage_s_child_processes_count(tmp_path):
     assert spun.exists()
     assert probe.result.processes >= 2
     assert probe.result.cpu_share * wall > 0.4  # the child's 0.5 s of CPU, however long it took on this host
+
+
+def test_the_stage_report_explains_repeats_that_differ():
+    from llmopt_bench.registry import load_stage
+    from llmopt_bench.results import load_run
+
+    run = load_run(BASELINE)
+    stage = run.stage("hf-fp16")
+    cls = load_stage("hf-fp16")
+
+    def texts(per_repeat, conditions):
+        stage.extra = {**stage.extra, "conditions": conditions,
+                       "stopping": {"metric": "tpot_p50", "min_repeats": 3, "max_repeats": 3, "target_pct": 2.0,
+                                    "repeats_run": 3, "per_repeat": per_repeat, "stopped": "fixed"}}
+        return [b.text or "" for b in cls.report_blocks(stage, run)]
+
+    busy = [{"load1": x, "cpus": 16, "involuntary_switches": n, "cpu_share": 1.0} for x, n in ((1.1, 3), (9.4, 4100), (1.3, 5))]
+    line = next(t for t in texts([0.0213, 0.0327, 0.0240], busy) if t.startswith("Repeat conditions"))
+    assert "tpot_p50 21.3 / 32.7 / 24 ms" in line and "host load 1.1 / 9.4 / 1.3" in line and "preempted 3 / 4100 / 5" in line
+    assert not any(t.startswith("Repeat conditions") for t in texts([0.0213, 0.0214, 0.0213], busy))
+    assert not any(t.startswith("Repeat conditions") for t in texts([0.0213, 0.0327, 0.0240], []))  # runs before them
