@@ -1,6 +1,7 @@
 """What the machine was doing during each timed repeat, so that a repeat slower than the others
 can be told apart from a slower build: the host's load, how often the stage's processes lost
-their CPU to another, how much CPU they got, and the GPU's SM clock. docs/regression.md: on the
+their CPU to another, how much CPU they got, the time a hypervisor gave other guests (steal),
+and the GPU's SM clock. docs/regression.md: on the
 H200 a host-bound stage's repeats differ by 22% where its own requests scatter by 4%; these
 figures say what changed between them (they explain, they do not correct: the gate still sees
 the noise).
@@ -39,6 +40,15 @@ def _tree_usage() -> dict[int, tuple[float, int]] | None:
     return out
 
 
+def _steal() -> float | None:
+    """Seconds of CPU the hypervisor has given other guests since boot (Linux), None elsewhere."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return getattr(psutil.cpu_times(), "steal", None)
+
+
 class RepeatConditions(BaseModel):
     """One timed repeat's conditions (the stage's extra.conditions, in repeat order)."""
 
@@ -49,6 +59,7 @@ class RepeatConditions(BaseModel):
     processes: int | None = Field(None, description="the stage's process and those below it, at the repeat's end")
     involuntary_switches: int | None = Field(None, description="times their main threads were preempted during the repeat")
     cpu_share: float | None = Field(None, description="their CPU time / the repeat's wall time (1.0: one core busy)")
+    steal_s: float | None = Field(None, description="CPU time the hypervisor gave other guests during the repeat (all CPUs)")
     gpu_sm_mhz: int | None = Field(None, description="GPU 0's SM clock at the repeat's end (a point sample)")
 
 
@@ -56,7 +67,7 @@ class ConditionsProbe:
     """with ConditionsProbe() as probe: <one repeat>; then probe.result."""
 
     def __enter__(self) -> "ConditionsProbe":
-        self.t0, self.usage0 = time.perf_counter(), _tree_usage()
+        self.t0, self.usage0, self.steal0 = time.perf_counter(), _tree_usage(), _steal()
         self.result = RepeatConditions()  # filled in when the repeat ends
         return self
 
@@ -64,8 +75,10 @@ class ConditionsProbe:
         wall = time.perf_counter() - self.t0
         before, after = self.usage0, _tree_usage()
         devices = nvml.device_indices()
+        steal = _steal()
         self.result = RepeatConditions(load1=round(os.getloadavg()[0], 2), cpus=len(os.sched_getaffinity(0)),
-                                       gpu_sm_mhz=nvml.sm_clock_mhz(devices[0]) if devices else None)
+                                       gpu_sm_mhz=nvml.sm_clock_mhz(devices[0]) if devices else None,
+                                       steal_s=round(steal - self.steal0, 3) if steal is not None and self.steal0 is not None else None)
         if before is not None and after is not None and wall > 0:
             # a process started during the repeat counts from zero; one that ended is not seen
             self.result.processes = len(after)
@@ -92,6 +105,8 @@ def conditions_sentence(metric: str, values: list[float | None], conditions: lis
              f"host load {col([c.load1 for c in conditions])}",
              f"preempted {col([c.involuntary_switches for c in conditions])} times",
              f"CPU share {col([c.cpu_share for c in conditions])}"]
+    if any(c.steal_s is not None for c in conditions):
+        parts.append(f"steal {col([c.steal_s for c in conditions])} s")
     if any(c.gpu_sm_mhz is not None for c in conditions):
         parts.append(f"GPU SM clock {col([c.gpu_sm_mhz for c in conditions])} MHz")
     return "Repeat conditions (per repeat): " + "; ".join(parts) + "."
@@ -113,5 +128,5 @@ def conditions_summary(raw: list | None) -> str | None:
 
     parts = [(label, span(field, unit)) for label, field, unit in (
         ("host load", "load1", ""), ("preempted", "involuntary_switches", " times a repeat"),
-        ("CPU share", "cpu_share", ""), ("GPU SM clock", "gpu_sm_mhz", " MHz"))]
+        ("CPU share", "cpu_share", ""), ("steal", "steal_s", " s"), ("GPU SM clock", "gpu_sm_mhz", " MHz"))]
     return ", ".join(f"{label} {value}" for label, value in parts if value is not None) + f" ({len(rows)} repeats)"

@@ -35,6 +35,7 @@ def test_a_computing_repeat_and_a_sleeping_one_read_apart():
     assert busy.result.cpu_share > 0.5 > 0.2 > idle.result.cpu_share
     for c in (busy.result, idle.result):
         assert c.cpus == len(os.sched_getaffinity(0)) and c.involuntary_switches >= 0
+        assert c.steal_s is not None and 0 <= c.steal_s < 1  # Linux counts it, a VM or not
         assert c.load1 is not None and abs(c.load1 - os.getloadavg()[0]) < 2
 
 
@@ -50,7 +51,10 @@ def test_the_sentence_sets_each_repeat_next_to_its_conditions():
              RepeatConditions(load1=7.9, involuntary_switches=5400, cpu_share=0.61)]
     text = conditions_sentence("tpot_p50", [0.0213, 0.0327], conds)
     assert "tpot_p50 21.3 / 32.7 ms" in text and "host load 1.2 / 7.9" in text
-    assert "preempted 10 / 5400 times" in text and "CPU share 0.99 / 0.61" in text and "GPU" not in text
+    assert "preempted 10 / 5400 times" in text and "CPU share 0.99 / 0.61" in text
+    assert "GPU" not in text and "steal" not in text  # not recorded: not said
+    conds[1].steal_s = 2.5
+    assert "steal - / 2.5 s" in conditions_sentence("tpot_p50", [0.0213, 0.0327], conds)
     conds[0].gpu_sm_mhz, conds[1].gpu_sm_mhz = 1980, 1410
     assert "GPU SM clock 1980 / 1410 MHz" in conditions_sentence("tpot_p50", [0.0213, 0.0327], conds)
 
