@@ -1,10 +1,10 @@
 """What the machine was doing during each timed repeat, so that a repeat slower than the others
 can be told apart from a slower build: the host's load, how often the stage's processes lost
-their CPU to another, how much CPU they got, the time a hypervisor gave other guests (steal),
-and the GPU's SM clock. docs/regression.md: on the
-H200 a host-bound stage's repeats differ by 22% where its own requests scatter by 4%; these
-figures say what changed between them (they explain, they do not correct: the gate still sees
-the noise).
+their CPU to another, how much CPU they got, the CPU time a hypervisor gave other guests
+(steal), and the GPU's SM clock. They explain, they do not correct: the gate still counts the
+noise between repeats (docs/regression.md). On the H200 a host-bound stage's repeats moved by
+up to 1.7x with every one of these flat (results/h200/20261204-host-noise): what they rule out
+is worth knowing too.
 
 The processes are the stage's and every one below it (a vLLM engine's core and workers), read
 with psutil; preemptions are each process's main thread's (where a Python engine loop runs).
@@ -77,8 +77,9 @@ class ConditionsProbe:
         devices = nvml.device_indices()
         steal = _steal()
         self.result = RepeatConditions(load1=round(os.getloadavg()[0], 2), cpus=len(os.sched_getaffinity(0)),
-                                       gpu_sm_mhz=nvml.sm_clock_mhz(devices[0]) if devices else None,
-                                       steal_s=round(steal - self.steal0, 3) if steal is not None and self.steal0 is not None else None)
+                                       gpu_sm_mhz=nvml.sm_clock_mhz(devices[0]) if devices else None)
+        if steal is not None and self.steal0 is not None:
+            self.result.steal_s = round(steal - self.steal0, 3)
         if before is not None and after is not None and wall > 0:
             # a process started during the repeat counts from zero; one that ended is not seen
             self.result.processes = len(after)
