@@ -137,7 +137,7 @@ class SLOPoint(StrictModel):
     output_tok_s: float | None = None
     slo_ok: bool | None = None  # the stage's own verdict under its SLO (StageFacts.slo)
     goodput_rps: float | None = None
-    send_delay_p99_s: float | None = None  # the client's lateness: a late point measured the client (analysis/slo.client_late)
+    queued_at_end: int | None = None  # due, not yet sent, when the window closed: a client that fell behind (analysis/slo.client_late)
 
 
 class StageFacts(StrictModel):

@@ -7,8 +7,8 @@ are judged on the pooled gaps' p50, p90 and p99 kept per point (p95 is not kept:
 The capacity is then the highest measured rate whose point meets the SLO, known within
 [that rate, the lowest measured rate above it that fails]: the precision is the spacing of the
 rates the search happened to probe, not one the search aimed for. A point that meets the SLO
-while its client fell behind (analysis/slo.client_late, against this SLO's limits) is not
-judged: its server saw less load than the point asked for."""
+while its client fell behind (analysis/slo.client_late) is not judged: its server saw less load
+than the point asked for."""
 
 from __future__ import annotations
 
@@ -83,9 +83,8 @@ def judge_point(point: SLOPoint, slo: SLO, max_failure_rate: float) -> PointVerd
     goodput = _good(point, slo) / point.window_s if point.window_s > 0 else None
     if unknown and not reasons:
         return PointVerdict(point.rate_rps, None, max(ratios, default=None), f"cannot judge {', '.join(unknown)} here", goodput)
-    # a pass needs the load the point asked for (the bound moves with this SLO's limits); a miss
-    # under less load than asked is still a miss
-    late = None if reasons else client_late(point.send_delay_p99_s, slo)
+    # a pass needs the load the point asked for; a miss under less load than asked is still a miss
+    late = None if reasons else client_late(point.queued_at_end, point.requests)
     if late:
         return PointVerdict(point.rate_rps, None, max(ratios, default=None), f"cannot judge: {late}", goodput)
     return PointVerdict(point.rate_rps, not reasons, max(ratios, default=None), "; ".join(reasons) or "met", goodput)

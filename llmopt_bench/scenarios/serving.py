@@ -153,7 +153,7 @@ class ServingRun:
             first = self.slo.targets[0].name
             latency = next((v.value_s for v in verdict.targets if v.target == first), None) if verdict else None
             # a miss under less load than asked is still a miss; only a pass needs the load it asked for
-            late = client_late(row.send_delay_p99_s, self.slo) if ok else None
+            late = client_late(row.queued_at_end, row.requests) if ok else None
             return Probe(rate=rate, ok=ok, latency_s=latency, invalid=late,
                          detail={"reason": verdict.reason if verdict else row.error, "goodput_rps": row.goodput_rps,
                                  "failure_rate": row.failure_rate,

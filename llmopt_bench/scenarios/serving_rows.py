@@ -62,7 +62,7 @@ def slo_point(res: PointResult, verdict: Verdict) -> SLOPoint:
                     e2e_s=[M.e2e(s) for s in ok],
                     itl_s={"p50": itl.p50, "p90": itl.p90, "p99": itl.p99} if itl else {},
                     output_tok_s=res.output_tok_s, slo_ok=verdict.ok, goodput_rps=verdict.goodput_rps,
-                    send_delay_p99_s=_p(res.send_delay_s, "p99"))
+                    queued_at_end=res.queued_at_end)
 
 
 def facts_of(rows: list[LoadRow], capacity: Capacity | None, points: list[SLOPoint], slo: str, max_failure_rate: float,
