@@ -10,6 +10,7 @@ import time
 import pytest
 
 from llmopt_bench.engines import hf
+from llmopt_bench.engines.lifecycle import release_cached_memory
 from llmopt_bench.workload import Request
 
 SLEEP_S = 0.25
@@ -25,7 +26,8 @@ class SleepyClock(hf.TokenClock):
 def model(tiny_model):
     m, tok, _ = hf.load_model(tiny_model.path, "cpu", "float32")
     yield m, tok.pad_token_id
-    hf.unload(m)
+    del m
+    release_cached_memory()
 
 
 def test_a_clock_that_costs_250_ms_a_token_is_measured_over_budget(model, monkeypatch):
