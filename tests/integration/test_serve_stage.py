@@ -179,7 +179,9 @@ def test_llmopt_recommend_on_the_run(served_run):
     tight = run_cli("recommend", str(out), "--slo", "tpot_p50=0.001ms", env=env)
     assert tight.returncode == 0 and "No result meets the SLO tpot_p50=" in tight.stdout and "misses by" in tight.stdout
     loose = json.loads(run_cli("recommend", str(out), "--json", "--slo", "ttft_p99=600s,tpot_p99=600s", env=env).stdout)
-    rates = [p["rate_rps"] for p in serve(served_run)["facts"]["slo_points"]]
+    # every point meets so loose an SLO, but one whose client fell behind cannot be judged
+    points = serve(served_run)["facts"]["slo_points"]
+    rates = [p["rate_rps"] for p in points if not client_late(p.get("queued_at_end"), p["requests"])]
     assert loose["winner"]["capacity_rps"] == max(rates) and loose["winner"]["interval"] == [max(rates), None]
     for args in (("--priority", "speed"), ("--slo", "ttft=2s")):
         bad = run_cli("recommend", str(out), *args, env=env)
