@@ -265,7 +265,7 @@ def choose_plans(stages: str | None, previous) -> tuple[list, bool]:
     if previous is not None and previous.journey:
         added, named = resolve_stages(stages) if stages is not None else ([], False)
         return resume_plans(previous, added), named
-    return resolve_stages(stages or "all")
+    return resolve_stages("all" if stages is None else stages)  # '' (an unset shell variable) is refused, not "all"
 
 
 def say_workload(cfg, reporter) -> None:

@@ -154,5 +154,6 @@ def doctor_cmd(as_json: bool = typer.Option(False, "--json", help="Print the dia
     if as_json:
         typer.echo(json.dumps(d, indent=1))
         return
-    for line in render(d):  # plain lines: a fix command wraps in the terminal, never with a break inside it
-        typer.echo(line)
+    from llmopt_bench.cli.terminal import echo
+
+    echo(render(d))  # wrapped between words at the terminal's width; a fix line whole (cli/terminal.py)

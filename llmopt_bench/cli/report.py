@@ -28,6 +28,7 @@ def report_cmd(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Directory to write into. [default: RUN_DIR]"),
 ) -> None:
     """Write the report of a finished (or partial) run from its run.json alone; prints the paths written."""
+    from llmopt_bench.cli.paths import output_dir, writing
     from llmopt_bench.render.report import write_outputs
     from llmopt_bench.results import load_run
 
@@ -35,6 +36,9 @@ def report_cmd(
     if not run_dir.exists():
         raise UsageError(f"no run directory at {run_dir}", "pass a directory written by `llmopt bench` (results/runs/<timestamp>)")
     run = load_run(run_dir)
-    out = output or (run_dir if run_dir.is_dir() else run_dir.parent)
-    for path in write_outputs(run, out, formats):
+    option = "--output" if output else "RUN_DIR"  # no --output: the report goes beside run.json
+    out = output_dir(output or (run_dir if run_dir.is_dir() else run_dir.parent), option, "results/reports/mine")
+    with writing(out, option, "results/reports/mine", kind="directory"):
+        written = write_outputs(run, out, formats)
+    for path in written:
         typer.echo(str(path))
