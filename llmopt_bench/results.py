@@ -31,6 +31,11 @@ def utcnow() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def utc_at(epoch_s: float) -> str:
+    """A time.time() value in run.json's form (UTC, to the second)."""
+    return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(timespec="seconds")
+
+
 class Samples(StrictModel):
     """Per-request scalars, column-wise: what compare bootstraps over (analysis/metrics.compact)."""
 
@@ -112,9 +117,10 @@ class StageResult(StrictModel):
     reason: str | None = None
     fix: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
-    started_at: str | None = None
+    started_at: str | None = None  # when its process was spawned (runs before 2026-12-05 held its end: fixed in results/)
     duration_s: float | None = None
     load_s: float | None = None  # fresh process to ready
+    phases: dict[str, float] = Field(default_factory=dict)  # where duration_s went, by progress phase (durations.Timeline)
     load: LoadInfo | None = None
     metrics: StageMetrics | None = None
     samples: Samples | None = None
