@@ -47,6 +47,19 @@ def load_stage(name: str) -> type[Stage]:
     return cls
 
 
+def stage_or_why(name: str) -> tuple[type[Stage] | None, tuple[str, str] | None]:
+    """A registered stage and why it cannot run here; a stage whose entry point does not load
+    (a plugin removed, a stale install) is reported as such, not raised: one broken entry must
+    not take `llmopt stages` and `llmopt doctor` down with it."""
+    try:
+        cls = load_stage(name)
+    except Exception as e:  # noqa: BLE001 - any import error of a third party's module
+        value = _entry_points()[name].value if name in _entry_points() else name
+        return None, (f"its entry point {value} does not load ({type(e).__name__}: {e})",
+                      "reinstall the package that registers it (llmopt's own: pip install -e . in its checkout)")
+    return cls, unavailable(cls)
+
+
 def did_you_mean(name: str, known: list[str]) -> str:
     """"did you mean hf-fp16? " for hf_fp16 or hf-fp61; "" when nothing is close."""
     import difflib

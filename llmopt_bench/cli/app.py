@@ -39,6 +39,19 @@ def _root(version: bool = typer.Option(False, "--version", callback=_show_versio
     """Replay the LLM inference optimization journey on your own GPU and model, with faithful metrics."""
 
 
+# `llmopt -h`'s command list: one line each (click cuts a docstring's first sentence with "...")
+SUMMARIES = {"bench": "Run the journey's stages on one model and workload.",
+             "compare": "Compare two runs, stage by stage, with noise-aware intervals.",
+             "doctor": "What this machine offers llmopt, and the fix for each gap.",
+             "recommend": "What to deploy: the best result for a priority and an SLO.",
+             "report": "Write report.md, charts, CSV or JSON from a run's run.json.",
+             "stages": "Every stage, and why one cannot run here.",
+             "history": "A history of runs: add them, show a trend, find shifts.",
+             "add": "Append runs to the history.",
+             "show": "A metric per stage across the history's runs.",
+             "check": "Sustained shifts in each stage's series; exit 5 on a regression."}
+
+
 def help_formatter() -> type:
     """click's HelpFormatter, with hyphens kept from being line-break points."""
     from typer._click.formatting import HelpFormatter
@@ -71,5 +84,6 @@ def command():
     while todo:
         cmd = todo.pop()
         cmd.context_class = HelpContext
+        cmd.short_help = SUMMARIES.get(cmd.name or "", cmd.short_help)
         todo += list(getattr(cmd, "commands", {}).values())
     return root

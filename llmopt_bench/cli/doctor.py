@@ -82,14 +82,13 @@ def cache_section() -> dict[str, Any]:
 
 
 def stages_section() -> list[dict[str, Any]]:
-    from llmopt_bench.registry import engine_python, load_stage, stage_names, unavailable
+    from llmopt_bench.registry import engine_python, stage_names, stage_or_why
 
     rows = []
     for name in stage_names():
-        cls = load_stage(name)
-        why = unavailable(cls)
+        cls, why = stage_or_why(name)
         rows.append({"name": name, "available": why is None, "reason": why[0] if why else None,
-                     "fix": why[1] if why else None, "python": engine_python(cls.requires.engine)})
+                     "fix": why[1] if why else None, "python": engine_python(cls.requires.engine if cls else None)})
     return rows
 
 

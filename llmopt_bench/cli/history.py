@@ -48,7 +48,7 @@ def show_cmd(
     stage: Optional[str] = typer.Option(None, "--stage", "-s", help="Only this stage. [default: every stage]"),
     metric: str = typer.Option("tpot_p50", "--metric", "-m", help="ttft_p50, tpot_p50, e2e_p50, output_tok_s, load_s, peak_memory, or any stored one (tpot_p90, itl_p99, qps, ...)."),
     chart: Optional[Path] = typer.Option(None, "--chart", help="Also draw the trend to FILE.png (needs matplotlib: pip install 'llmopt-bench[charts]')."),
-    max_regression: Optional[List[str]] = typer.Option(None, "--max-regression", help="Threshold for marking a change, as in `llmopt compare` (5%, tpot=3%). Default: 5%, load 20%."),
+    max_regression: Optional[List[str]] = typer.Option(None, "--max-regression", metavar="SPEC", help="Threshold for marking a change, as in `llmopt compare` (5%, tpot=3%). Default: 5%, load 20%."),
     as_json: bool = typer.Option(False, "--json", help="Print the points as JSON."),
     db: Optional[Path] = typer.Option(None, "--db", envvar="LLMOPT_HISTORY_DB", help=DB_HELP),
 ) -> None:
@@ -99,14 +99,14 @@ def _table(points, key: str) -> None:
 
 @history_app.command("check")
 def check_cmd(
-    metric: Optional[List[str]] = typer.Option(None, "--metric", "-m", help="Metrics to check (repeat). [default: tpot_p50, ttft_p50, output_tok_s]"),
+    metric: Optional[List[str]] = typer.Option(None, "--metric", "-m", metavar="NAME", help="Metrics to check (repeat). [default: tpot_p50, ttft_p50, output_tok_s]"),
     stage: Optional[str] = typer.Option(None, "--stage", "-s", help="Only this stage. [default: every stage]"),
     since: Optional[str] = typer.Option(None, "--since", help="Only runs from this run_id on: after an intended change, the first run of the new level (RUN_ID@CREATED_AT where two runs share the id)."),
     window: int = typer.Option(60, "--window", min=6, help="The latest N ok runs of each stage are analysed."),
     significance: float = typer.Option(0.01, "--significance", min=0.0001, max=0.5, help="Permutation-test level a change point must reach."),
     permutations: int = typer.Option(499, "--permutations", min=99, help="Permutations per test."),
     min_runs: int = typer.Option(3, "--min-runs", min=2, help="A shift must last this many runs on each side (one noisy night is not a shift)."),
-    max_regression: Optional[List[str]] = typer.Option(None, "--max-regression", help="A shift smaller than this is not a regression, as in `llmopt compare` (5%, tpot=3%). Default: 5%, load 20%."),
+    max_regression: Optional[List[str]] = typer.Option(None, "--max-regression", metavar="SPEC", help="A shift smaller than this is not a regression, as in `llmopt compare` (5%, tpot=3%). Default: 5%, load 20%."),
     as_json: bool = typer.Option(False, "--json", help="Print the shifts as JSON."),
     db: Optional[Path] = typer.Option(None, "--db", envvar="LLMOPT_HISTORY_DB", help=DB_HELP),
 ) -> None:

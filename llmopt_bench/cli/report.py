@@ -24,7 +24,7 @@ def parse_formats(value: list[str]) -> list[str]:
 @app.command("report")
 def report_cmd(
     run_dir: Path = typer.Argument(..., help="A run directory written by `llmopt bench` (or its run.json)."),
-    fmt: list[str] = typer.Option(["md"], "--format", "-f", help="md (report.md + charts/), csv (stages.csv), json (report.json); repeat or comma-separate."),
+    fmt: list[str] = typer.Option(["md"], "--format", "-f", metavar="FORMATS", help="md (report.md + charts/), csv (stages.csv), json (report.json); repeat or comma-separate."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Directory to write into. [default: RUN_DIR]"),
 ) -> None:
     """Write the report of a finished (or partial) run from its run.json alone; prints the paths written."""

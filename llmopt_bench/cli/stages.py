@@ -12,15 +12,14 @@ from llmopt_bench.cli.app import app
 @app.command("stages")
 def stages_cmd(as_json: bool = typer.Option(False, "--json", help="Print the list as JSON.")) -> None:
     """List every stage, whether it can run on this machine, and why not."""
-    from llmopt_bench.registry import load_stage, stage_names, unavailable
+    from llmopt_bench.registry import stage_names, stage_or_why
 
     rows = []
     for name in stage_names():
-        cls = load_stage(name)
-        why = unavailable(cls)
-        rows.append({"name": name, "description": cls.description, "available": why is None,
+        cls, why = stage_or_why(name)
+        rows.append({"name": name, "description": cls.description if cls else "", "available": why is None,
                      "reason": why[0] if why else None, "fix": why[1] if why else None,
-                     "params": list(cls.Params.model_fields)})
+                     "params": list(cls.Params.model_fields) if cls else []})
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
         return
