@@ -12,8 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from llmopt_bench.cli import main
+from testkit import cli_in_process as main
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "results" / "cpu" / "gate-calibration" / "run01"  # a small committed run

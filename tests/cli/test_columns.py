@@ -14,8 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
-
-from llmopt_bench.cli import main
+from testkit import cli_in_process as main
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "results"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmopt_bench.cli import main
+from testkit import cli_in_process as main
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "results" / "cpu" / "gate-calibration" / "run01"
