@@ -131,14 +131,11 @@ def _shares(w: Any, r: Any) -> str:
     have = [c for c in (w, r) if c.memory_share]
     if not have:
         return ""
-    if len(have) == 2 and w.memory_share == r.memory_share:
-        who, share = "both take", w.memory_share
+    if len(have) == 2 and w.memory_share != r.memory_share:
+        who = f"{w.name} takes {w.memory_share:.0%} and {r.name} {r.memory_share:.0%}"
     else:
-        who, share = f"{have[0].name} takes", have[0].memory_share
-        if len(have) == 2:
-            return (f"; {w.name} takes {w.memory_share:.0%} and {r.name} {r.memory_share:.0%} of the card "
-                    "(gpu_memory_utilization) whatever their weights, the rest of that share for the KV cache")
-    return f"; {who} {share:.0%} of the card (gpu_memory_utilization) whatever the weights, the rest of that share for the KV cache"
+        who = f"{'both take' if len(have) == 2 else have[0].name + ' takes'} {have[0].memory_share:.0%}"
+    return f"; {who} of the card (gpu_memory_utilization) whatever the weights, the rest of that share for the KV cache"
 
 
 def _quality(c: Any) -> str:
