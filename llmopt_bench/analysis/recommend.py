@@ -20,8 +20,8 @@ from llmopt_bench.analysis.rejudge import rejudge
 from llmopt_bench.analysis.scaling import batch1_tpot, saturated
 from llmopt_bench.analysis.selectors import ok_stages
 from llmopt_bench.analysis.slo import parse_slo
-from llmopt_bench.fmt import num
-from llmopt_bench.results import RunResult, StageResult, peak_memory
+from llmopt_bench.core.fmt import num
+from llmopt_bench.core.results import RunResult, StageResult, peak_memory
 
 PRIORITIES = ("throughput", "latency", "memory", "cost")
 
@@ -140,7 +140,7 @@ def _has_figure(c: Candidate, priority: str, serving: bool) -> bool:
 def recommend(run: RunResult, priority: str = "throughput", slo: str | None = None) -> Recommendation:
     """The recommendation for `priority`; `slo` judges the measured points again under another SLO."""
     if priority not in PRIORITIES:
-        from llmopt_bench.errors import UsageError
+        from llmopt_bench.core.errors import UsageError
 
         raise UsageError(f"--priority {priority!r}: unknown", f"use one of {', '.join(PRIORITIES)}")
     new = parse_slo(slo) if slo else None

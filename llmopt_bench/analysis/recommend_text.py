@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmopt_bench.fmt import GB, num, pct
+from llmopt_bench.core.fmt import GB, num, pct
 
 WHY = {"throughput": "the highest capacity under the SLO", "latency": "the lowest TPOT at one request in flight",
        "memory": "the smallest weights", "cost": "the fewest GPU-seconds per request at its capacity"}

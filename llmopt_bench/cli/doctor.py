@@ -62,7 +62,7 @@ def probe_interpreter(python: str) -> dict[str, Any]:
 
 def gpu_section() -> dict[str, Any]:
     from llmopt_bench.measure import nvml
-    from llmopt_bench.registry import cuda_devices
+    from llmopt_bench.run.registry import cuda_devices
 
     reason = nvml.unavailable_reason()
     devices = cuda_devices() if reason is None else []
@@ -72,7 +72,7 @@ def gpu_section() -> dict[str, Any]:
 
 
 def cache_section() -> dict[str, Any]:
-    from llmopt_bench.models import cache_dir
+    from llmopt_bench.core.models import cache_dir
 
     path = cache_dir()
     existing = next(p for p in (path, *path.parents) if p.exists())  # free space where it will be written
@@ -82,7 +82,7 @@ def cache_section() -> dict[str, Any]:
 
 
 def stages_section() -> list[dict[str, Any]]:
-    from llmopt_bench.registry import engine_python, load_stage, stage_names, unavailable
+    from llmopt_bench.run.registry import engine_python, load_stage, stage_names, unavailable
 
     rows = []
     for name in stage_names():

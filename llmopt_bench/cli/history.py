@@ -21,7 +21,7 @@ DEFAULT_CHECKED = ["tpot_p50", "ttft_p50", "output_tok_s"]
 
 
 def _db(db: Optional[Path]) -> Path:
-    from llmopt_bench.history import default_db
+    from llmopt_bench.run.history import default_db
 
     return db or default_db()
 
@@ -32,8 +32,8 @@ def add_cmd(
     db: Optional[Path] = typer.Option(None, "--db", envvar="LLMOPT_HISTORY_DB", help=DB_HELP),
 ) -> None:
     """Append runs to the history; a run already there (same run_id and created_at) is left as it is."""
-    from llmopt_bench.history import add_run
-    from llmopt_bench.results import load_run
+    from llmopt_bench.core.results import load_run
+    from llmopt_bench.run.history import add_run
 
     path = _db(db)
     for r in runs:
@@ -53,9 +53,9 @@ def show_cmd(
 ) -> None:
     """Show a metric per stage across runs, oldest first, each run judged against the stage's previous run."""
     from llmopt_bench.analysis.compare import parse_thresholds
-    from llmopt_bench.errors import MissingDependency, extra_fix
-    from llmopt_bench.history import chart as draw
-    from llmopt_bench.history import dump, metric_name, trend
+    from llmopt_bench.core.errors import MissingDependency, extra_fix
+    from llmopt_bench.run.history import chart as draw
+    from llmopt_bench.run.history import dump, metric_name, trend
 
     points = trend(_db(db), metric, stage, parse_thresholds(max_regression))
     if as_json:
@@ -111,8 +111,8 @@ def check_cmd(
     from dataclasses import asdict
 
     from llmopt_bench.analysis.compare import parse_thresholds
-    from llmopt_bench.errors import ExitCode, LlmoptError
-    from llmopt_bench.history import check
+    from llmopt_bench.core.errors import ExitCode, LlmoptError
+    from llmopt_bench.run.history import check
 
     shifts, series = check(_db(db), metric or DEFAULT_CHECKED, stage, parse_thresholds(max_regression), since=since,
                            window=window, significance=significance, permutations=permutations, min_size=min_runs)

@@ -12,7 +12,7 @@ from llmopt_bench.cli.app import app
 @app.command("stages")
 def stages_cmd(as_json: bool = typer.Option(False, "--json", help="Print the list as JSON.")) -> None:
     """List every stage, whether it can run on this machine, and why not."""
-    from llmopt_bench.registry import load_stage, stage_names, unavailable
+    from llmopt_bench.run.registry import load_stage, stage_names, unavailable
 
     rows = []
     for name in stage_names():

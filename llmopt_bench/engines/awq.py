@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llmopt_bench import spawn
-from llmopt_bench.models import cache_dir
+from llmopt_bench.core.models import cache_dir
+from llmopt_bench.procs import spawn
 
 GROUP_SIZES = (128, 64, 32)
 RECIPE = "gptqmodel-awq-v2"  # bump when the calibration changes, so caches are rebuilt

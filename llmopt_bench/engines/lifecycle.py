@@ -8,49 +8,9 @@ import os
 import time
 from typing import Any
 
+from llmopt_bench.procs.tree import cmdline, descendants
+
 GIB = 1024**3
-
-
-def cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return ""
-
-
-# Helpers multiprocessing starts once per process and keeps until it exits: not the engine.
-HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "multiprocessing.semaphore_tracker")
-
-
-def live_processes() -> dict[int, list[str]]:
-    """Every live process's /proc/PID/stat fields after the command name (state, ppid, pgrp,
-    session, ...): zombies and dead ones left out."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                rest = f.read().rsplit(")", 1)[-1].split()
-        except OSError:
-            continue
-        if len(rest) > 3 and rest[0] not in ("Z", "X"):
-            out[int(entry)] = rest
-    return out
-
-
-def descendants() -> list[int]:
-    """Live processes below this one (vLLM's engine core and its workers), without
-    multiprocessing's own resource tracker."""
-    parent = {pid: int(rest[1]) for pid, rest in live_processes().items()}
-    out, frontier = [], [os.getpid()]
-    while frontier:
-        p = frontier.pop()
-        kids = [c for c, pp in parent.items() if pp == p]
-        out += kids
-        frontier += kids
-    return [pid for pid in out if not any(h in cmdline(pid) for h in HELPERS)]
 
 
 def release_cached_memory() -> None:

