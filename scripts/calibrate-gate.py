@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from llmopt_bench.analysis import changepoint, compare
-from llmopt_bench.results import load_run
+from llmopt_bench.core.results import load_run
 
 FACTORS = (1.0, 1.1, 1.2, 1.3)
 COLUMNS = {"ttft_p50": "ttft_s", "tpot_p50": "tpot_s", "e2e_p50": "e2e_s"}

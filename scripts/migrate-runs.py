@@ -13,9 +13,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from llmopt_bench.models import portable_text
-from llmopt_bench.results import load_run
-from llmopt_bench.rundir import atomic_write
+from llmopt_bench.core.models import portable_text
+from llmopt_bench.core.results import load_run
+from llmopt_bench.run.rundir import atomic_write
 
 
 def main(argv: list[str]) -> int:

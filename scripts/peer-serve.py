@@ -33,13 +33,14 @@ import sys
 import time
 from pathlib import Path
 
+from llmopt_bench.checkpoints.prepare import prepare
+from llmopt_bench.core.models import parse_model
+from llmopt_bench.core.workload import WorkloadConfig, build_requests
 from llmopt_bench.engines import vllm as V
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient
 from llmopt_bench.engines.vllm_server import VLLMServer, vllm_cli_works, vllm_python
-from llmopt_bench.models import parse_model, prepare
 from llmopt_bench.scenarios import peer
 from llmopt_bench.scenarios.load import LoadPoint, run_point
-from llmopt_bench.workload import WorkloadConfig, build_requests
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -162,7 +163,7 @@ def report(args: argparse.Namespace, rounds: list[dict], server: str) -> tuple[s
 
 def scrub(out: Path) -> None:
     """Every text output with the cache's and the home's paths in portable form (committable)."""
-    from llmopt_bench.models import portable_text
+    from llmopt_bench.core.models import portable_text
 
     for path in out.rglob("*"):
         if path.is_file() and path.suffix in (".log", ".txt", ".md", ".json"):

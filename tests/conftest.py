@@ -10,7 +10,7 @@ import pytest
 
 
 def _has_cuda() -> bool:
-    from llmopt_bench.registry import cuda_devices
+    from llmopt_bench.run.registry import cuda_devices
 
     return bool(cuda_devices())
 
@@ -35,6 +35,7 @@ def llmopt_cache(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(llmopt_cache):
     """synthetic:tiny, prepared once (checkpoint + trained tokenizer) in the session cache."""
-    from llmopt_bench.models import parse_model, prepare
+    from llmopt_bench.checkpoints.prepare import prepare
+    from llmopt_bench.core.models import parse_model
 
     return prepare(parse_model("synthetic:tiny"))

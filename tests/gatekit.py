@@ -9,7 +9,7 @@ import copy
 import json
 from pathlib import Path
 
-from llmopt_bench.distribution import Distribution
+from llmopt_bench.core.distribution import Distribution
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = ROOT / "results" / "h200"  # the H200 journey, one session

@@ -4,9 +4,9 @@ stages use to judge theirs (Stage.claims): verdicts, and when an "N x" claim hol
 from __future__ import annotations
 
 from llmopt_bench.analysis.selectors import baseline, comparable_stages, p50_of, ratio
-from llmopt_bench.fmt import num, times
-from llmopt_bench.results import RunResult
-from llmopt_bench.stage import Claim
+from llmopt_bench.core.fmt import num, times
+from llmopt_bench.core.records import Claim
+from llmopt_bench.core.results import RunResult
 
 HELD_FRACTION = 0.8  # an "N x" claim holds when this run reaches 80% of N
 

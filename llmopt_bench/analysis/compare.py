@@ -13,9 +13,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from llmopt_bench.analysis import noise
-from llmopt_bench.errors import UsageError
+from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.results import RunResult, StageResult, peak_memory
 from llmopt_bench.measure.conditions import conditions_summary
-from llmopt_bench.results import RunResult, StageResult, peak_memory
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ stages judged), so that a report says nothing its run.json does not support."""
 from __future__ import annotations
 
 from llmopt_bench.analysis.selectors import GB, baseline, comparable_stages, ok_stages, p50_of, ratio
-from llmopt_bench.fmt import num, pct, times
-from llmopt_bench.results import RunResult
-from llmopt_bench.stage import Claim
+from llmopt_bench.core.fmt import num, pct, times
+from llmopt_bench.core.records import Claim
+from llmopt_bench.core.results import RunResult
 
 
 def conclusions(run: RunResult, claims: list[Claim]) -> list[str]:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Iterable
 
-from llmopt_bench.distribution import Distribution
-from llmopt_bench.results import Samples, StageMetrics
-from llmopt_bench.stage import RequestSample
+from llmopt_bench.core.distribution import Distribution
+from llmopt_bench.core.records import RequestSample
+from llmopt_bench.core.results import Samples, StageMetrics
 
 
 def ttft(s: RequestSample) -> float:

@@ -11,8 +11,8 @@ applied, with the reason."""
 from __future__ import annotations
 
 from llmopt_bench.analysis.selectors import reference
-from llmopt_bench.results import RunResult
-from llmopt_bench.stage import QualityRecord
+from llmopt_bench.core.records import QualityRecord
+from llmopt_bench.core.results import RunResult
 
 DEFAULT_MIN_QUALITY = 0.99
 

@@ -29,12 +29,13 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from llmopt_bench.analysis.recommend_text import caveats, memory_words, no_winner, rounded_size, tradeoffs, verdict
 from llmopt_bench.analysis.rejudge import rejudge
 from llmopt_bench.analysis.scaling import batch1_tpot, saturated
 from llmopt_bench.analysis.selectors import ok_stages, reference
 from llmopt_bench.analysis.slo import parse_slo
-from llmopt_bench.fmt import num
-from llmopt_bench.results import RunResult, StageResult, peak_memory
+from llmopt_bench.core.fmt import num
+from llmopt_bench.core.results import RunResult, StageResult, peak_memory
 
 PRIORITIES = ("throughput", "latency", "memory", "cost")
 
@@ -151,12 +152,6 @@ def _key(c: Candidate, priority: str, serving: bool) -> tuple:
     return (c.gpu_s_per_request or inf, c.j_per_token or inf) if serving else (c.j_per_token or inf,)
 
 
-def rounded_size(size: float | None) -> float:
-    """A size to 3 significant digits (inf when unknown): the same weights counted two ways
-    (transformers 13,476,831,744 bytes, vLLM 13,475,459,891) are one size, and the peak decides."""
-    return float(f"{size:.3g}") if size else math.inf
-
-
 def _rank(c: Candidate, priority: str, serving: bool) -> tuple:
     """The sort order: for memory the quality tier leads, the figures follow."""
     key = _key(c, priority, serving)
@@ -188,7 +183,7 @@ def _has_figure(c: Candidate, priority: str, serving: bool) -> bool:
 def recommend(run: RunResult, priority: str = "throughput", slo: str | None = None) -> Recommendation:
     """The recommendation for `priority`; `slo` judges the measured points again under another SLO."""
     if priority not in PRIORITIES:
-        from llmopt_bench.errors import UsageError
+        from llmopt_bench.core.errors import UsageError
 
         raise UsageError(f"--priority {priority!r}: unknown", f"use one of {', '.join(PRIORITIES)}")
     new = parse_slo(slo) if slo else None
@@ -223,8 +218,6 @@ def _slo_note(served: list[StageResult], rejudging: bool, run_slos: list[str]) -
 
 
 def _explain(rec: Recommendation, cands: list[Candidate], pool: list[Candidate]) -> None:
-    from llmopt_bench.analysis.recommend_text import caveats, memory_words, no_winner, tradeoffs, verdict
-
     rec.caveats = caveats(rec, cands)
     if rec.winner is None:
         rec.verdict = no_winner(rec, cands)

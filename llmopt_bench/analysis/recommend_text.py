@@ -3,16 +3,22 @@ between the winner and the runner-up, the caveats, and the report's "What to dep
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from llmopt_bench.analysis.recommend import rounded_size
-from llmopt_bench.fmt import GB, num, pct
+from llmopt_bench.core.fmt import GB, num, pct
 
 WHY = {"throughput": "the highest capacity under the SLO", "latency": "the lowest TPOT at one request in flight",
        "memory": "the smallest weights", "cost": "the fewest GPU-seconds per request at its capacity"}
 WHY_OFFLINE = {"throughput": "the highest saturated output throughput", "latency": "the lowest TPOT at one request in flight",
                "memory": "the smallest weights", "cost": "the least energy per output token"}
 NOT_SATURATED = "not saturated"  # analysis/scaling.saturated's word for a fixed-workload figure
+
+
+def rounded_size(size: float | None) -> float:
+    """A size to 3 significant digits (inf when unknown): the same weights counted two ways
+    (transformers 13,476,831,744 bytes, vLLM 13,475,459,891) are one size, and the peak decides."""
+    return float(f"{size:.3g}") if size else math.inf
 
 
 def _ms(v: float | None) -> str:

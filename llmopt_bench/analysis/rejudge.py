@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from llmopt_bench.analysis.slo import SLO, Target, client_late
-from llmopt_bench.distribution import percentile
-from llmopt_bench.stage import SLOPoint
+from llmopt_bench.core.distribution import percentile
+from llmopt_bench.core.records import SLOPoint
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmopt_bench.analysis.roofline import RooflineRow
-from llmopt_bench.fmt import num, pct
+from llmopt_bench.core.fmt import num, pct
 
 
 def ms_(seconds: float) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llmopt_bench.results import RunResult, StageResult
+from llmopt_bench.core.results import RunResult, StageResult
 
 
 @dataclass

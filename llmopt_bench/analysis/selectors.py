@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmopt_bench.results import RunResult, StageResult, peak_memory
+from llmopt_bench.core.results import RunResult, StageResult, peak_memory
 
 GB = 1e9
 

@@ -20,9 +20,9 @@ import re
 from collections.abc import Sequence
 
 from llmopt_bench.analysis import metrics as M
-from llmopt_bench.distribution import percentile
-from llmopt_bench.errors import UsageError
-from llmopt_bench.stage import RequestSample, StrictModel
+from llmopt_bench.core.distribution import percentile
+from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.records import RequestSample, StrictModel
 
 DEFAULT_SLO = "ttft_p99=2s,tpot_p99=100ms"
 METRICS = ("ttft", "tpot", "itl", "e2e")

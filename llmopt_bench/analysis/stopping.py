@@ -18,7 +18,7 @@ from typing import Literal, Sequence
 
 from pydantic import Field
 
-from llmopt_bench.stage import RequestSample, StrictModel
+from llmopt_bench.core.records import RequestSample, StrictModel
 
 CONFIDENCE = 0.95
 

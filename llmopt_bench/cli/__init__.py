@@ -6,7 +6,7 @@ import signal
 import sys
 import traceback
 
-from llmopt_bench.errors import ExitCode, LlmoptError
+from llmopt_bench.core.errors import ExitCode, LlmoptError
 
 
 def _on_sigterm(signum, frame):  # a kill ends the run like Ctrl-C: run.json keeps what finished

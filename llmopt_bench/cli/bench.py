@@ -14,8 +14,8 @@ from pathlib import Path
 import typer
 
 from llmopt_bench.cli.app import app
-from llmopt_bench.errors import ExitCode, LlmoptError, UsageError
-from llmopt_bench.workload import PROMPT_FILE_HELP, WorkloadOptions, option_help
+from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
+from llmopt_bench.core.workload import PROMPT_FILE_HELP, WorkloadOptions, option_help
 
 
 def parse_min_quality(text: str | None) -> float | None:
@@ -81,7 +81,7 @@ def write_outputs(run, out: Path, report: bool, as_json: bool) -> None:
 
 
 def exit_status(run, out: Path, named: bool) -> None:
-    from llmopt_bench.results import FAILED
+    from llmopt_bench.core.results import FAILED
 
     failed = [s.name for s in run.stages if s.status in FAILED]
     if failed:
@@ -94,7 +94,7 @@ def exit_status(run, out: Path, named: bool) -> None:
 
 def presets_epilog() -> str:
     """The presets, one line each, under the options of `llmopt bench --help`."""
-    from llmopt_bench.registry import PRESETS
+    from llmopt_bench.run.registry import PRESETS
 
     lines = [f"--preset {name}: {p.description}" for name, p in PRESETS.items()]
     return "Presets (their times: README.md, Presets):\n\n" + "\n\n".join(lines)
@@ -132,11 +132,11 @@ def bench_cmd(
     min_quality: str | None = typer.Option(None, "--min-quality", help="Quality gate: a stage whose perplexity exceeds FP16's by more than 1 - Q is flagged as a quality regression (0.99 or 99%: within 1%; default: 0.99)."),
 ) -> None:
     """Run the journey's stages and write run.json, requests.jsonl and logs into the run directory."""
-    from llmopt_bench.models import default_model, parse_model
-    from llmopt_bench.registry import cuda_devices
+    from llmopt_bench.core.models import default_model, parse_model
+    from llmopt_bench.core.results import load_run
     from llmopt_bench.render.progress import make_reporter
-    from llmopt_bench.results import load_run
-    from llmopt_bench.runner import RunOptions, run_journey
+    from llmopt_bench.run.registry import cuda_devices
+    from llmopt_bench.run.runner import RunOptions, run_journey
 
     # the workload options, as one object, in range before anything else is looked at
     given = WorkloadOptions(**{f: ctx.params[f] for f in WorkloadOptions.__dataclass_fields__})
@@ -165,7 +165,7 @@ def bench_cmd(
 
 def check_preset_use(preset: str | None, *, stages: str | None, endpoint: str | None, resume: Path | None) -> None:
     """--preset names the journey and its workload: with another way of naming them, one must go."""
-    from llmopt_bench.registry import check_preset
+    from llmopt_bench.run.registry import check_preset
 
     if preset is None:
         return
@@ -182,7 +182,7 @@ def plans_and_workload(preset: str | None, given: WorkloadOptions, previous, cud
                        slo: str | None) -> tuple[list, bool, str | None, object]:
     """The stages to run, whether the user named them, the run's model and its workload: the
     preset's, or those of --stages (or --endpoint) at the default workload."""
-    from llmopt_bench.workload import resolve_workload
+    from llmopt_bench.core.workload import resolve_workload
 
     if preset is not None:
         plans, cfg = preset_run(preset, given)
@@ -198,8 +198,8 @@ def plans_and_workload(preset: str | None, given: WorkloadOptions, previous, cud
 def preset_run(name: str, given: WorkloadOptions) -> tuple[list, object]:
     """--preset NAME -> its journey's plans on this machine (with CUDA or without) and the run's
     workload: the preset's defaults for the device, under the workload options given."""
-    from llmopt_bench.registry import cuda_devices, resolve_preset
-    from llmopt_bench.workload import resolve_workload
+    from llmopt_bench.core.workload import resolve_workload
+    from llmopt_bench.run.registry import cuda_devices, resolve_preset
 
     cuda = bool(cuda_devices())
     plans, defaults = resolve_preset(name, cuda)
@@ -246,7 +246,7 @@ def endpoint_stage(url: str, model: str | None, key_env: str | None, tokenizer: 
 def with_slo(plans: list, text: str) -> None:
     """--slo: the slo param of every serving stage of the journey, checked before anything starts."""
     from llmopt_bench.analysis.slo import parse_slo
-    from llmopt_bench.registry import load_stage
+    from llmopt_bench.run.registry import load_stage
 
     parse_slo(text)  # a bad target is a usage error here, not a failed stage later
     serving = [p for p in plans if "slo" in load_stage(p.stage).Params.model_fields]
@@ -261,8 +261,8 @@ def choose_plans(stages: str | None, previous) -> tuple[list, bool]:
     """The stages to run, and whether the user named them one by one. --resume finishes the
     journey the run was started with (a schema-1 run did not record it: then --stages, default
     all, as before); --stages given with --resume adds stages to it."""
-    from llmopt_bench.registry import resolve_stages
-    from llmopt_bench.runner import resume_plans
+    from llmopt_bench.run.registry import resolve_stages
+    from llmopt_bench.run.runner import resume_plans
 
     if previous is not None and previous.journey:
         added, named = resolve_stages(stages) if stages is not None else ([], False)

@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 
 from llmopt_bench.cli.app import app
-from llmopt_bench.errors import ExitCode, LlmoptError, UsageError
+from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
 
 MARK = {"regressed": "**REGRESSED**", "improved": "improved", "unchanged": "unchanged",
         "inconclusive": "within noise", "n/a": "-"}
@@ -130,8 +130,8 @@ def compare_cmd(
         parse_allowed,
         parse_thresholds,
     )
-    from llmopt_bench.history import default_db, fingerprint_runs
-    from llmopt_bench.results import load_run
+    from llmopt_bench.core.results import load_run
+    from llmopt_bench.run.history import default_db, fingerprint_runs
 
     if fmt not in ("md", "json"):
         raise UsageError(f"--format {fmt!r}: unknown", "use md or json")

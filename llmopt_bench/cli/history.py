@@ -21,7 +21,7 @@ DEFAULT_CHECKED = ["tpot_p50", "ttft_p50", "output_tok_s"]
 
 
 def _db(db: Optional[Path]) -> Path:
-    from llmopt_bench.history import default_db
+    from llmopt_bench.run.history import default_db
 
     return db or default_db()
 
@@ -33,8 +33,8 @@ def add_cmd(
 ) -> None:
     """Append runs to the history; a run already there (same run_id and created_at) is left as it is."""
     from llmopt_bench.cli.paths import output_file
-    from llmopt_bench.history import add_run
-    from llmopt_bench.results import load_run
+    from llmopt_bench.core.results import load_run
+    from llmopt_bench.run.history import add_run
 
     path = output_file(_db(db), "--db", "~/.cache/llmopt/history.sqlite")
     for r in runs:
@@ -55,9 +55,9 @@ def show_cmd(
     """Show a metric per stage across runs, oldest first, each run judged against the stage's previous run."""
     from llmopt_bench.analysis.compare import parse_thresholds
     from llmopt_bench.cli.paths import output_file, writing
-    from llmopt_bench.errors import MissingDependency, extra_fix
-    from llmopt_bench.history import chart as draw
-    from llmopt_bench.history import dump, metric_name, trend
+    from llmopt_bench.core.errors import MissingDependency, extra_fix
+    from llmopt_bench.run.history import chart as draw
+    from llmopt_bench.run.history import dump, metric_name, trend
 
     if chart is not None:  # checked before the work: a bad path is refused first
         try:
@@ -116,8 +116,8 @@ def check_cmd(
     from dataclasses import asdict
 
     from llmopt_bench.analysis.compare import parse_thresholds
-    from llmopt_bench.errors import ExitCode, LlmoptError
-    from llmopt_bench.history import check, since_arg
+    from llmopt_bench.core.errors import ExitCode, LlmoptError
+    from llmopt_bench.run.history import check, since_arg
 
     shifts, series = check(_db(db), metric or DEFAULT_CHECKED, stage, parse_thresholds(max_regression), since=since,
                            window=window, significance=significance, permutations=permutations, min_size=min_runs)

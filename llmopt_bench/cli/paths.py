@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from llmopt_bench.errors import UsageError
+from llmopt_bench.core.errors import UsageError
 
 
 def _cannot(path: Path, option: str, why: str, example: str, kind: str) -> UsageError:

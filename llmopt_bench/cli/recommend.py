@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from llmopt_bench.cli.app import app
-from llmopt_bench.errors import UsageError
+from llmopt_bench.core.errors import UsageError
 
 
 @app.command("recommend")
@@ -26,7 +26,7 @@ def recommend_cmd(
     the SLO, the runner-up, the trade-off, and the `vllm serve` line."""
     from llmopt_bench.analysis.recommend import recommend
     from llmopt_bench.analysis.recommend_text import lines
-    from llmopt_bench.results import load_run
+    from llmopt_bench.core.results import load_run
 
     if not run_dir.exists():
         raise UsageError(f"no run directory at {run_dir}", "pass a directory written by `llmopt bench` (results/runs/<timestamp>)")
@@ -42,7 +42,7 @@ def local_command(command: str) -> str:
     where the variable is unset here becomes the cache llmopt uses here (~/.cache/llmopt)."""
     import os
 
-    from llmopt_bench.models import cache_dir
+    from llmopt_bench.core.models import cache_dir
 
     if "$LLMOPT_CACHE" not in command or os.environ.get("LLMOPT_CACHE"):
         return command

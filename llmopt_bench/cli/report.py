@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from llmopt_bench.cli.app import app
-from llmopt_bench.errors import UsageError
+from llmopt_bench.core.errors import UsageError
 
 FORMATS = ("md", "csv", "json")
 
@@ -29,8 +29,8 @@ def report_cmd(
 ) -> None:
     """Write the report of a finished (or partial) run from its run.json alone; prints the paths written."""
     from llmopt_bench.cli.paths import output_dir, writing
+    from llmopt_bench.core.results import load_run
     from llmopt_bench.render.report import write_outputs
-    from llmopt_bench.results import load_run
 
     formats = parse_formats(fmt)
     if not run_dir.exists():

@@ -12,7 +12,7 @@ from llmopt_bench.cli.app import app
 @app.command("stages")
 def stages_cmd(as_json: bool = typer.Option(False, "--json", help="Print the list as JSON.")) -> None:
     """List every stage, whether it can run on this machine, and why not."""
-    from llmopt_bench.registry import stage_names, stage_or_why
+    from llmopt_bench.run.registry import stage_names, stage_or_why
 
     rows = []
     for name in stage_names():

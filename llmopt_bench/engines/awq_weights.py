@@ -12,8 +12,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from llmopt_bench.core.contract import StageContext, StageSkipped
+from llmopt_bench.core.records import StrictModel
 from llmopt_bench.engines import awq
-from llmopt_bench.stage import StageContext, StageSkipped, StrictModel
 
 PREQUANTIZED = ("awq", "compressed-tensors")
 

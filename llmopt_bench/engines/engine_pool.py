@@ -3,7 +3,7 @@
 Starting vLLM costs a minute or two on an H200 (import, torch.compile, CUDA-graph capture) and
 the `vllm` stage's batch-1 workload and continuous batching's vLLM side ask for the same engine
 configuration. When the runner finds consecutive stages with the same share key
-(Stage.share_key), it runs them in one worker process (stage_child.supervise_group): the first
+(Stage.share_key), it runs them in one worker process (run/supervisor.supervise_group): the first
 stage starts the engine and puts it here, the next ones take it, and the last one that needs it
 closes it for real. A stage that fails ends its group: the stages after it run in fresh
 processes, so a crash still costs only what was running.

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from llmopt_bench.core.records import LoadInfo, RequestSample
+from llmopt_bench.core.workload import Request
 from llmopt_bench.measure.timing import make_sync, now
-from llmopt_bench.stage import LoadInfo, RequestSample
-from llmopt_bench.workload import Request
 
 
 def best_cpu_dtype() -> str:

@@ -16,13 +16,13 @@ import importlib.util
 import warnings
 from typing import Any, Callable, Iterator, Literal
 
+from llmopt_bench.core.errors import describe, extra_fix
+from llmopt_bench.core.records import RequestSample
+from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests, fit_length
 from llmopt_bench.engines import hf
 from llmopt_bench.engines.lifecycle import release_cached_memory
 from llmopt_bench.engines.variants import CellParams, Measured, Opened, Timed, VariantUnavailable
-from llmopt_bench.errors import describe, extra_fix
 from llmopt_bench.measure.timing import make_sync, now
-from llmopt_bench.stage import RequestSample
-from llmopt_bench.workload import Request, WorkloadConfig, build_requests, fit_length
 
 Impl = Literal["eager", "sdpa-math", "sdpa-flash", "sdpa-efficient", "flash_attention_2"]
 DEFAULT_IMPLS: list[str] = ["eager", "sdpa-math", "sdpa-flash", "flash_attention_2"]

@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmopt_bench.errors import UsageError
+from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.records import RequestSample
 from llmopt_bench.measure.timing import now
-from llmopt_bench.stage import RequestSample
 
 # What can go wrong with one request; RequestSample.error starts with one of these and a colon.
 KINDS = ("connection", "unauthorized", "unknown_model", "http", "not_streaming", "timeout", "protocol", "server",

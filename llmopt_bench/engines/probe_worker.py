@@ -31,8 +31,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from llmopt_bench import spawn
 from llmopt_bench.measure.timing import now
+from llmopt_bench.procs import spawn
 
 TIMEOUT = "timeout"
 

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from llmopt_bench import spawn
-from llmopt_bench.errors import describe, is_oom
+from llmopt_bench.core.errors import describe, is_oom
+from llmopt_bench.core.records import RequestSample
+from llmopt_bench.core.workload import Request
 from llmopt_bench.measure.timing import now
-from llmopt_bench.stage import RequestSample
-from llmopt_bench.workload import Request
+from llmopt_bench.procs import spawn
 
 GenFn = Callable[[Sequence[Request], int], list[RequestSample]]
 

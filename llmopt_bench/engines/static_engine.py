@@ -8,10 +8,10 @@ from __future__ import annotations
 import gc
 from typing import Any, Callable, Sequence
 
+from llmopt_bench.core.records import RequestSample
+from llmopt_bench.core.workload import Request
 from llmopt_bench.engines import hf
 from llmopt_bench.engines.static_batching import load_model, static_serve
-from llmopt_bench.stage import RequestSample
-from llmopt_bench.workload import Request
 
 
 class StaticEngine:

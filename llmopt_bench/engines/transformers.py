@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Literal, Sequence
 
+from llmopt_bench.core.contract import StageContext
+from llmopt_bench.core.records import LoadInfo, QualityRecord, RequestSample, StrictModel
+from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests
 from llmopt_bench.engines import hf
 from llmopt_bench.engines.lifecycle import release_cached_memory
-from llmopt_bench.stage import LoadInfo, QualityRecord, RequestSample, StageContext, StrictModel
-from llmopt_bench.workload import Request, WorkloadConfig, build_requests
 
 
 class HFEngineParams(StrictModel):

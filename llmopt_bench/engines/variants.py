@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Literal, NamedTuple, Protocol
 
-from llmopt_bench.stage import RequestSample
+from llmopt_bench.core.records import RequestSample
 
 # The sweep hands a cell this: it runs the given function (the timed repeats, nothing else)
 # inside the cell's timed window, counts the tokens of the samples it returns, and returns them.

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from llmopt_bench.core.records import LoadInfo, RequestSample
+from llmopt_bench.core.workload import Request
 from llmopt_bench.engines.lifecycle import release_cached_memory
 from llmopt_bench.measure.timing import now
-from llmopt_bench.stage import LoadInfo, RequestSample
-from llmopt_bench.workload import Request
 
 # What vLLM logs about the choices it made (the engine core runs in its own process, so its
 # decisions reach us only through the log). Patterns cover 0.26 and 0.32.
@@ -101,7 +101,7 @@ def engine_defaults() -> dict[str, str]:
       first night (torch.compile of a configuration seen before is read back, not recompiled);
     - no FlashInfer sampler: every request here decodes greedily, so top-k/top-p sampling never
       runs, yet vLLM JIT-compiles that sampler at start-up (~100 s on a fresh H200; docs/gpu-runs.md)."""
-    from llmopt_bench.models import cache_dir
+    from llmopt_bench.core.models import cache_dir
 
     return {"VLLM_CACHE_ROOT": str(cache_dir() / "vllm"), "VLLM_USE_FLASHINFER_SAMPLER": "0"}
 

@@ -8,12 +8,13 @@ import copy
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from llmopt_bench.core.contract import StageContext
+from llmopt_bench.core.records import LoadInfo, QualityRecord, RequestSample
+from llmopt_bench.core.workload import Request, WorkloadConfig
 from llmopt_bench.engines import vllm as V
 from llmopt_bench.engines.engine_pool import EnginePool, Pooled, pool_for, shared_info
 from llmopt_bench.engines.vllm_kv import KVCacheRecord, kv_cache_record
 from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config, prepare_engine_env, share_key, weights_estimate
-from llmopt_bench.stage import LoadInfo, QualityRecord, RequestSample, StageContext
-from llmopt_bench.workload import Request, WorkloadConfig
 
 DUMMY_NOTE = "load_format=dummy: random weights generated in place; speed only, no quality"
 
@@ -125,6 +126,7 @@ class VLLMEngine:
 def _baseline() -> dict[str, Any]:
     """Before a pooled engine starts: the device memory and processes a later stage of the group
     measures its shutdown against (continuous batching waits for the memory to come back)."""
-    from llmopt_bench.engines.lifecycle import descendants, device_memory
+    from llmopt_bench.engines.lifecycle import device_memory
+    from llmopt_bench.procs.tree import descendants
 
     return {"before_engine": device_memory(use_torch=False), "processes_before_engine": len(descendants())}

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from llmopt_bench.stage import StrictModel
+from llmopt_bench.core.records import StrictModel
 
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
@@ -60,7 +60,7 @@ def kv_cache_record(llm: Any, model: Any, dtype: str, log_path: Path | None,
 
 
 def kv_line(kv: KVCacheRecord) -> str:
-    from llmopt_bench.fmt import GB, num
+    from llmopt_bench.core.fmt import GB, num
 
     return (f"KV cache: {num(kv.num_blocks)} blocks of {num(kv.block_size)} tokens ({num(kv.tokens)} tokens, "
             f"{kv.kv_dtype or '?'}), {num((kv.bytes or 0) / GB or None)} GB, max concurrency {num(kv.max_concurrency)}"

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from llmopt_bench.core.contract import StageSkipped
+from llmopt_bench.core.records import StrictModel
 from llmopt_bench.engines.hf import resolve_dtype
 from llmopt_bench.engines.vllm import EngineConfig
-from llmopt_bench.stage import StageSkipped, StrictModel
 
 
 class VLLMEngineParams(StrictModel):

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from llmopt_bench.analysis.selectors import GB, comparable_stages, peak_memory
-from llmopt_bench.fmt import pct
-from llmopt_bench.plotting import ALT, BASE, BEST, DOWN, UP, legend
-from llmopt_bench.plotting import plt as _plt
-from llmopt_bench.plotting import save as _save
-from llmopt_bench.plotting import xlabels as _xlabels
-from llmopt_bench.results import RunResult
+from llmopt_bench.core.fmt import pct
+from llmopt_bench.core.plotting import ALT, BASE, BEST, DOWN, UP, legend
+from llmopt_bench.core.plotting import plt as _plt
+from llmopt_bench.core.plotting import save as _save
+from llmopt_bench.core.plotting import xlabels as _xlabels
+from llmopt_bench.core.results import RunResult
 
 
 def _tpot_ms(s: Any) -> float | None:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from llmopt_bench.analysis.scaling import per_gpu
 from llmopt_bench.analysis.selectors import GB, ok_stages
-from llmopt_bench.fmt import num, pct, table
+from llmopt_bench.core.fmt import num, pct, table
+from llmopt_bench.core.records import Block, QualityRecord
+from llmopt_bench.core.results import EnergyRecord, RunResult, StageResult
 from llmopt_bench.render.hooks import stage_blocks
-from llmopt_bench.results import EnergyRecord, RunResult, StageResult
-from llmopt_bench.stage import Block, QualityRecord
 
 
 def per_gpu_line(s: StageResult) -> list[str]:

@@ -10,8 +10,8 @@ from typing import Any
 
 from llmopt_bench.analysis.conclusions import conclusions
 from llmopt_bench.analysis.selectors import STAGE_COLUMNS, speedup_rows, stage_rows
+from llmopt_bench.core.results import RunResult
 from llmopt_bench.render.hooks import collect_claims
-from llmopt_bench.results import RunResult
 
 
 def write_csv(run: RunResult, out_dir: Path) -> Path:

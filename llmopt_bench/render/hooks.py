@@ -8,14 +8,15 @@ import sys
 from pathlib import Path
 
 from llmopt_bench.analysis.claims import claim_overall
-from llmopt_bench.results import RunResult, StageResult
-from llmopt_bench.stage import Block, Claim, Stage
+from llmopt_bench.core.contract import Stage
+from llmopt_bench.core.records import Block, Claim
+from llmopt_bench.core.results import RunResult, StageResult
 
 
 def stage_class(result: StageResult) -> type[Stage]:
     """The registered class of the stage that produced the result; the plain Stage (no hooks)
     for a stage not installed here (a plugin's run read on another machine)."""
-    from llmopt_bench.registry import presentation_class
+    from llmopt_bench.run.registry import presentation_class
 
     return presentation_class(result.stage_name)
 

@@ -6,7 +6,7 @@ import os
 import sys
 import time
 
-from llmopt_bench.results import StageResult
+from llmopt_bench.core.results import StageResult
 
 
 def _took(result: StageResult) -> str:

@@ -12,10 +12,10 @@ from typing import Sequence
 from llmopt_bench.analysis.conclusions import conclusions
 from llmopt_bench.analysis.scaling import scaling_rows
 from llmopt_bench.analysis.selectors import GB, ok_stages, peak_memory, speedup_rows, stage_rows
-from llmopt_bench.fmt import num, pct, table, tail, times
+from llmopt_bench.core.fmt import num, pct, table, tail, times
+from llmopt_bench.core.results import RunResult
 from llmopt_bench.render.details import details, quality_cell
 from llmopt_bench.render.hooks import collect_claims
-from llmopt_bench.results import RunResult
 
 SECTIONS = ("Environment and workload", "Stages", "Speedups", "Stages that did not run", "Where the time went",
             "The story's claims", "Conclusions", "What to deploy", "Roofline", "Stage details", "Metric definitions")
@@ -123,7 +123,7 @@ def wall_sentence(run: RunResult, stages_s: float) -> str:
 def time_section(run: RunResult) -> list[str]:
     """Each stage's wall time (its process, start to end), load time and where the rest went (its
     phases, from its progress messages), and the run's own."""
-    from llmopt_bench.durations import top_phases
+    from llmopt_bench.run.durations import top_phases
 
     timed = [s for s in run.stages if s.duration_s]
     if not timed:

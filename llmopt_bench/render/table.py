@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmopt_bench.analysis.selectors import GB, peak_memory
-from llmopt_bench.results import RunResult, StageResult
+from llmopt_bench.core.results import RunResult, StageResult
 
 
 def ms(d, attr: str = "p50") -> str:

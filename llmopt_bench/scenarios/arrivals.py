@@ -12,9 +12,9 @@ from typing import Any, Callable, Literal
 from pydantic import Field
 
 from llmopt_bench.analysis.metrics import compute, tpot, ttft
+from llmopt_bench.core.records import RequestSample, StageFacts, StrictModel
+from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests, poisson_arrivals
 from llmopt_bench.scenarios.arrivals_record import BatchingExtra, CurveRow
-from llmopt_bench.stage import RequestSample, StageFacts, StrictModel
-from llmopt_bench.workload import Request, WorkloadConfig, build_requests, poisson_arrivals
 
 Attn = Literal["eager", "sdpa", "flash_attention_2"]
 H200_REFERENCE = {"vllm_fp16_batch1_ms_per_token": 4.63, "vllm_fp16_256x128_out_tok_s": 11311,

@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
+from llmopt_bench.core.records import StrictModel
 from llmopt_bench.engines.vllm_kv import KVCacheRecord
-from llmopt_bench.stage import StrictModel
 
 
 class CurveRow(StrictModel):

@@ -9,9 +9,9 @@ from typing import Any
 
 from llmopt_bench.analysis.claims import holds, verdict
 from llmopt_bench.analysis.selectors import p50_of, ratio, reference
-from llmopt_bench.fmt import gb, ms, num, pct, times
+from llmopt_bench.core.fmt import gb, ms, num, pct, times
+from llmopt_bench.core.records import Block, Claim
 from llmopt_bench.scenarios.arrivals_record import BatchingExtra, CapacityRow, CurveRow
-from llmopt_bench.stage import Block, Claim
 
 
 def curve_block(curve: list[CurveRow]) -> Block:
@@ -87,7 +87,7 @@ def batching_claim(x: BatchingExtra, run: Any) -> Claim:
 
 
 def curve_chart(name: str, curve: list[CurveRow], path: Path) -> Path | None:
-    from llmopt_bench.plotting import legend, log2_axis, plt, save
+    from llmopt_bench.core.plotting import legend, log2_axis, plt, save
 
     if not curve:
         return None

@@ -22,11 +22,15 @@ from typing import Any, ClassVar, Protocol, Sequence
 
 from pydantic import BaseModel
 
-from llmopt_bench.engines.lifecycle import cmdline, descendants, device_memory, rss, wait_freed
+from llmopt_bench.core.contract import Stage, StageContext
+from llmopt_bench.core.errors import describe, is_oom
+from llmopt_bench.core.records import LoadInfo, RequestSample, StageRun
+from llmopt_bench.core.workload import WorkloadConfig, build_requests
+from llmopt_bench.engines.lifecycle import device_memory, rss, wait_freed
 from llmopt_bench.engines.probe_worker import ProbeWorker
 from llmopt_bench.engines.static_engine import StaticEngine
 from llmopt_bench.engines.vllm_kv import KVCacheRecord
-from llmopt_bench.errors import describe, is_oom
+from llmopt_bench.procs.tree import cmdline, descendants
 from llmopt_bench.scenarios import mixed
 from llmopt_bench.scenarios.arrivals import (
     H200_REFERENCE,
@@ -42,8 +46,6 @@ from llmopt_bench.scenarios.arrivals import (
 )
 from llmopt_bench.scenarios.arrivals_record import BatchingExtra, CapacityRow, CurveRow, ThroughputPoint
 from llmopt_bench.scenarios.capacity import hf_capacity, vllm_capacity_rows
-from llmopt_bench.stage import LoadInfo, RequestSample, Stage, StageContext, StageRun
-from llmopt_bench.workload import WorkloadConfig, build_requests
 
 
 class ContinuousEngine(Protocol):

@@ -11,8 +11,9 @@ from typing import Any, Callable
 
 from pydantic import ConfigDict, Field
 
-from llmopt_bench.distribution import Distribution
-from llmopt_bench.stage import StageSkipped, StrictModel
+from llmopt_bench.core.contract import StageSkipped
+from llmopt_bench.core.distribution import Distribution
+from llmopt_bench.core.records import StrictModel
 
 CLAIMS = [("2x at 2K", 2048, 2.0), ("4x at 8K", 8192, 4.0)]
 CPU_CAP_NOTE = ("context {c} capped to {cap} on CPU (cpu_max_context={cap}): eager attention at long context "

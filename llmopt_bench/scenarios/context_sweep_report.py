@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmopt_bench.analysis.claims import HELD_FRACTION
-from llmopt_bench.fmt import gb, ms, num, spread, times
+from llmopt_bench.core.fmt import gb, ms, num, spread, times
+from llmopt_bench.core.records import Block, Claim
 from llmopt_bench.scenarios.context_sweep import ContextSweepExtra, SweepSpeedup
-from llmopt_bench.stage import Block, Claim
 
 
 def sweep_blocks(x: ContextSweepExtra) -> list[Block]:
@@ -59,7 +59,7 @@ def flash_claim(x: ContextSweepExtra | None) -> Claim:
 
 
 def speedup_chart(name: str, x: ContextSweepExtra, path: Path) -> Path | None:
-    from llmopt_bench.plotting import legend, log2_axis, plt, save
+    from llmopt_bench.core.plotting import legend, log2_axis, plt, save
 
     if not x.speedups:
         return None

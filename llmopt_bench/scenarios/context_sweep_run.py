@@ -19,13 +19,14 @@ from typing import Any, Callable, ClassVar, Protocol
 from pydantic import BaseModel
 
 from llmopt_bench.analysis.metrics import tpot, ttft
-from llmopt_bench.distribution import Distribution
+from llmopt_bench.core.contract import Stage, StageContext
+from llmopt_bench.core.distribution import Distribution
+from llmopt_bench.core.errors import describe, is_oom
+from llmopt_bench.core.records import LoadInfo, RequestSample, StageRun
+from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.engines.variants import Measured, Opened, Timed, VariantUnavailable
-from llmopt_bench.errors import describe, is_oom
 from llmopt_bench.scenarios.context_sweep import ContextSweepExtra, speedups
 from llmopt_bench.scenarios.context_sweep_report import SweepPresentation
-from llmopt_bench.stage import LoadInfo, RequestSample, Stage, StageContext, StageRun
-from llmopt_bench.workload import WorkloadConfig
 
 
 class SweepEngine(Protocol):

@@ -13,11 +13,12 @@ from typing import Any, Callable, ClassVar, Protocol, Sequence
 from pydantic import BaseModel, Field
 
 from llmopt_bench.analysis.stopping import StoppingRecord, StoppingRule, headline_metric, stopping_sentence
+from llmopt_bench.core.contract import Stage, StageContext
+from llmopt_bench.core.errors import describe
+from llmopt_bench.core.records import Block, LoadInfo, QualityRecord, RequestSample, StageRun, StrictModel
+from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests
 from llmopt_bench.engines.vllm_kv import KVCacheRecord, kv_line
-from llmopt_bench.errors import describe
 from llmopt_bench.measure.conditions import ConditionsProbe, RepeatConditions, conditions_sentence, repeats_differ
-from llmopt_bench.stage import Block, LoadInfo, QualityRecord, RequestSample, Stage, StageContext, StageRun, StrictModel
-from llmopt_bench.workload import Request, WorkloadConfig, build_requests
 
 
 class FixedParams(StrictModel):

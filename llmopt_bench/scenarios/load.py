@@ -30,10 +30,10 @@ from typing import TypeVar
 from pydantic import Field
 
 from llmopt_bench.analysis.metrics import StageMetrics, compute
-from llmopt_bench.distribution import Distribution
-from llmopt_bench.errors import UsageError
+from llmopt_bench.core.distribution import Distribution
+from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.records import RequestSample, StrictModel
 from llmopt_bench.measure.timing import now
-from llmopt_bench.stage import RequestSample, StrictModel
 
 R = TypeVar("R")
 Send = Callable[[R], Awaitable[RequestSample]]

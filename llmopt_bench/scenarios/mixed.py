@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from llmopt_bench.core.records import RequestSample
+from llmopt_bench.core.workload import Request, WorkloadConfig, fit_length, load_prompts
 from llmopt_bench.engines.static_batching import run_isolated
 from llmopt_bench.scenarios.arrivals import ArrivalsParams, LoadPoint, RequestSource
 from llmopt_bench.scenarios.arrivals_record import CurveRow, MixedRow
-from llmopt_bench.stage import RequestSample
-from llmopt_bench.workload import Request, WorkloadConfig, fit_length, load_prompts
 
 CONFIGS = ("static-mixed", "cap-context", "bucketed")  # one probe each
 ORDER = [*CONFIGS, "continuous"]

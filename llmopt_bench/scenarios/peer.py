@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from llmopt_bench.errors import UsageError
-from llmopt_bench.workload import Request
+from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.workload import Request
 
 
 def export_custom_dataset(requests: Sequence[Request], decode: Callable[[list[int]], str], path: Path,

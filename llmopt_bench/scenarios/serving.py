@@ -19,14 +19,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmopt_bench.analysis.slo import SLO, Verdict, client_late, judge, parse_slo
+from llmopt_bench.core.contract import StageContext
+from llmopt_bench.core.errors import LlmoptError, UsageError
+from llmopt_bench.core.records import RequestSample, SLOPoint, StageFacts
+from llmopt_bench.core.workload import Request
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient, Tally
-from llmopt_bench.errors import LlmoptError, UsageError
 from llmopt_bench.scenarios.load import LoadPoint, PointResult, run_point
 from llmopt_bench.scenarios.serving_record import ClientTally, LoadRow, ServingExtra, ServingParams
 from llmopt_bench.scenarios.serving_rows import busy_window, facts_of, load_row, slo_point
 from llmopt_bench.scenarios.slo_search import Probe, find_capacity
-from llmopt_bench.stage import RequestSample, SLOPoint, StageContext, StageFacts
-from llmopt_bench.workload import Request
 
 KEEP = 50  # usage mismatches and short answers kept by example
 

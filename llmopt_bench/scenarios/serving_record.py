@@ -8,8 +8,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from llmopt_bench.analysis.slo import DEFAULT_SLO
+from llmopt_bench.core.records import StrictModel
 from llmopt_bench.scenarios.slo_search import Capacity
-from llmopt_bench.stage import StrictModel
 
 
 class ServingParams(StrictModel):

@@ -9,9 +9,9 @@ from typing import Any
 
 from llmopt_bench.analysis.claims import holds, verdict
 from llmopt_bench.analysis.selectors import reference
-from llmopt_bench.fmt import ms, num, pct, times
+from llmopt_bench.core.fmt import ms, num, pct, times
+from llmopt_bench.core.records import Block, Claim
 from llmopt_bench.scenarios.serving_record import LoadRow, ServingExtra
-from llmopt_bench.stage import Block, Claim
 
 STORY_QPS = (0.03, 0.2)  # the story's customer-service bot: QPS before and after its optimizations
 NOT_OWNED = ("This server was not started by llmopt: no GPU memory, energy or engine figures are measured or "
@@ -173,7 +173,7 @@ def qps_claim(result: Any, run: Any) -> Claim:
 
 
 def curve_chart(result: Any, path: Path) -> Path | None:
-    from llmopt_bench.plotting import legend, plt, save
+    from llmopt_bench.core.plotting import legend, plt, save
 
     x = result.extra_as(ServingExtra)
     sweep = sorted((r for r in x.curve if r.phase == "sweep" and r.completed), key=lambda r: r.concurrency or 0)

@@ -7,10 +7,10 @@ from typing import Any
 
 from llmopt_bench.analysis import metrics as M
 from llmopt_bench.analysis.slo import Verdict
+from llmopt_bench.core.records import SLOPoint, StageFacts
 from llmopt_bench.scenarios.load import PointResult
 from llmopt_bench.scenarios.serving_record import LoadRow
 from llmopt_bench.scenarios.slo_search import Capacity
-from llmopt_bench.stage import SLOPoint, StageFacts
 
 THROUGHPUT_HOW = "throughput point (all requests at once)"  # as continuous-batching names its own
 

@@ -25,8 +25,8 @@ from typing import Any
 
 from pydantic import Field
 
-from llmopt_bench.errors import UsageError
-from llmopt_bench.stage import StrictModel
+from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.records import StrictModel
 
 KNEE_METHOD = ("Kneedle on the probed points: the rate farthest below the chord from the lowest to the highest "
                "probed rate, both axes scaled to [0, 1]")

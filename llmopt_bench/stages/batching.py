@@ -6,12 +6,12 @@ docs/batching.md defines the figures and extra's keys."""
 
 from __future__ import annotations
 
+from llmopt_bench.core.contract import Requirements
 from llmopt_bench.engines.vllm_engine import VLLMEngine
 from llmopt_bench.engines.vllm_params import VLLMEngineParams, share_key
 from llmopt_bench.scenarios.arrivals import ArrivalsParams
 from llmopt_bench.scenarios.arrivals_record import BatchingExtra
 from llmopt_bench.scenarios.arrivals_stage import ArrivalsStage
-from llmopt_bench.stage import Requirements
 
 
 class BatchingParams(VLLMEngineParams, ArrivalsParams):

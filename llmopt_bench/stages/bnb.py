@@ -8,10 +8,11 @@ from typing import Any
 
 from llmopt_bench.analysis.claims import verdict
 from llmopt_bench.analysis.selectors import GB, reference
+from llmopt_bench.core.contract import Requirements, StageContext
+from llmopt_bench.core.fmt import num
+from llmopt_bench.core.records import Claim
 from llmopt_bench.engines.transformers import HFEngineParams, TransformersEngine
-from llmopt_bench.fmt import num
 from llmopt_bench.scenarios.fixed import FixedParams, FixedWorkloadStage
-from llmopt_bench.stage import Claim, Requirements, StageContext
 
 BNB = Requirements(imports={"transformers": "test", "torch": "test", "bitsandbytes": "bnb"})
 INT8_HALVES_AT = 0.55  # INT8 weights / FP16 weights at most this

@@ -18,12 +18,13 @@ from typing import Literal
 
 from pydantic import Field
 
+from llmopt_bench.core.contract import Requirements, StageContext
+from llmopt_bench.core.records import LoadInfo
 from llmopt_bench.engines import hf
 from llmopt_bench.engines.hf_attention import DEFAULT_IMPLS, HFAttention, Impl, flash_attn_version
 from llmopt_bench.scenarios.context_sweep import ContextSweepExtra, ContextSweepParams, sweep_claims, sweep_contexts
 from llmopt_bench.scenarios.context_sweep_report import flash_claim
 from llmopt_bench.scenarios.context_sweep_run import ContextSweepStage, SweepPlan
-from llmopt_bench.stage import LoadInfo, Requirements, StageContext
 
 
 class FlashAttnParams(ContextSweepParams):

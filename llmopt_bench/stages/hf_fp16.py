@@ -3,9 +3,9 @@ generate() one request at a time. Its outputs are the run's quality reference.""
 
 from __future__ import annotations
 
+from llmopt_bench.core.contract import Requirements
 from llmopt_bench.engines.transformers import HFEngineParams, TransformersEngine
 from llmopt_bench.scenarios.fixed import FixedParams, FixedWorkloadStage
-from llmopt_bench.stage import Requirements
 
 TRANSFORMERS = Requirements(imports={"transformers": "test", "torch": "test"})
 

@@ -16,13 +16,14 @@ from typing import Literal
 
 from pydantic import Field
 
+from llmopt_bench.core.contract import Stage, StageContext, StageSkipped
+from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.records import Block, LoadInfo, QualityRecord, StageRun
+from llmopt_bench.core.workload import WorkloadConfig, build_requests
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient, error_kind, fix_for
-from llmopt_bench.errors import UsageError
 from llmopt_bench.scenarios import serving_report as R
 from llmopt_bench.scenarios.serving import ServingRun, Target
 from llmopt_bench.scenarios.serving_record import ServingExtra, ServingParams
-from llmopt_bench.stage import Block, LoadInfo, QualityRecord, Stage, StageContext, StageRun, StageSkipped
-from llmopt_bench.workload import WorkloadConfig, build_requests
 
 NO_QUALITY = "a server llmopt did not start: its weights are not known to llmopt, so quality is not measured"
 

@@ -13,11 +13,12 @@ import importlib.util
 
 from pydantic import Field
 
+from llmopt_bench.core.contract import Requirements, StageContext, StageSkipped
+from llmopt_bench.core.records import LoadInfo
 from llmopt_bench.engines.vllm_attention import CUDA_BACKENDS, VLLMAttention, plan_backends, within_positions
 from llmopt_bench.engines.vllm_params import VLLMEngineParams, prepare_engine_env
 from llmopt_bench.scenarios.context_sweep import ContextSweepParams, sweep_contexts
 from llmopt_bench.scenarios.context_sweep_run import ContextSweepStage, SweepPlan
-from llmopt_bench.stage import LoadInfo, Requirements, StageContext, StageSkipped
 
 
 class VLLMAttnParams(ContextSweepParams, VLLMEngineParams):

@@ -14,6 +14,9 @@ from pathlib import Path
 
 from pydantic import Field
 
+from llmopt_bench.core.contract import Requirements, Stage, StageContext, StageSkipped
+from llmopt_bench.core.records import Block, Claim, LoadInfo, QualityRecord, StageRun
+from llmopt_bench.core.workload import WorkloadConfig, build_requests
 from llmopt_bench.engines.awq_weights import AWQCheckpointParams, awq_engine
 from llmopt_bench.engines.openai_http import Endpoint
 from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config, prepare_engine_env, weights_estimate, worker_ranks
@@ -21,8 +24,6 @@ from llmopt_bench.engines.vllm_server import VLLMServer
 from llmopt_bench.scenarios import serving_report as R
 from llmopt_bench.scenarios.serving import ServingRun, Target
 from llmopt_bench.scenarios.serving_record import ServingExtra, ServingParams
-from llmopt_bench.stage import Block, Claim, LoadInfo, QualityRecord, Requirements, Stage, StageContext, StageRun, StageSkipped
-from llmopt_bench.workload import WorkloadConfig, build_requests
 
 
 class VLLMServeParams(VLLMEngineParams, ServingParams):
@@ -125,8 +126,8 @@ class VLLMServeStage(Stage):
         return StageRun(samples=samples, extra=extra.model_dump(mode="json", exclude_none=True), quality=quality, facts=facts)
 
     def quality(self, ctx: StageContext) -> QualityRecord:
+        from llmopt_bench.core.errors import describe
         from llmopt_bench.engines.served_quality import served_quality
-        from llmopt_bench.errors import describe
 
         dummy = self.engine_params.load_format == "dummy"
         try:
@@ -136,7 +137,7 @@ class VLLMServeStage(Stage):
             return QualityRecord(reference=ctx.reference_name, error=describe(e, 300))
 
     def stop(self) -> dict:
-        from llmopt_bench.models import portable_text
+        from llmopt_bench.core.models import portable_text
 
         server, self.server = self.server, None
         if server is None:

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from llmopt_bench.analysis.claims import verdict
 from llmopt_bench.analysis.selectors import p50_of, ratio, reference
+from llmopt_bench.core.contract import Requirements
+from llmopt_bench.core.fmt import num, times
+from llmopt_bench.core.records import Claim
 from llmopt_bench.engines.vllm_engine import VLLMEngine
 from llmopt_bench.engines.vllm_params import VLLMEngineParams, share_key
-from llmopt_bench.fmt import num, times
 from llmopt_bench.scenarios.fixed import FixedParams, FixedWorkloadStage
-from llmopt_bench.stage import Claim, Requirements
 
 VLLM = Requirements(imports={"vllm": "vllm"}, engine="vllm")
 VLLM_AT_LEAST = 2.0  # vLLM TPOT at least this many times lower than transformers FP16

@@ -85,7 +85,7 @@ def test_version_and_short_help(read):
 
 
 def test_stages(read):
-    from llmopt_bench.registry import stage_names
+    from llmopt_bench.run.registry import stage_names
 
     lines = read("stages")
     body = "\n".join(lines)
@@ -142,7 +142,7 @@ def test_compare(read):
 
 def test_bench_end_of_run_table(capfd, monkeypatch):
     from llmopt_bench.render.table import print_summary
-    from llmopt_bench.results import load_run
+    from llmopt_bench.core.results import load_run
 
     monkeypatch.setenv("COLUMNS", str(WIDTH))
     print_summary(load_run(RUNS / "h200"))  # its own console: $COLUMNS decides

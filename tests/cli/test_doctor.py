@@ -13,7 +13,7 @@ import sys
 import pytest
 from testkit import ROOT, run_cli
 
-from llmopt_bench.registry import cuda_devices, stage_names
+from llmopt_bench.run.registry import cuda_devices, stage_names
 
 VLLM_PYTHON = os.environ.get("LLMOPT_VLLM_PYTHON")
 NO_GPU = pytest.mark.skipif(bool(cuda_devices()), reason="checks the no-GPU branch; the GPU branch runs on the H200")

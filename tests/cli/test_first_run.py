@@ -16,15 +16,16 @@ from pathlib import Path
 import pytest
 from testkit import ROOT, read_run, write_plugin
 
-from llmopt_bench.registry import cuda_devices
+from llmopt_bench.run.registry import cuda_devices
 
 pytestmark = pytest.mark.skipif(bool(cuda_devices()), reason="the lighter defaults are the CPU's")
 
 PLUGIN = textwrap.dedent('''
     import time
 
-    from llmopt_bench.stage import LoadInfo, RequestSample, Stage, StageRun
-    from llmopt_bench.workload import build_requests
+    from llmopt_bench.core.records import LoadInfo, RequestSample, StageRun
+    from llmopt_bench.core.contract import Stage
+    from llmopt_bench.core.workload import build_requests
 
 
     class Echo(Stage):

@@ -4,7 +4,7 @@ params otherwise."""
 
 from __future__ import annotations
 
-from llmopt_bench.registry import JOURNEY_DIR, parse_journey
+from llmopt_bench.run.registry import JOURNEY_DIR, parse_journey
 
 
 def test_cpu_journey_is_the_journey_with_a_smaller_batching_sweep():

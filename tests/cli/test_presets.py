@@ -14,9 +14,9 @@ import pytest
 from testkit import ROOT, read_run
 
 from llmopt_bench.cli.bench import preset_run
+from llmopt_bench.core.workload import CPU_DEFAULTS, WorkloadConfig, WorkloadOptions
 from llmopt_bench.measure import nvml
-from llmopt_bench.registry import JOURNEY_DIR, PRESETS, parse_journey, resolve_stages
-from llmopt_bench.workload import CPU_DEFAULTS, WorkloadConfig, WorkloadOptions
+from llmopt_bench.run.registry import JOURNEY_DIR, PRESETS, parse_journey, resolve_stages
 
 H200 = {"index": 0, "name": "NVIDIA H200", "compute_capability": "9.0", "memory_total_bytes": 150_000_000_000}
 QUICK_STAGES = ["hf-fp16", "awq-int4", "vllm", "vllm-fp8"]
@@ -179,7 +179,7 @@ def test_a_full_run_compares_with_a_standard_one_on_cpu(cpu):
     """More repeats is the same measurement (compare.SAME_MEASUREMENT): the CPU note, which names
     only the defaults it chose, must not make a full run incomparable with a standard one."""
     from llmopt_bench.analysis.compare import mismatches
-    from llmopt_bench.results import RunResult
+    from llmopt_bench.core.results import RunResult
 
     def run(preset: str) -> RunResult:
         return RunResult(run_id=preset, created_at="2026-12-04T00:00:00Z", command=f"llmopt bench --preset {preset}",
@@ -192,10 +192,10 @@ def test_a_full_run_compares_with_a_standard_one_on_cpu(cpu):
 def test_run_json_records_the_preset_and_keeps_it_on_resume(tmp_path):
     """The runner writes RunOptions.preset into run.json (a real probe of synthetic:tiny); a resumed
     run, which --preset may not name, keeps the one it was started with."""
-    from llmopt_bench.models import parse_model
-    from llmopt_bench.results import parse_run
-    from llmopt_bench.rundir import RunDir
-    from llmopt_bench.runner import RunOptions, start_run
+    from llmopt_bench.core.models import parse_model
+    from llmopt_bench.core.results import parse_run
+    from llmopt_bench.run.rundir import RunDir
+    from llmopt_bench.run.runner import RunOptions, start_run
 
     class Quiet:
         def phase(self, msg):

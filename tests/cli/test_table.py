@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from llmopt_bench.core.results import load_run
 from llmopt_bench.render.table import COLUMNS, print_summary
-from llmopt_bench.results import load_run
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = [ROOT / "results" / "h200", ROOT / "results" / "cpu" / "20261203-smollm2-quantization"]

@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-
 from testkit import read_run, run_cli
 
 pytestmark = pytest.mark.gpu

@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-
 from testkit import read_run, run_cli
 
 pytestmark = pytest.mark.gpu

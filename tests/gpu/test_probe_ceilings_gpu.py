@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmopt_bench import probe
+from llmopt_bench.run import envprobe as probe
 
 pytestmark = pytest.mark.gpu
 

@@ -7,9 +7,9 @@ import json
 import os
 
 import pytest
-
-from llmopt_bench.models import local_path
 from testkit import read_run, run_cli
+
+from llmopt_bench.core.models import local_path
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -233,8 +233,8 @@ def test_engine_shut_down_before_transformers(batching_run):
 # --- the static batcher's rules, with a fake generate (no engine, milliseconds) ---------------
 
 def _fake_gen(calls, step_s=0.03):
+    from llmopt_bench.core.records import RequestSample
     from llmopt_bench.measure.timing import now
-    from llmopt_bench.stage import RequestSample
 
     def gen(batch, b):
         t = now()
@@ -247,7 +247,7 @@ def _fake_gen(calls, step_s=0.03):
 
 
 def _reqs(n):
-    from llmopt_bench.workload import Request
+    from llmopt_bench.core.workload import Request
 
     return [Request(f"r{i}", "p", (1, 2, 3)) for i in range(n)]
 

@@ -13,8 +13,8 @@ import os
 import pytest
 from testkit import read_run, run_cli
 
-from llmopt_bench.registry import StagePlan
-from llmopt_bench.runner import plan_groups
+from llmopt_bench.run.registry import StagePlan
+from llmopt_bench.run.runner import plan_groups
 
 VLLM_PYTHON = os.environ.get("LLMOPT_VLLM_PYTHON")
 ENGINE = "max_model_len = {len}, max_num_seqs = 8, max_num_batched_tokens = 4096"

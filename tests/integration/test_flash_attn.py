@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from testkit import read_run, run_cli
 
 MEASURED = ["eager", "sdpa-math", "sdpa-flash"]
@@ -22,7 +21,7 @@ params = {{ implementations = {impls}, dtype = "float32", contexts = [128, 512, 
 
 
 def _cuda() -> bool:
-    from llmopt_bench.registry import cuda_devices
+    from llmopt_bench.run.registry import cuda_devices
 
     return bool(cuda_devices())
 

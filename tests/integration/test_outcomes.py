@@ -12,7 +12,6 @@ import os
 import textwrap
 
 import pytest
-
 from testkit import read_run, run_cli, write_plugin
 
 PLUGIN = textwrap.dedent('''
@@ -21,7 +20,8 @@ PLUGIN = textwrap.dedent('''
     import time
     from pathlib import Path
 
-    from llmopt_bench.stage import LoadInfo, RequestSample, Stage, StageRun
+    from llmopt_bench.core.records import LoadInfo, RequestSample, StageRun
+    from llmopt_bench.core.contract import Stage
 
 
     def samples(n=2, tokens=4):

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from llmopt_bench.core.workload import Request
 from llmopt_bench.engines import hf
 from llmopt_bench.engines.lifecycle import release_cached_memory
-from llmopt_bench.workload import Request
 
 SLEEP_S = 0.25
 

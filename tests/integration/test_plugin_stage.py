@@ -9,7 +9,6 @@ import json
 import textwrap
 
 import pytest
-
 from testkit import read_run, run_cli, write_plugin
 
 PLUGIN = textwrap.dedent('''
@@ -61,7 +60,7 @@ PLUGIN = textwrap.dedent('''
 
         @classmethod
         def charts(cls, result, run, out_dir):
-            from llmopt_bench.plotting import plt, save
+            from llmopt_bench.core.plotting import plt, save
 
             fig, ax = plt().subplots()
             ax.plot(result.extra_as(SdpaExtra).first_token_ids, "o")

@@ -13,12 +13,12 @@ import threading
 
 import pytest
 
+from llmopt_bench.core.workload import Request
 from llmopt_bench.engines.probe_worker import ProbeWorker
 from llmopt_bench.engines.static_batching import PEAK_SINCE_RESET, run_isolated
 from llmopt_bench.scenarios.arrivals import ArrivalsParams, LoadPoint
 from llmopt_bench.scenarios.capacity import hf_capacity
 from llmopt_bench.scenarios.mixed import static_probes
-from llmopt_bench.workload import Request
 
 SLOW = {"batch": 16, "context": 2048}  # ~20 s on 2 cores: killed long before its end
 

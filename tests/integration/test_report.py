@@ -9,17 +9,16 @@ import re
 from pathlib import Path
 
 import pytest
+from testkit import read_run, run_cli
 
-from llmopt_bench.results import StageMetrics
-from llmopt_bench.distribution import Distribution
-from llmopt_bench.models import ModelInfo
 from llmopt_bench.analysis.conclusions import conclusions as _conclusions
+from llmopt_bench.core.distribution import Distribution
+from llmopt_bench.core.models import ModelInfo
+from llmopt_bench.core.records import LoadInfo, QualityRecord, StageFacts
+from llmopt_bench.core.results import RunResult, Samples, StageMetrics, StageResult
+from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.render.hooks import collect_claims
 from llmopt_bench.render.report import SECTIONS, write_outputs
-from llmopt_bench.results import RunResult, Samples, StageResult
-from llmopt_bench.stage import LoadInfo, QualityRecord, StageFacts
-from llmopt_bench.workload import WorkloadConfig
-from testkit import read_run, run_cli
 
 PROMPTS = [f"Question {i}: where is my parcel number {i}, it has not arrived." for i in range(4)]
 

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from testkit import ROOT, read_run, run_cli, write_plugin
 
 TINY = ("--model", "synthetic:tiny", "--num-prompts", "2", "--max-new-tokens", "8", "--repeats", "1",
@@ -30,8 +29,8 @@ PLUGIN = textwrap.dedent('''
     import time
     from pathlib import Path
 
-    from llmopt_bench.stage import (LoadInfo, RequestSample, Requirements, Stage, StageRun, StageSkipped,
-                                    StrictModel)
+    from llmopt_bench.core.records import LoadInfo, RequestSample, StageRun, StrictModel
+    from llmopt_bench.core.contract import Requirements, Stage, StageSkipped
 
 
     def samples(n=2, tokens=4):

@@ -123,7 +123,7 @@ def test_the_facts_are_the_rows(served_run):
 
 def test_rejudging_the_points_under_the_run_s_slo_gives_the_stage_s_verdicts(served_run):
     s = serve(served_run)
-    from llmopt_bench.stage import SLOPoint
+    from llmopt_bench.core.records import SLOPoint
 
     for raw, row in zip(s["facts"]["slo_points"], [r for r in s["extra"]["curve"] if r["phase"] == "search"]):
         point = SLOPoint(**raw)

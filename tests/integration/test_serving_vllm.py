@@ -15,15 +15,16 @@ from pathlib import Path
 import pytest
 
 from llmopt_bench.analysis.slo import judge, parse_slo
+from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.workload import WorkloadConfig, build_requests
 from llmopt_bench.engines import vllm as V
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient, error_kind
 from llmopt_bench.engines.vllm_server import (
     VLLMServer,
     free_port,
-    session_processes,
     vllm_cli_works,
 )
-from llmopt_bench.errors import UsageError
+from llmopt_bench.procs.tree import members
 from llmopt_bench.scenarios.load import LoadPoint, arrival_times, run_point
 from llmopt_bench.scenarios.peer import (
     bench_serve_argv,
@@ -31,7 +32,6 @@ from llmopt_bench.scenarios.peer import (
     export_custom_dataset,
 )
 from llmopt_bench.scenarios.slo_search import Probe, find_capacity
-from llmopt_bench.workload import WorkloadConfig, build_requests
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -250,7 +250,7 @@ def test_vllm_bench_serve_reads_the_exported_prompts_and_sends_them(served, requ
 def test_stop_ends_every_process_of_the_server(served):
     server, _ = served
     sid = server.proc.pid
-    assert session_processes(sid)
+    assert members(sid)
     out = server.stop()
-    assert out["stopped"] and out["processes_left"] == 0 and not session_processes(sid)
+    assert out["stopped"] and out["processes_left"] == 0 and not members(sid)
     assert server.stop() == {"stopped": False}  # idempotent

@@ -5,7 +5,6 @@ rule goes depends on this host's noise; what is checked holds either way."""
 from __future__ import annotations
 
 import pytest
-
 from testkit import read_run, run_cli
 
 

@@ -9,7 +9,6 @@ import json
 import os
 
 import pytest
-
 from testkit import read_run, run_cli
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -108,8 +107,8 @@ def test_tensor_parallel_two_workers_decode_the_same_tokens(vllm_run):
 
 
 def test_report_shows_the_tensor_parallel_scaling(vllm_run):
+    from llmopt_bench.core.results import load_run
     from llmopt_bench.render.report import render_markdown
-    from llmopt_bench.results import load_run
 
     run = load_run(vllm_run["out"])
     text = render_markdown(run, charts={})

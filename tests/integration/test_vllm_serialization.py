@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from testkit import read_run, run_cli
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -12,14 +12,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from testkit import ROOT
 
 pytestmark = pytest.mark.slow
 
 RESOLVE = """
 import json, llmopt_bench
-from llmopt_bench.registry import JOURNEY_DIR, resolve_stages
+from llmopt_bench.run.registry import JOURNEY_DIR, resolve_stages
 plans, _ = resolve_stages("all")
 print(json.dumps({"module": llmopt_bench.__file__, "journeys": str(JOURNEY_DIR), "plans": [p.name for p in plans]}))
 """

@@ -7,7 +7,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from testkit import ROOT
 
 SCRIPT = ROOT / "scripts" / "check-workflows.sh"

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from llmopt_bench.core.contract import StageContext
+from llmopt_bench.core.records import LoadInfo, RequestSample
+from llmopt_bench.core.workload import Request, WorkloadConfig, poisson_arrivals
 from llmopt_bench.measure.energy import TimedMeter
-from llmopt_bench.scenarios.arrivals import (ArrivalsParams, RequestSource, fit_requests, plan_points,
-                                             summarize)
+from llmopt_bench.scenarios.arrivals import ArrivalsParams, RequestSource, fit_requests, plan_points, summarize
 from llmopt_bench.scenarios.arrivals_record import BatchingExtra
-from llmopt_bench.stage import LoadInfo, RequestSample, StageContext
-from llmopt_bench.workload import Request, WorkloadConfig, poisson_arrivals
 
 
 def source(max_model_len: int = 100_000, notes: list[str] | None = None) -> RequestSource:

@@ -9,11 +9,11 @@ import pytest
 
 from llmopt_bench.analysis.conclusions import conclusions as _conclusions
 from llmopt_bench.analysis.selectors import speedup_rows
-from llmopt_bench.fmt import num
-from llmopt_bench.registry import journey_path, parse_journey
+from llmopt_bench.core.fmt import num
+from llmopt_bench.core.results import load_run
 from llmopt_bench.render.hooks import collect_claims
 from llmopt_bench.render.report import render_markdown
-from llmopt_bench.results import load_run
+from llmopt_bench.run.registry import journey_path, parse_journey
 
 
 def conclusions(run):
@@ -97,7 +97,7 @@ def journey():
 
 
 def test_journey_run_is_the_default_workload(journey):
-    from llmopt_bench.workload import WorkloadConfig
+    from llmopt_bench.core.workload import WorkloadConfig
 
     assert journey.env["gpu"] == "NVIDIA H200" and journey.model.source == "synthetic:llama2-7b"
     assert journey.workload == WorkloadConfig()  # what `llmopt bench` runs with no workload options

@@ -19,8 +19,8 @@ from gatekit import (
 )
 
 from llmopt_bench.analysis import compare as C
-from llmopt_bench.errors import UsageError
-from llmopt_bench.results import RunResult
+from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.results import RunResult
 
 
 def run(raw: dict) -> RunResult:

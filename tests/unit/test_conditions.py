@@ -11,6 +11,7 @@ from gatekit import BASELINE, load, only_stages, repeats_run
 
 from llmopt_bench.analysis.compare import compare_runs
 from llmopt_bench.cli.compare import to_markdown
+from llmopt_bench.core.results import RunResult
 from llmopt_bench.measure.conditions import (
     ConditionsProbe,
     RepeatConditions,
@@ -18,7 +19,6 @@ from llmopt_bench.measure.conditions import (
     conditions_summary,
     repeats_differ,
 )
-from llmopt_bench.results import RunResult
 
 
 def _spin(seconds: float) -> None:
@@ -125,8 +125,8 @@ def test_the_stage_s_child_processes_count(tmp_path):
 
 
 def test_the_stage_report_explains_repeats_that_differ():
-    from llmopt_bench.registry import load_stage
-    from llmopt_bench.results import load_run
+    from llmopt_bench.core.results import load_run
+    from llmopt_bench.run.registry import load_stage
 
     run = load_run(BASELINE)
     stage = run.stage("hf-fp16")

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from llmopt_bench.core.contract import StageContext
+from llmopt_bench.core.records import LoadInfo, RequestSample
+from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.engines.variants import Measured, Opened, VariantUnavailable
 from llmopt_bench.measure.energy import TimedMeter
 from llmopt_bench.scenarios.context_sweep import ContextSweepExtra, sweep_claims
 from llmopt_bench.scenarios.context_sweep_run import ContextSweepStage, SweepPlan, run_sweep
-from llmopt_bench.stage import LoadInfo, RequestSample, StageContext
-from llmopt_bench.workload import WorkloadConfig
 
 DECODE, REPEATS = 4, 3
 STEP_S = 0.01  # a decode step on the virtual clock, every variant alike

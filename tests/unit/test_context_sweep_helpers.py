@@ -10,6 +10,7 @@ from llmopt_bench.engines.hf_attention import effective_from_ops, torch_says
 from llmopt_bench.engines.vllm_attention import plan_backends, within_positions
 from llmopt_bench.scenarios.context_sweep import plan_contexts, speedups, sweep_claims
 
+
 def _d(p50, lo=None, hi=None):
     return {"n": 3, "mean": p50, "std": 0.0, "min": lo or p50, "p50": p50, "p90": p50, "p99": p50, "max": hi or p50}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmopt_bench.stage import StageSkipped
+from llmopt_bench.core.contract import StageSkipped
 from llmopt_bench.engines.vllm_params import cpu_bind
 
 
@@ -28,9 +28,9 @@ def test_more_workers_than_cores_is_skipped_with_the_fix():
 
 
 def test_a_parallel_stage_on_too_few_gpus_is_skipped_with_the_count():
+    from llmopt_bench.engines.vllm_params import check_parallel
     from llmopt_bench.stages.batching import BatchingParams
     from llmopt_bench.stages.vllm_attn import VLLMAttnParams
-    from llmopt_bench.engines.vllm_params import check_parallel
     from llmopt_bench.stages.vllm_stage import VLLMParams
 
     for params in (VLLMParams(tensor_parallel_size=2), BatchingParams(tensor_parallel_size=2), VLLMAttnParams(tensor_parallel_size=2)):

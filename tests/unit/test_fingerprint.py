@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from llmopt_bench.fingerprint import git_commit, host_fingerprint
+from llmopt_bench.run.fingerprint import git_commit, host_fingerprint
 
 
 def test_commit_from_git_in_a_checkout(monkeypatch):

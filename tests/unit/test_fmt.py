@@ -1,6 +1,6 @@
 """Numbers as the report shows them; a tail percentile of few samples says it is the maximum."""
 
-from llmopt_bench.fmt import num, pct, tail
+from llmopt_bench.core.fmt import num, pct, tail
 
 
 def test_p99_of_fewer_than_100_samples_is_marked_as_the_maximum():

@@ -8,7 +8,7 @@ import errno
 
 import pytest
 
-from llmopt_bench.errors import is_oom
+from llmopt_bench.core.errors import is_oom
 
 
 def test_torch_cpu_allocation_failure_is_oom():

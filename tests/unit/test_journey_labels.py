@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmopt_bench.errors import UsageError
-from llmopt_bench.registry import parse_journey, resolve_stages
+from llmopt_bench.core.errors import UsageError
+from llmopt_bench.run.registry import parse_journey, resolve_stages
 
 
 def journey(tmp_path, text):
@@ -23,7 +23,7 @@ def test_label_names_the_result_and_the_stage_runs(tmp_path):
 
 
 def test_the_shipped_tp_journey_pairs_each_vllm_stage_with_its_tp2_twin():
-    from llmopt_bench.registry import JOURNEY_DIR
+    from llmopt_bench.run.registry import JOURNEY_DIR
 
     plans, _ = resolve_stages(str(JOURNEY_DIR / "tp-scaling.toml"))
     by_stage = {}

@@ -1,9 +1,8 @@
 """A run resumed call by call, a few stages each, still lists its stages in journey order."""
 
-from llmopt_bench.registry import StagePlan, journey_path, parse_journey
-from llmopt_bench.results import RunResult, StageResult
-from llmopt_bench.registry import journey_order
-from llmopt_bench.workload import WorkloadConfig
+from llmopt_bench.core.results import RunResult, StageResult
+from llmopt_bench.core.workload import WorkloadConfig
+from llmopt_bench.run.registry import StagePlan, journey_order, journey_path, parse_journey
 
 
 def _run(names, journey=()):

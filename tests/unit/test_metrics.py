@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 from llmopt_bench.analysis import metrics
-from llmopt_bench.stage import RequestSample
+from llmopt_bench.core.records import RequestSample
 
 
 def sample(rid: str, submit: float, token_times: list[float], repeat: int = 0, prompt_tokens: int = 10,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from llmopt_bench.migrate import SCHEMA_1_ENERGY
-from llmopt_bench.results import SCHEMA_VERSION, load_run
+from llmopt_bench.core.migrate import SCHEMA_1_ENERGY
+from llmopt_bench.core.results import SCHEMA_VERSION, load_run
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200-journey-schema1.json"
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +60,7 @@ def test_kv_cache_and_facts_come_from_the_old_extra(v1, v2):
 
 
 def test_every_stage_extra_validates_against_its_stage_model(v2):
-    from llmopt_bench.registry import presentation_class
+    from llmopt_bench.run.registry import presentation_class
 
     for s in v2.stages:
         presentation_class(s.stage_name).Extra.model_validate(s.extra)
@@ -69,7 +69,7 @@ def test_every_stage_extra_validates_against_its_stage_model(v2):
 @pytest.mark.parametrize("path", sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("results/**/*.json")
                                         if p.name == "run.json" or p.parent.name == "baselines"))
 def test_committed_runs_are_stored_in_the_current_schema_and_validate(path):
-    from llmopt_bench.registry import presentation_class
+    from llmopt_bench.run.registry import presentation_class
 
     raw = json.loads((ROOT / path).read_text())
     assert raw["schema_version"] == SCHEMA_VERSION, f"{path}: rewrite it with scripts/migrate-runs.py"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmopt_bench import probe
+from llmopt_bench.run import envprobe as probe
 
 
 def test_fp8_op_multiplies_the_fp8_operands():

@@ -6,10 +6,10 @@ import pytest
 
 from llmopt_bench.analysis.quality_gate import apply_gate, judge
 from llmopt_bench.cli.bench import parse_min_quality
-from llmopt_bench.errors import UsageError
-from llmopt_bench.results import RunResult, StageResult
-from llmopt_bench.stage import QualityRecord
-from llmopt_bench.workload import WorkloadConfig
+from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.records import QualityRecord
+from llmopt_bench.core.results import RunResult, StageResult
+from llmopt_bench.core.workload import WorkloadConfig
 
 REF = QualityRecord(perplexity=10.0)
 

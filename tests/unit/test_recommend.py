@@ -16,10 +16,10 @@ from llmopt_bench.analysis.recommend import recommend
 from llmopt_bench.analysis.recommend_text import lines
 from llmopt_bench.analysis.rejudge import judge_point, rejudge
 from llmopt_bench.analysis.slo import judge, parse_slo
-from llmopt_bench.errors import UsageError
-from llmopt_bench.results import LoadInfo, RunResult, StageMetrics, StageResult, load_run
-from llmopt_bench.stage import QualityRecord, RequestSample, SLOPoint, StageFacts
-from llmopt_bench.workload import WorkloadConfig
+from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.records import QualityRecord, RequestSample, SLOPoint, StageFacts
+from llmopt_bench.core.results import LoadInfo, RunResult, StageMetrics, StageResult, load_run
+from llmopt_bench.core.workload import WorkloadConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 SLO = "ttft_p99=2s,tpot_p99=100ms"
@@ -40,7 +40,7 @@ def served(name: str, points: list[SLOPoint], *, tpot1: float = 0.01, weights: f
                        goodput_rps=max(ok) if ok else None, slo_points=points, devices=devices, serve_command=f"vllm serve m --name {name}")
     quality = QualityRecord(perplexity=10.0 * (1.05 if regression else 1.0), quality_regression=regression,
                             gate="perplexity within 1% of hf's" if regression is not None else None)
-    from llmopt_bench.results import EnergyRecord
+    from llmopt_bench.core.results import EnergyRecord
 
     return StageResult(name=name, stage="serve-x", status="ok", own_workload=True, facts=facts, quality=quality,
                        metrics=StageMetrics(requests=10, output_tokens=100, prompt_tokens=100, repeats=1),
@@ -158,7 +158,7 @@ def test_rejudging_agrees_with_the_stage_s_own_judge(slo):
         samples = _samples(seed)
         ok = [s for s in samples if s.ok]
         itl = [g for s in ok for g in M.itls(s)]
-        from llmopt_bench.distribution import Distribution
+        from llmopt_bench.core.distribution import Distribution
 
         d = Distribution.of(itl)
         pt = SLOPoint(rate_rps=1, window_s=10, requests=len(samples), failed=len(samples) - len(ok),

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from llmopt_bench.distribution import Distribution
-from llmopt_bench.results import RunResult, Samples, StageMetrics, StageResult, load_run
+from llmopt_bench.core.distribution import Distribution
+from llmopt_bench.core.results import RunResult, Samples, StageMetrics, StageResult, load_run
 from llmopt_bench.stage import QualityRecord
-from llmopt_bench.workload import WorkloadConfig
+from llmopt_bench.core.workload import WorkloadConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 H200_RESUMED = ROOT / "results" / "h200-20261204" / "run"  # call 1 killed with the machine, then --resume
@@ -55,7 +55,7 @@ def test_a_stage_started_before_it_ended(path):
 
 
 def test_the_timeline_sums_each_phase_from_one_message_to_the_next(monkeypatch):
-    from llmopt_bench import durations
+    from llmopt_bench.run import durations
 
     t = durations.Timeline(started=8.0)
     clock = iter([10.0, 12.0, 12.5, 20.0, 21.0, 30.0])  # read once per change of phase
@@ -79,7 +79,7 @@ def test_progress_lines_carry_the_time_since_the_run_began(capsys, monkeypatch):
 
 
 def test_the_eta_under_a_minute_and_a_half_is_said_in_seconds():
-    from llmopt_bench import runner
+    from llmopt_bench.run import runner
 
     said = []
     reporter = type("R", (), {"phase": lambda self, m: said.append(m)})()
@@ -87,14 +87,14 @@ def test_the_eta_under_a_minute_and_a_half_is_said_in_seconds():
     plans = [runner.StagePlan("hf-fp16")]
     from unittest import mock
 
-    with mock.patch("llmopt_bench.durations.eta", return_value=(23.0, 1)):
+    with mock.patch("llmopt_bench.run.durations.eta", return_value=(23.0, 1)):
         runner.say_eta(run, plans, reporter)
     assert said == ["ETA ~23 s for 1 stage(s), from their last run here"]
 
 
 def test_the_endpoint_run_takes_the_workload_defaults_not_this_cpu_s():
     from llmopt_bench.cli.bench import plans_and_workload
-    from llmopt_bench.workload import WorkloadOptions
+    from llmopt_bench.core.workload import WorkloadOptions
 
     given = WorkloadOptions(**{f: None for f in WorkloadOptions.__dataclass_fields__})
     _, _, model, cfg = plans_and_workload(None, given, None, False, None, "m", "http://127.0.0.1:9", None, None, None)

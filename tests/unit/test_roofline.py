@@ -6,12 +6,11 @@ import pytest
 
 from llmopt_bench.analysis import roofline as rl
 from llmopt_bench.analysis import roofline_text as rt
-from llmopt_bench.results import StageMetrics
-from llmopt_bench.distribution import Distribution
-from llmopt_bench.models import ModelInfo
-from llmopt_bench.results import RunResult, StageResult
-from llmopt_bench.stage import LoadInfo, StageFacts
-from llmopt_bench.workload import WorkloadConfig
+from llmopt_bench.core.distribution import Distribution
+from llmopt_bench.core.models import ModelInfo
+from llmopt_bench.core.records import LoadInfo, StageFacts
+from llmopt_bench.core.results import RunResult, StageMetrics, StageResult
+from llmopt_bench.core.workload import WorkloadConfig
 
 H200_BW = 4.28e12
 H200_FLOPS = 7.0e14

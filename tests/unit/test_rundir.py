@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from llmopt_bench.errors import ExitCode, LlmoptError
-from llmopt_bench.rundir import RunDir, atomic_write
+from llmopt_bench.core.errors import ExitCode, LlmoptError
+from llmopt_bench.run.rundir import RunDir, atomic_write
 
 
 def test_atomic_write_replaces_whole_and_leaves_no_temporary(tmp_path):

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from llmopt_bench.analysis.scaling import scaling_rows
+from llmopt_bench.core.results import MemoryRecord, load_run
 from llmopt_bench.render.report import render_markdown
-from llmopt_bench.results import MemoryRecord, load_run
 
 JOURNEY = Path(__file__).resolve().parents[2] / "results" / "h200"
 

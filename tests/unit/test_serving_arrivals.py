@@ -12,7 +12,7 @@ import statistics
 
 import pytest
 
-from llmopt_bench.errors import UsageError
+from llmopt_bench.core.errors import UsageError
 from llmopt_bench.scenarios.load import LoadPoint, arrival_times, interarrival_gaps
 
 N = 20_000

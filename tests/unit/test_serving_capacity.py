@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from llmopt_bench.errors import UsageError
+from llmopt_bench.core.errors import UsageError
 from llmopt_bench.scenarios.serving_record import ServingExtra
 from llmopt_bench.scenarios.slo_search import Probe, find_capacity, knee
 

@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from llmopt_bench.core.errors import UsageError
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient, error_kind
-from llmopt_bench.errors import UsageError
 
 
 def chunk(text: str = "a", finish: str | None = None, **extra) -> dict:

@@ -10,10 +10,10 @@ import asyncio
 
 import pytest
 
+from llmopt_bench.core.records import RequestSample
+from llmopt_bench.core.workload import Request
 from llmopt_bench.measure.timing import now
 from llmopt_bench.scenarios.load import LoadPoint, arrival_times, run_point
-from llmopt_bench.stage import RequestSample
-from llmopt_bench.workload import Request
 
 REQUESTS = [Request(id=f"r{i}", prompt_id=f"p{i}", token_ids=(1, 2, 3)) for i in range(3)]
 
@@ -107,7 +107,7 @@ def test_a_point_at_a_low_rate_is_stretched_to_hold_its_requests():
 
 
 def test_a_point_whose_requests_all_fell_in_the_warmup_says_so():
-    from llmopt_bench.errors import UsageError
+    from llmopt_bench.core.errors import UsageError
 
     svc = FifoService(step_s=0.001, tokens=1)
     with pytest.raises(UsageError) as e:  # seed 0 at 0.1 req/s: the second arrival comes at 18.6 s

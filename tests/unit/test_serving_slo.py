@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from llmopt_bench.analysis.slo import DEFAULT_SLO, client_late, judge, meets, parse_slo
-from llmopt_bench.distribution import percentile
-from llmopt_bench.errors import UsageError
-from llmopt_bench.stage import RequestSample
+from llmopt_bench.core.distribution import percentile
+from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.records import RequestSample
 
 
 def sample(i: int, ttft: float, step: float, n: int = 5, ok: bool = True) -> RequestSample:

@@ -9,7 +9,7 @@ import typing
 
 from pydantic import BaseModel
 
-from llmopt_bench.registry import load_stage, stage_names
+from llmopt_bench.run.registry import load_stage, stage_names
 
 
 def _models(annotation) -> list[type[BaseModel]]:

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from llmopt_bench.distribution import Distribution, percentile
+from llmopt_bench.core.distribution import Distribution, percentile
 
 
 def numpy_linear(values: list[float], q: float) -> float:

@@ -12,9 +12,9 @@ import math
 import pytest
 
 from llmopt_bench.analysis.stopping import StoppingRule, halfwidth_pct, repeat_value
+from llmopt_bench.core.records import RequestSample
+from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.scenarios.fixed import measure, stopping_rule
-from llmopt_bench.stage import RequestSample
-from llmopt_bench.workload import WorkloadConfig
 
 
 class ComputedEngine:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from llmopt_bench.errors import ExitCode, UsageError
-from llmopt_bench.workload import (
+from llmopt_bench.core.errors import ExitCode, UsageError
+from llmopt_bench.core.workload import (
     WorkloadConfig,
     WorkloadOptions,
     build_requests,

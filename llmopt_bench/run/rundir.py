@@ -1,6 +1,6 @@
 """The run directory: every path in it, and every write to it.
 
-    run.json          the record (results.py), rewritten atomically after every stage
+    run.json          the record (core/results.py), rewritten atomically after every stage
     requests.jsonl    one line per request; a torn last line (a kill, a full disk) is skipped with a warning
     probe.job.json, probe.json, logs/probe.log
     logs/<name>.log   a stage's stdout and stderr
@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
-from llmopt_bench.errors import ExitCode, LlmoptError, UsageError
-from llmopt_bench.results import RunResult, load_run
+from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
+from llmopt_bench.core.results import RunResult, load_run
 
 RUN_JSON, REQUESTS = "run.json", "requests.jsonl"
 
@@ -122,7 +122,7 @@ class RunDir:
     # --- run.json ------------------------------------------------------------------------------
     def save(self, run: RunResult) -> Path:
         """run.json, atomically, with the machine's paths in portable form ($LLMOPT_CACHE/..., ~/...)."""
-        from llmopt_bench.models import portable_text
+        from llmopt_bench.core.models import portable_text
 
         atomic_write(self.run_json, portable_text(run.model_dump_json(indent=1)))
         return self.run_json
@@ -133,7 +133,7 @@ class RunDir:
     def scrub(self, path: Path) -> None:
         """A log or artefact rewritten with the machine's paths in portable form (engines print
         the model's path, the cache's, the home's)."""
-        from llmopt_bench.models import portable_text
+        from llmopt_bench.core.models import portable_text
 
         try:
             text = path.read_text(encoding="utf-8", errors="replace")

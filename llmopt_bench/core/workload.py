@@ -14,8 +14,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from llmopt_bench.errors import UsageError
-from llmopt_bench.stage import StrictModel
+from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.records import StrictModel
 
 DEFAULT_PROMPTS = "builtin:prompts.jsonl"
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")  # any other file: plain text, one prompt a line
@@ -176,7 +176,8 @@ def allowed_range(field: str) -> tuple[int | None, int | None]:
 def option_help(field: str) -> str:
     """A bench option's help: the field's description and its default (and the CPU one)."""
     info = WorkloadConfig.model_fields[field]
-    text = info.description[0].upper() + info.description[1:] + "."
+    desc = info.description or field
+    text = desc[0].upper() + desc[1:] + "."
     if field in CPU_DEFAULTS:
         return f"{text} (default: {info.default}; on CPU {CPU_DEFAULTS[field]})"  # [...] would be read as rich markup
     return text + (f" (default: {info.default})" if info.default is not None else "")
@@ -212,6 +213,7 @@ class WorkloadOptions:
             if field == "prompts":
                 continue
             lo, hi = allowed_range(field)
+            assert isinstance(value, (int, float))
             if (lo is not None and value < lo) or (hi is not None and value > hi):
                 span = f"{lo} to {hi}" if hi is not None else f"{lo} or more"
                 default = WorkloadConfig.model_fields[field].default

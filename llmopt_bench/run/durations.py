@@ -11,7 +11,7 @@ from typing import Any
 
 
 def _path() -> Path:
-    from llmopt_bench.models import cache_dir
+    from llmopt_bench.core.models import cache_dir
 
     return cache_dir() / "durations.json"
 
@@ -31,7 +31,7 @@ def load() -> dict[str, float]:
 
 def record(k: str, seconds: float) -> None:
     """Remember a stage's wall time (a failure to write the cache costs the next ETA only)."""
-    from llmopt_bench.rundir import atomic_write
+    from llmopt_bench.run.rundir import atomic_write
 
     data = load()
     data[k] = round(seconds, 1)

@@ -38,7 +38,7 @@ def _write(preset: str, shape: dict[str, Any], out: Path) -> None:
     from safetensors.torch import save_file
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    from llmopt_bench.tokenizer import train_tokenizer
+    from llmopt_bench.checkpoints.tokenizer import train_tokenizer
 
     config = LlamaConfig(**shape, bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
                          initializer_range=INIT_STD, dtype="float16", architectures=["LlamaForCausalLM"])

@@ -1,4 +1,4 @@
-"""Runs a journey: a probe process first (environment, ceilings, model checkpoint), then each
+"""Runs a journey: the environment probe first (environment, ceilings, model checkpoint), then each
 stage in its own process, in order. A crash, an OOM, a hang or a leak ends that stage only;
 run.json is rewritten after every stage, so an interrupted run keeps what finished.
 
@@ -8,7 +8,7 @@ stage group (engines/engine_pool.py); a failure in a group ends the group, and i
 stages run each in its own process. --no-share-engines turns groups off.
 
     run_journey   the run: lock the directory, probe, each plan (or group) in turn, the outcome
-    run_stage     one stage: skip it here, or spawn its worker and supervise it (stage_child.py)
+    run_stage     one stage: skip it here, or spawn its worker and supervise it (supervisor.py)
     plan_groups   the order stages run in, and which share an engine"""
 
 from __future__ import annotations
@@ -16,28 +16,23 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from llmopt_bench.analysis.quality_gate import apply_gate
-from llmopt_bench.errors import ExitCode, LlmoptError, UsageError
-from llmopt_bench.models import ModelInfo, ModelSpec, portable_path
-from llmopt_bench.registry import StagePlan, journey_order, load_stage, plan_of, unavailable
-from llmopt_bench.results import FAILED, RunResult, StageResult, utc_at, utcnow
-from llmopt_bench.rundir import RunDir
-from llmopt_bench.workload import WorkloadConfig
+from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
+from llmopt_bench.core.models import ModelInfo, ModelSpec, portable_path
+from llmopt_bench.core.results import FAILED, RunResult, StageResult, utc_at, utcnow
+from llmopt_bench.core.workload import WorkloadConfig
+from llmopt_bench.run.outcomes import Reference, Reporter, skipped
+from llmopt_bench.run.registry import StagePlan, journey_order, load_stage, plan_of, unavailable
+from llmopt_bench.run.rundir import RunDir
+from llmopt_bench.run.supervisor import supervise, supervise_group
 
 # Multi-GPU hosts here forbid NVLink multicast; engines' own processes inherit this.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
             "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 REFERENCE_FILE = "quality_reference.pt"
 RERUN = ("interrupted", "killed")  # what --resume runs again: stopped from outside, not by the stage itself
-
-
-class Reporter(Protocol):
-    def phase(self, msg: str) -> None: ...
-    def stage_start(self, name: str, index: int, total: int) -> None: ...
-    def progress(self, name: str, msg: str, done: int | None, total: int | None) -> None: ...
-    def stage_end(self, result: StageResult) -> None: ...
 
 
 @dataclass
@@ -64,7 +59,7 @@ class RunOptions:
 
 
 def env_for_children(opts: RunOptions) -> dict[str, str]:
-    from llmopt_bench.models import cache_dir
+    from llmopt_bench.core.models import cache_dir
 
     return {**SAFE_ENV, "LLMOPT_CACHE": str(cache_dir()), **opts.extra_env}
 
@@ -74,8 +69,8 @@ def probe(rd: RunDir, opts: RunOptions, reporter: Reporter) -> tuple[dict[str, A
     import json
     import sys
 
-    from llmopt_bench import spawn
-    from llmopt_bench.fingerprint import host_fingerprint
+    from llmopt_bench.procs import spawn
+    from llmopt_bench.run.fingerprint import host_fingerprint
 
     job, answer_path, log = rd.root / "probe.job.json", rd.root / "probe.json", rd.logs / "probe.log"
     answer_path.unlink(missing_ok=True)
@@ -84,7 +79,7 @@ def probe(rd: RunDir, opts: RunOptions, reporter: Reporter) -> tuple[dict[str, A
                    if opts.model.kind == "endpoint" else
                    f"probing the environment and preparing {opts.model.source} (first use writes its checkpoint)")
     with open(log, "w") as f:
-        ended = spawn.run([sys.executable, "-m", "llmopt_bench.probe", str(job)], log=f,
+        ended = spawn.run([sys.executable, "-m", "llmopt_bench.run.envprobe", str(job)], log=f,
                           env=spawn.child_env(env_for_children(opts)))
     if not answer_path.is_file():
         raise LlmoptError(f"the probe process died ({ended.outcome()[1]})", f"see {log}", code=ExitCode.INTERNAL)
@@ -98,22 +93,6 @@ def probe(rd: RunDir, opts: RunOptions, reporter: Reporter) -> tuple[dict[str, A
     return env, ModelInfo(**answer["model"])
 
 
-def skipped(plan: StagePlan, cls: Any, status: str, reason: str, fix: str | None = None, **kw: Any) -> StageResult:
-    """A result for a stage that did not measure: skipped, failed before a result, interrupted."""
-    return StageResult(name=plan.name, stage=plan.stage if plan.stage != plan.name else None,
-                       description=getattr(cls, "description", ""), changes=getattr(cls, "changes", ""),
-                       own_workload=getattr(cls, "own_workload", False), status=status, reason=reason, fix=fix,
-                       params=plan.params, **kw)
-
-
-@dataclass
-class Reference:
-    """Where the run's quality reference lives, and which result provides it."""
-
-    name: str | None = None
-    file: Path | None = None
-
-
 def find_reference(rd: RunDir, plans: list[StagePlan], previous: RunResult | None) -> Reference:
     """The first plan whose stage provides the quality reference, else a result of the run that did."""
     for p in plans:
@@ -125,8 +104,6 @@ def find_reference(rd: RunDir, plans: list[StagePlan], previous: RunResult | Non
 
 def run_stage(plan: StagePlan, run: RunResult, model: ModelInfo, rd: RunDir, opts: RunOptions, ref: Reference,
               reporter: Reporter) -> StageResult:
-    from llmopt_bench.stage_child import supervise
-
     cls = load_stage(plan.stage)
     why = unavailable(cls)
     if why:
@@ -203,7 +180,7 @@ def _save_last(rd: RunDir, run: RunResult) -> None:
 
 
 def _duration_key(run: RunResult, plan: StagePlan) -> str:
-    from llmopt_bench import durations
+    from llmopt_bench.run import durations
 
     device = run.env.get("gpu") or run.env.get("cpu")
     return durations.key(device, run.model.source if run.model else "", run.workload, plan.stage, plan.params)
@@ -211,7 +188,7 @@ def _duration_key(run: RunResult, plan: StagePlan) -> str:
 
 def say_eta(run: RunResult, plans: list[StagePlan], reporter: Reporter) -> None:
     """The time the remaining stages took last time here (the journey's ETA), when known."""
-    from llmopt_bench import durations
+    from llmopt_bench.run import durations
 
     seconds, known = durations.eta([_duration_key(run, p) for p in plans])
     if known:
@@ -258,10 +235,8 @@ def _run_one(plan: StagePlan, run: RunResult, model: ModelInfo, rd: RunDir, opts
 
 def _run_group(group: list[StagePlan], keys: dict[str, str], run: RunResult, model: ModelInfo, rd: RunDir,
                opts: RunOptions, ref: Reference, reporter: Reporter) -> tuple[list[StagePlan], bool]:
-    """Stages that share an engine, in one process (stage_child.supervise_group): the plans it
+    """Stages that share an engine, in one process (supervisor.supervise_group): the plans it
     did not run, and whether --fail-fast stops the journey."""
-    from llmopt_bench.stage_child import supervise_group
-
     current: list[Any] = [None, time.time()]
     stop: list[bool] = [False]
 
@@ -294,7 +269,7 @@ def _interrupted(plan: StagePlan, run: RunResult, rd: RunDir, started: float) ->
 def _record(plan: StagePlan, result: StageResult, run: RunResult, rd: RunDir, opts: RunOptions,
             reporter: Reporter) -> bool:
     """A stage's result into the run, saved; False when --fail-fast says to stop."""
-    from llmopt_bench import durations
+    from llmopt_bench.run import durations
 
     run.put(result)
     run.wall_s = opts.wall_s()  # so far: a kill from outside (a machine taken away) keeps this invocation's time

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from llmopt_bench.stage import StrictModel
+from llmopt_bench.core.records import StrictModel
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -2,7 +2,7 @@
 
 run.json holds everything a report or a comparison needs (metrics, compact per-request samples,
 memory, energy, quality, and each stage's own typed extra); requests.jsonl holds every request
-with its per-token timestamps. Writing the run directory is rundir.py's job. The schema imports
+with its per-token timestamps. Writing the run directory is run/rundir.py's job. The schema imports
 no analysis: statistics are computed in analysis/ and stored here as plain values."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field, ValidationError
 
 from llmopt_bench import __version__
-from llmopt_bench.distribution import Distribution
-from llmopt_bench.errors import UsageError
-from llmopt_bench.models import ModelInfo
-from llmopt_bench.stage import LoadInfo, QualityRecord, StageFacts, StrictModel
-from llmopt_bench.workload import WorkloadConfig
+from llmopt_bench.core.distribution import Distribution
+from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.models import ModelInfo
+from llmopt_bench.core.records import LoadInfo, QualityRecord, StageFacts, StrictModel
+from llmopt_bench.core.workload import WorkloadConfig
 
 SCHEMA_VERSION = 2  # 2: quality, facts, memory and energy typed; stage extras validated by their Extra model
 Status = Literal["ok", "skipped", "oom", "timeout", "error", "interrupted", "killed"]
@@ -195,7 +195,7 @@ NOT_A_RUN_FIX = "pass a run directory written by `llmopt bench`, or its run.json
 
 def parse_run(raw: Any, where: str) -> RunResult:
     """A run.json's content, migrated from older schema versions, validated."""
-    from llmopt_bench.migrate import migrate
+    from llmopt_bench.core.migrate import migrate
 
     if not isinstance(raw, dict) or "schema_version" not in raw:
         what = "an object without schema_version" if isinstance(raw, dict) else f"a JSON {type(raw).__name__}, not an object"
