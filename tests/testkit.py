@@ -56,3 +56,21 @@ def worktree_stages_env(tmp: Path) -> dict[str, str]:
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: llmopt-worktree-stages\nVersion: 0.0\n")
     (dist / "entry_points.txt").write_text("[llmopt.stages]\n" + "".join(f"{k} = {v}\n" for k, v in missing.items()))
     return {"PYTHONPATH": os.pathsep.join(p for p in (str(site), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+
+
+def cli_in_process(argv: list[str]) -> int:
+    """The CLI's entry point (llmopt_bench.cli.main: the exit path, the codes, the messages) in
+    this process, with the signal handlers it installs put back after: a table of a hundred
+    cases without a hundred interpreter start-ups. Output goes to the test's capfd."""
+    import faulthandler
+    import signal
+
+    from llmopt_bench.cli import main
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return main(argv)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+        faulthandler.unregister(signal.SIGUSR1)

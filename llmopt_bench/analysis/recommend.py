@@ -6,9 +6,22 @@ measured (facts.slo_points), so another SLO is judged again from those (analysis
 
 Priorities: throughput (the highest capacity under the SLO), latency (the lowest TPOT at one
 request in flight among those that meet the SLO), memory (the smallest weights, else the lowest
-peak), cost (the fewest GPU-seconds per request at capacity; energy per token breaks ties).
-A run with no serving result is ranked on what it has, said so: the saturated throughput, the
-batch-1 TPOT, the weights, the energy per token."""
+peak, among the results whose quality holds: see below), cost (the fewest GPU-seconds per
+request at capacity; energy per token breaks ties). A run with no serving result is ranked on
+what it has, said so: the saturated throughput, the batch-1 TPOT, the weights, the energy per
+token.
+
+Two capacities whose intervals overlap cannot be told apart: the recommendation says so
+(`distinct` False) rather than a winner by a margin the measurement does not support.
+
+The memory priority's winner is, by construction, the most compressed result, the one most
+likely to have lost quality; so it ranks first the results whose quality holds: those that pass
+the quality gate and, where the gate cannot judge (random weights: no meaningful perplexity),
+those whose token match with the reference is within the gate's margin (1 - min_quality) of
+the reference's own (its match against its own re-run, the engine's nondeterminism). The
+margin is the gate's, so the agreement bar is as strict as the perplexity one: on the
+committed SmolLM2 runs every quantized stage the perplexity gate failed matched 80-92% of the
+reference's tokens."""
 
 from __future__ import annotations
 
@@ -16,9 +29,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from llmopt_bench.analysis.recommend_text import caveats, memory_words, no_winner, rounded_size, tradeoffs, verdict
 from llmopt_bench.analysis.rejudge import rejudge
 from llmopt_bench.analysis.scaling import batch1_tpot, saturated
-from llmopt_bench.analysis.selectors import ok_stages
+from llmopt_bench.analysis.selectors import ok_stages, reference
 from llmopt_bench.analysis.slo import parse_slo
 from llmopt_bench.core.fmt import num
 from llmopt_bench.core.results import RunResult, StageResult, peak_memory
@@ -46,6 +60,8 @@ class Candidate:
     quality: str = "not measured"  # passes | regression | not judged (...) | not measured
     perplexity: float | None = None
     token_match_rate: float | None = None
+    agreement_holds: bool | None = None  # token match within the gate's margin of the reference's own (None: not known)
+    memory_share: float | None = None  # the card's share an engine takes whatever its weights (vLLM's gpu_memory_utilization)
     command: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -62,6 +78,7 @@ class Recommendation:
     serving: bool  # the run measured capacity under an SLO
     winner: Candidate | None = None
     runner_up: Candidate | None = None
+    distinct: bool = True  # False: the winner and the runner-up cannot be told apart (overlapping capacity intervals)
     candidates: list[Candidate] = field(default_factory=list)
     ruled_out: list[str] = field(default_factory=list)
     verdict: str = ""
@@ -105,7 +122,8 @@ def candidate(s: StageResult, batch_size: int, rejudge_with: Any = None) -> Cand
                   weights_bytes=float(weights) if weights else None, peak_bytes=peak,
                   j_per_token=s.energy.joules_per_output_token if s.energy else None, devices=f.devices, quality=quality,
                   perplexity=s.quality.perplexity if s.quality and s.quality.perplexity_meaningful else None,
-                  token_match_rate=s.quality.token_match_rate if s.quality else None, command=f.serve_command, notes=notes)
+                  token_match_rate=s.quality.token_match_rate if s.quality else None, command=f.serve_command, notes=notes,
+                  memory_share=s.params.get("gpu_memory_utilization"))
     if f.slo is None:
         return c
     mfr = f.slo_max_failure_rate if f.slo_max_failure_rate is not None else 0.01
@@ -128,9 +146,34 @@ def _key(c: Candidate, priority: str, serving: bool) -> tuple:
         return (-(c.capacity_rps or 0), -(c.goodput_rps or 0)) if serving else (-(c.saturated_tok_s or 0),)
     if priority == "latency":
         return (c.batch1_tpot_s or inf, c.batch1_ttft_s or inf)
-    if priority == "memory":
-        return (c.weights_bytes or c.peak_bytes or inf, c.peak_bytes or inf)
+    if priority == "memory":  # quality first (the module's doc): holds, then not known to, then known not to
+        tier = 0 if c.quality == "passes" or c.agreement_holds else 2 if c.agreement_holds is False else 1
+        return (rounded_size(c.weights_bytes or c.peak_bytes), c.peak_bytes or inf, tier)
     return (c.gpu_s_per_request or inf, c.j_per_token or inf) if serving else (c.j_per_token or inf,)
+
+
+def _rank(c: Candidate, priority: str, serving: bool) -> tuple:
+    """The sort order: for memory the quality tier leads, the figures follow."""
+    key = _key(c, priority, serving)
+    return (key[-1], *key[:-1]) if priority == "memory" else key
+
+
+def agreement_holds(c: Candidate, reference_match: float | None, min_quality: float) -> bool | None:
+    """Whether the candidate's token match is within the gate's margin of the reference's own;
+    None where either is not measured."""
+    if c.token_match_rate is None or not reference_match:
+        return None
+    return c.token_match_rate >= min_quality * reference_match
+
+
+def overlap(a: Candidate, b: Candidate) -> bool:
+    """Whether two capacities cannot be told apart: each lies in [its capacity, its first failing
+    rate), and the better one's floor is below the other's ceiling (an unfound ceiling: above all)."""
+    if not (a.capacity_rps and b.capacity_rps):
+        return False
+    hi, lo = (a, b) if a.capacity_rps >= b.capacity_rps else (b, a)
+    ceiling = lo.interval[1] if lo.interval and len(lo.interval) > 1 else None
+    return ceiling is None or hi.capacity_rps < ceiling
 
 
 def _has_figure(c: Candidate, priority: str, serving: bool) -> bool:
@@ -149,13 +192,18 @@ def recommend(run: RunResult, priority: str = "throughput", slo: str | None = No
     rejudging = new is not None and run_slos != [str(new)]
     pool = served or ok_stages(run)
     cands = [candidate(s, run.workload.batch_size, new if rejudging else None) for s in pool]
+    ref = reference(run)
+    ref_match = ref.quality.token_match_rate if ref and ref.quality else None
+    for c in cands:
+        c.agreement_holds = agreement_holds(c, ref_match, run.min_quality)
     rec = Recommendation(slo=str(new) if new else (run_slos[0] if len(run_slos) == 1 else ", ".join(run_slos) or None),
                          slo_note=_slo_note(served, rejudging, run_slos), priority=priority, serving=bool(served), candidates=cands)
     rec.ruled_out = [f"{c.name}: fails the quality gate" for c in cands if c.quality == "regression"]
     ok = [c for c in cands if c.quality != "regression" and (c.meets or not served) and _has_figure(c, priority, bool(served))]
-    ok.sort(key=lambda c: _key(c, priority, bool(served)))
+    ok.sort(key=lambda c: _rank(c, priority, bool(served)))
     rec.winner, rec.runner_up = (ok[0] if ok else None), (ok[1] if len(ok) > 1 else None)
-    _explain(rec, cands)
+    rec.distinct = not (priority == "throughput" and rec.runner_up is not None and overlap(rec.winner, rec.runner_up))
+    _explain(rec, cands, ok)
     return rec
 
 
@@ -169,13 +217,11 @@ def _slo_note(served: list[StageResult], rejudging: bool, run_slos: list[str]) -
     return "the capacity each serving result found by its own search (bracket, then bisect)"
 
 
-def _explain(rec: Recommendation, cands: list[Candidate]) -> None:
-    from llmopt_bench.analysis.recommend_text import caveats, no_winner, tradeoffs, verdict
-
+def _explain(rec: Recommendation, cands: list[Candidate], pool: list[Candidate]) -> None:
     rec.caveats = caveats(rec, cands)
     if rec.winner is None:
         rec.verdict = no_winner(rec, cands)
         return
-    rec.verdict = verdict(rec)
-    rec.tradeoffs = tradeoffs(rec.winner, rec.runner_up, rec.serving) if rec.runner_up else []
+    rec.verdict = " ".join([verdict(rec, pool), *memory_words(rec, cands)])
+    rec.tradeoffs = tradeoffs(rec.winner, rec.runner_up, rec.serving, rec.distinct) if rec.runner_up else []
     rec.command = rec.winner.command

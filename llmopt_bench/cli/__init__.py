@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     import typer
 
     from llmopt_bench.cli import bench, compare, doctor, history, recommend, report, stages  # noqa: F401 - commands register on import
-    from llmopt_bench.cli.app import app
+    from llmopt_bench.cli.app import command
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     # A shell without job control starts background commands with SIGINT ignored, and Python
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     # take the base of whichever click this typer raises, or a bad option becomes a traceback
     click_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
     try:
-        app(args=argv, standalone_mode=False)
+        command().main(args=argv, prog_name="llmopt", standalone_mode=False)
         code = ExitCode.OK
     except LlmoptError as e:
         print(f"error: {e.message}", file=sys.stderr)

@@ -190,7 +190,9 @@ def plans_and_workload(preset: str | None, given: WorkloadOptions, previous, cud
             with_slo(plans, slo)
         return plans, False, model, cfg
     plans, named, model = journey_plans(stages, previous, model, endpoint, api_key_env, tokenizer, slo)
-    return plans, named, model, resolve_workload(given, previous.workload if previous else None, "cuda" if cuda else "cpu")
+    # the lighter CPU defaults are for work this machine does; an endpoint's server does it elsewhere
+    device = "cuda" if cuda or endpoint is not None else "cpu"
+    return plans, named, model, resolve_workload(given, previous.workload if previous else None, device)
 
 
 def preset_run(name: str, given: WorkloadOptions) -> tuple[list, object]:
@@ -265,7 +267,7 @@ def choose_plans(stages: str | None, previous) -> tuple[list, bool]:
     if previous is not None and previous.journey:
         added, named = resolve_stages(stages) if stages is not None else ([], False)
         return resume_plans(previous, added), named
-    return resolve_stages(stages or "all")
+    return resolve_stages("all" if stages is None else stages)  # '' (an unset shell variable) is refused, not "all"
 
 
 def say_workload(cfg, reporter) -> None:

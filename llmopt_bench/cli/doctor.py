@@ -48,14 +48,13 @@ def cache_section() -> dict[str, Any]:
 
 
 def stages_section() -> list[dict[str, Any]]:
-    from llmopt_bench.run.registry import load_stage, stage_names, unavailable
+    from llmopt_bench.run.registry import stage_names, stage_or_why
 
     rows = []
     for name in stage_names():
-        cls = load_stage(name)
-        why = unavailable(cls)
+        cls, why = stage_or_why(name)
         rows.append({"name": name, "available": why is None, "reason": why[0] if why else None,
-                     "fix": why[1] if why else None, "python": engine_python(cls.requires.engine)})
+                     "fix": why[1] if why else None, "python": engine_python(cls.requires.engine if cls else None)})
     return rows
 
 
@@ -120,5 +119,6 @@ def doctor_cmd(as_json: bool = typer.Option(False, "--json", help="Print the dia
     if as_json:
         typer.echo(json.dumps(d, indent=1))
         return
-    for line in render(d):  # plain lines: a fix command wraps in the terminal, never with a break inside it
-        typer.echo(line)
+    from llmopt_bench.cli.terminal import echo
+
+    echo(render(d))  # wrapped between words at the terminal's width; a fix line whole (cli/terminal.py)

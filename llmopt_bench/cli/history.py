@@ -32,10 +32,11 @@ def add_cmd(
     db: Optional[Path] = typer.Option(None, "--db", envvar="LLMOPT_HISTORY_DB", help=DB_HELP),
 ) -> None:
     """Append runs to the history; a run already there (same run_id and created_at) is left as it is."""
+    from llmopt_bench.cli.paths import output_file
     from llmopt_bench.core.results import load_run
     from llmopt_bench.run.history import add_run
 
-    path = _db(db)
+    path = output_file(_db(db), "--db", "~/.cache/llmopt/history.sqlite")
     for r in runs:
         run = load_run(r)
         added = add_run(path, run, source=str(r))
@@ -47,61 +48,65 @@ def show_cmd(
     stage: Optional[str] = typer.Option(None, "--stage", "-s", help="Only this stage. [default: every stage]"),
     metric: str = typer.Option("tpot_p50", "--metric", "-m", help="ttft_p50, tpot_p50, e2e_p50, output_tok_s, load_s, peak_memory, or any stored one (tpot_p90, itl_p99, qps, ...)."),
     chart: Optional[Path] = typer.Option(None, "--chart", help="Also draw the trend to FILE.png (needs matplotlib: pip install 'llmopt-bench[charts]')."),
-    max_regression: Optional[List[str]] = typer.Option(None, "--max-regression", help="Threshold for marking a change, as in `llmopt compare` (5%, tpot=3%). Default: 5%, load 20%."),
+    max_regression: Optional[List[str]] = typer.Option(None, "--max-regression", metavar="SPEC", help="Threshold for marking a change, as in `llmopt compare` (5%, tpot=3%). Default: 5%, load 20%."),
     as_json: bool = typer.Option(False, "--json", help="Print the points as JSON."),
     db: Optional[Path] = typer.Option(None, "--db", envvar="LLMOPT_HISTORY_DB", help=DB_HELP),
 ) -> None:
     """Show a metric per stage across runs, oldest first, each run judged against the stage's previous run."""
     from llmopt_bench.analysis.compare import parse_thresholds
+    from llmopt_bench.cli.paths import output_file, writing
     from llmopt_bench.core.errors import MissingDependency, extra_fix
     from llmopt_bench.run.history import chart as draw
     from llmopt_bench.run.history import dump, metric_name, trend
 
+    if chart is not None:  # checked before the work: a bad path is refused first
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise MissingDependency("--chart needs matplotlib", extra_fix("charts")) from None
+        chart = output_file(chart, "--chart", "trend.png")
     points = trend(_db(db), metric, stage, parse_thresholds(max_regression))
     if as_json:
         typer.echo(dump(points))
     else:
         _table(points, metric_name(metric))
     if chart is not None:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise MissingDependency("--chart needs matplotlib", extra_fix("charts")) from None
-        print(f"chart: {draw(points, metric, chart)}", file=sys.stderr)
+        with writing(chart, "--chart", "trend.png"):
+            print(f"chart: {draw(points, metric, chart)}", file=sys.stderr)
 
 
 def _table(points, key: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
+    """The trend at the terminal's width (cli/terminal.py): method, commit, interval, created and
+    status are left out, in that order, where the rest would not fit."""
     from llmopt_bench.analysis.compare import METRICS
     from llmopt_bench.cli.compare import fmt_value, pct
+    from llmopt_bench.cli.terminal import print_table
 
     m = METRICS.get(key)
     unit = m.unit if m else ("ms" if key.split("_")[0] in ("ttft", "tpot", "itl", "e2e") else "")
     style = {"regressed": "bold red", "improved": "green", "inconclusive": "yellow", "not comparable": "magenta"}
-    table = Table(title=f"llmopt history: {m.label if m else key}")
-    for col in ("stage", "run", "created", "commit", "status", "value", "change", "interval", "verdict", "method"):
-        table.add_column(col, overflow="fold")
+    rows = []
     for p in points:
         ci = f"{pct(p.ci[0] - 1)} … {pct(p.ci[1] - 1)}" if p.ci else "-"
-        verdict = f"[{style[p.verdict]}]{p.verdict}[/]" if p.verdict in style else p.verdict
         value = fmt_value(p.value, unit) if unit else ("-" if p.value is None else f"{p.value:.4g}")
-        table.add_row(p.stage, p.run_id, p.created_at, (p.commit or "-")[:12], p.status, value, pct(p.change), ci,
-                      verdict, p.method)
-    Console(width=max(160, Console().width)).print(table)
+        rows.append((p.stage, p.run_id, p.created_at[:16].replace("T", " "), (p.commit or "-")[:7], p.status, value,
+                     pct(p.change), ci, p.verdict, p.method or "-"))
+    print_table(("stage", "run", "created (UTC)", "commit", "status", "value", "change", "interval", "verdict", "method"),
+                rows, title=f"llmopt history: {m.label if m else key}",
+                style_of=lambda i, text: style.get(text, "") if i == 8 else "", drop=(9, 3, 7, 2, 4),
+                dropped_note="--json has every field")
 
 
 @history_app.command("check")
 def check_cmd(
-    metric: Optional[List[str]] = typer.Option(None, "--metric", "-m", help="Metrics to check (repeat). [default: tpot_p50, ttft_p50, output_tok_s]"),
+    metric: Optional[List[str]] = typer.Option(None, "--metric", "-m", metavar="NAME", help="Metrics to check (repeat). [default: tpot_p50, ttft_p50, output_tok_s]"),
     stage: Optional[str] = typer.Option(None, "--stage", "-s", help="Only this stage. [default: every stage]"),
-    since: Optional[str] = typer.Option(None, "--since", help="Only runs from this run_id on: after an intended change, the first run of the new level."),
+    since: Optional[str] = typer.Option(None, "--since", help="Only runs from this run_id on: after an intended change, the first run of the new level (RUN_ID@CREATED_AT where two runs share the id)."),
     window: int = typer.Option(60, "--window", min=6, help="The latest N ok runs of each stage are analysed."),
     significance: float = typer.Option(0.01, "--significance", min=0.0001, max=0.5, help="Permutation-test level a change point must reach."),
     permutations: int = typer.Option(499, "--permutations", min=99, help="Permutations per test."),
     min_runs: int = typer.Option(3, "--min-runs", min=2, help="A shift must last this many runs on each side (one noisy night is not a shift)."),
-    max_regression: Optional[List[str]] = typer.Option(None, "--max-regression", help="A shift smaller than this is not a regression, as in `llmopt compare` (5%, tpot=3%). Default: 5%, load 20%."),
+    max_regression: Optional[List[str]] = typer.Option(None, "--max-regression", metavar="SPEC", help="A shift smaller than this is not a regression, as in `llmopt compare` (5%, tpot=3%). Default: 5%, load 20%."),
     as_json: bool = typer.Option(False, "--json", help="Print the shifts as JSON."),
     db: Optional[Path] = typer.Option(None, "--db", envvar="LLMOPT_HISTORY_DB", help=DB_HELP),
 ) -> None:
@@ -112,7 +117,7 @@ def check_cmd(
 
     from llmopt_bench.analysis.compare import parse_thresholds
     from llmopt_bench.core.errors import ExitCode, LlmoptError
-    from llmopt_bench.run.history import check
+    from llmopt_bench.run.history import check, since_arg
 
     shifts, series = check(_db(db), metric or DEFAULT_CHECKED, stage, parse_thresholds(max_regression), since=since,
                            window=window, significance=significance, permutations=permutations, min_size=min_runs)
@@ -125,19 +130,29 @@ def check_cmd(
     if failing:
         what = "; ".join(f"{s.stage} {s.metric} {s.change * 100:+.1f}% from run {s.run_id}" for s in failing)
         raise LlmoptError(f"{len(failing)} sustained regression(s): {what}",
-                          f"if the change is intended, check from the new level on: llmopt history check --since {failing[0].run_id}",
-                          code=ExitCode.REGRESSION)
+                          "if the change is intended, check from the new level on: llmopt history check --since "
+                          f"{since_arg(_db(db), failing[0].run_id, failing[0].created_at)}", code=ExitCode.REGRESSION)
 
 
 def _check_table(shifts, series, min_runs: int) -> None:
+    """A line per series that could hold a shift, its shifts under it; the series too short for
+    one (fewer than 2 x --min-runs runs) in one line, not one each."""
     from llmopt_bench.cli.compare import pct
+    from llmopt_bench.cli.terminal import echo
 
+    lines, short = [], []
     for name, key, n in series:
+        if n < 2 * min_runs:
+            short.append(f"{name} {key} ({n})")
+            continue
         found = [s for s in shifts if (s.stage, s.metric) == (name, key)]
-        note = "" if n >= 2 * min_runs else f" (too few: a shift needs {min_runs} runs on each side)"
-        print(f"{name} {key}: {n} runs, {len(found) or 'no'} change point(s){note}")
+        lines.append(f"{name} {key}: {n} runs, {len(found) or 'no'} change point(s)")
         for s in found:
             state = ("REGRESSION, still in effect" if s.fails else s.direction + ("" if s.in_effect or s.direction != "regression"
                                                                                   else ", no longer in effect"))
-            print(f"  from run {s.run_id} ({s.created_at}, commit {(s.commit or '?')[:12]}): {pct(s.change)} "
-                  f"({s.runs_before} runs before, {s.runs_after} after; p={s.p_value:.3f}): {state}")
+            lines.append(f"  from run {s.run_id} ({s.created_at}, commit {(s.commit or '?')[:12]}): {pct(s.change)} "
+                         f"({s.runs_before} runs before, {s.runs_after} after; p={s.p_value:.3f}): {state}")
+    if short:
+        lines.append(f"Too few runs for a shift in {len(short)} series (a shift needs {min_runs} runs on each side, "
+                     f"--min-runs): {', '.join(short)}.")
+    echo(lines)

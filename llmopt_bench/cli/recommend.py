@@ -34,4 +34,30 @@ def recommend_cmd(
     if as_json:
         typer.echo(json.dumps(rec.as_dict(), indent=1))
     else:
-        typer.echo("\n".join(lines(rec)))
+        print_lines(lines(rec, markdown=False), rec.command)
+
+
+def local_command(command: str) -> str:
+    """The `vllm serve` line for this shell: $LLMOPT_CACHE (how a run writes the cache's path)
+    where the variable is unset here becomes the cache llmopt uses here (~/.cache/llmopt)."""
+    import os
+
+    from llmopt_bench.core.models import cache_dir
+
+    if "$LLMOPT_CACHE" not in command or os.environ.get("LLMOPT_CACHE"):
+        return command
+    home, cache = str(Path.home()), str(cache_dir())
+    return command.replace("$LLMOPT_CACHE", "~" + cache[len(home):] if cache.startswith(home + "/") else cache)
+
+
+def print_lines(text: list[str], command: str | None) -> None:
+    """The recommendation at the terminal's width: prose wrapped between words, the command
+    continued with backslashes (one command when copied)."""
+    from llmopt_bench.cli.terminal import echo, shell_lines, width
+
+    cols = width()
+    for line in text:
+        if command and line == f"    {command}":
+            echo(shell_lines(local_command(command), cols), cols)
+        else:
+            echo([line], cols)

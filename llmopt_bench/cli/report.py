@@ -24,10 +24,11 @@ def parse_formats(value: list[str]) -> list[str]:
 @app.command("report")
 def report_cmd(
     run_dir: Path = typer.Argument(..., help="A run directory written by `llmopt bench` (or its run.json)."),
-    fmt: list[str] = typer.Option(["md"], "--format", "-f", help="md (report.md + charts/), csv (stages.csv), json (report.json); repeat or comma-separate."),
+    fmt: list[str] = typer.Option(["md"], "--format", "-f", metavar="FORMATS", help="md (report.md + charts/), csv (stages.csv), json (report.json); repeat or comma-separate."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Directory to write into. [default: RUN_DIR]"),
 ) -> None:
     """Write the report of a finished (or partial) run from its run.json alone; prints the paths written."""
+    from llmopt_bench.cli.paths import output_dir, writing
     from llmopt_bench.core.results import load_run
     from llmopt_bench.render.report import write_outputs
 
@@ -35,6 +36,9 @@ def report_cmd(
     if not run_dir.exists():
         raise UsageError(f"no run directory at {run_dir}", "pass a directory written by `llmopt bench` (results/runs/<timestamp>)")
     run = load_run(run_dir)
-    out = output or (run_dir if run_dir.is_dir() else run_dir.parent)
-    for path in write_outputs(run, out, formats):
+    option = "--output" if output else "RUN_DIR"  # no --output: the report goes beside run.json
+    out = output_dir(output or (run_dir if run_dir.is_dir() else run_dir.parent), option, "results/reports/mine")
+    with writing(out, option, "results/reports/mine", kind="directory"):
+        written = write_outputs(run, out, formats)
+    for path in written:
         typer.echo(str(path))

@@ -12,27 +12,34 @@ from llmopt_bench.cli.app import app
 @app.command("stages")
 def stages_cmd(as_json: bool = typer.Option(False, "--json", help="Print the list as JSON.")) -> None:
     """List every stage, whether it can run on this machine, and why not."""
-    from llmopt_bench.run.registry import load_stage, stage_names, unavailable
+    from llmopt_bench.run.registry import stage_names, stage_or_why
 
     rows = []
     for name in stage_names():
-        cls = load_stage(name)
-        why = unavailable(cls)
-        rows.append({"name": name, "description": cls.description, "available": why is None,
+        cls, why = stage_or_why(name)
+        rows.append({"name": name, "description": cls.description if cls else "", "available": why is None,
                      "reason": why[0] if why else None, "fix": why[1] if why else None,
-                     "params": list(cls.Params.model_fields)})
+                     "params": list(cls.Params.model_fields) if cls else []})
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
         return
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+    print_rows(rows)
 
-    table = Table(title="llmopt stages")
-    for col in ("stage", "can run here", "description / why not"):
-        table.add_column(col)
+
+def print_rows(rows: list[dict]) -> None:
+    """The stages at the terminal's width: a table of what each is or why it cannot run, then
+    each fix once, under the stages it fixes (a fix is a command: printed whole, not in a cell)."""
+    from llmopt_bench.cli.terminal import echo, print_table
+
+    print_table(("stage", "here", "what it measures, or why it cannot run here"),
+                [(r["name"], "yes" if r["available"] else "no", r["description"] if r["available"] else r["reason"])
+                 for r in rows], title="llmopt stages",
+                style_of=lambda i, text: {"yes": "green", "no": "red"}.get(text, "") if i == 1 else "")
+    fixes: dict[str, list[str]] = {}
     for r in rows:
-        status = "[green]yes[/]" if r["available"] else "[red]no[/]"
-        detail = r["description"] if r["available"] else f"{r['reason']}: {r['fix']}"
-        table.add_row(r["name"], status, escape(detail))
-    Console().print(table)
+        if not r["available"]:
+            fixes.setdefault(r["fix"], []).append(r["name"])
+    lines = []
+    for fix, names in fixes.items():
+        lines += ["", f"{', '.join(names)}:", f"  fix: {fix}"]
+    echo(lines)

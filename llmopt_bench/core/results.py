@@ -31,6 +31,11 @@ def utcnow() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def utc_at(epoch_s: float) -> str:
+    """A time.time() value in run.json's form (UTC, to the second)."""
+    return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(timespec="seconds")
+
+
 class Samples(StrictModel):
     """Per-request scalars, column-wise: what compare bootstraps over (analysis/metrics.compact)."""
 
@@ -112,9 +117,10 @@ class StageResult(StrictModel):
     reason: str | None = None
     fix: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
-    started_at: str | None = None
+    started_at: str | None = None  # when its process was spawned (runs before 2026-12-05 held its end: fixed in results/)
     duration_s: float | None = None
     load_s: float | None = None  # fresh process to ready
+    phases: dict[str, float] = Field(default_factory=dict)  # where duration_s went, by progress phase (durations.Timeline)
     load: LoadInfo | None = None
     metrics: StageMetrics | None = None
     samples: Samples | None = None
@@ -184,12 +190,16 @@ class RunResult(StrictModel):
         self.stages = [s for s in self.stages if s.name != result.name] + [result]
 
 
+NOT_A_RUN_FIX = "pass a run directory written by `llmopt bench`, or its run.json"
+
+
 def parse_run(raw: Any, where: str) -> RunResult:
     """A run.json's content, migrated from older schema versions, validated."""
     from llmopt_bench.core.migrate import migrate
 
-    if not isinstance(raw, dict):
-        raise UsageError(f"{where}: not a run.json (a JSON object expected)")
+    if not isinstance(raw, dict) or "schema_version" not in raw:
+        what = "an object without schema_version" if isinstance(raw, dict) else f"a JSON {type(raw).__name__}, not an object"
+        raise UsageError(f"{where}: not a run.json ({what})", NOT_A_RUN_FIX)
     version = raw.get("schema_version")
     if not isinstance(version, int) or version > SCHEMA_VERSION or version < 1:
         raise UsageError(f"{where}: schema version {version}, this llmopt reads 1 to {SCHEMA_VERSION}",
@@ -199,7 +209,8 @@ def parse_run(raw: Any, where: str) -> RunResult:
         return RunResult.model_validate(raw)
     except ValidationError as e:
         first = e.errors()[0]
-        raise UsageError(f"{where}: does not match the result schema: {'.'.join(map(str, first['loc']))} {first['msg']}") from None
+        raise UsageError(f"{where}: does not match the result schema: {'.'.join(map(str, first['loc']))} {first['msg']}",
+                         NOT_A_RUN_FIX) from None
 
 
 def load_run(path: str | Path) -> RunResult:
@@ -212,5 +223,7 @@ def load_run(path: str | Path) -> RunResult:
     try:
         raw = json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UsageError(f"{p}: not valid JSON ({e})") from None
+        raise UsageError(f"{p}: not valid JSON ({e})", NOT_A_RUN_FIX) from None
+    except OSError as e:  # a directory's run.json unreadable, a device
+        raise UsageError(f"{p}: cannot read it ({e.strerror or e})", NOT_A_RUN_FIX) from None
     return parse_run(raw, str(p))

@@ -74,7 +74,8 @@ def _read_prompt_text(source: str) -> tuple[str, str]:
         return resources.files("llmopt_bench.data").joinpath(name).read_text(encoding="utf-8"), name
     path = Path(source)
     if not path.is_file():
-        raise UsageError(f"prompt file not found: {source}", f"pass --prompts {PROMPT_FILE_HELP}")
+        what = "a directory, not a prompt file" if path.is_dir() else "prompt file not found"
+        raise UsageError(f"{what}: {source}", f"pass --prompts {PROMPT_FILE_HELP}")
     try:
         return path.read_text(encoding="utf-8"), str(path)
     except UnicodeDecodeError as e:

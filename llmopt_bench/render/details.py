@@ -35,7 +35,7 @@ def energy_line(e: EnergyRecord | None) -> list[str]:
             f"(whole device; scope: {e.scope})"]
 
 
-def quality_line(q: QualityRecord | None) -> list[str]:
+def quality_line(q: QualityRecord | None, is_reference: bool = False) -> list[str]:
     if q is None:
         return []
     if q.error:
@@ -43,18 +43,30 @@ def quality_line(q: QualityRecord | None) -> list[str]:
     ppl = num(q.perplexity) if q.perplexity_meaningful else "not meaningful (random weights)"
     if q.agreement_note and q.token_match_rate is None:
         return [f"Quality: perplexity {ppl}; agreement: {q.agreement_note}", ""]
-    return [f"Quality vs {q.reference or 'the reference'}: token match {pct(q.token_match_rate)}, first divergence at token "
-            f"{num(q.first_divergence_mean)} on average, KL {num(q.kl_mean)}, perplexity {ppl}; gate: {q.gate or '-'}"
-            + (" — **quality regression**" if q.quality_regression else ""), ""]
+    versus = f"{q.reference or 'the reference'}" + (" (itself, re-run: what the engine's own nondeterminism leaves)"
+                                                    if is_reference else "")
+    return [f"Quality vs {versus}: token match {pct(q.token_match_rate)}, {divergence(q)}, KL {num(q.kl_mean)}, "
+            f"perplexity {ppl}; gate: {q.gate or '-'}" + (" — **quality regression**" if q.quality_regression else ""), ""]
 
 
-def quality_cell(q: QualityRecord | None) -> str:
+def divergence(q: QualityRecord) -> str:
+    """Where the outputs first part from the reference's, on average: a prompt that never parts
+    counts as its whole length, so when none did the mean is the length, and says so."""
+    if q.first_divergence_mean is None:
+        return "first divergence not measured"
+    if q.token_match_rate == 1.0:
+        return f"no divergence (every one of the {q.agreement_positions or 'checked'} tokens matched)"
+    return f"first divergence at token {num(q.first_divergence_mean)} on average (a prompt that never diverged counts as its length)"
+
+
+def quality_cell(q: QualityRecord | None, is_reference: bool = False) -> str:
     """The quality column of the stage table: agreement, perplexity, the gate's verdict."""
     if q is None:
         return "-"
     if q.error:
         return "quality pass failed"
-    parts = [f"match {pct(q.token_match_rate)}" if q.token_match_rate is not None else "",
+    itself = " (reference vs its re-run)" if is_reference else ""
+    parts = [f"match {pct(q.token_match_rate)}{itself}" if q.token_match_rate is not None else "",
              f"KL {num(q.kl_mean)}" if q.kl_mean is not None else "",
              f"ppl {num(q.perplexity)}" if q.perplexity is not None and q.perplexity_meaningful else "",
              "REGRESSION" if q.quality_regression else "",
@@ -77,7 +89,7 @@ def details(run: RunResult, stage_charts: dict[str, list[Path]]) -> list[str]:
                 "- implementation: " + (", ".join(f"{k} {v}" for k, v in impl.items()) or "-"),
                 f"- params: {s.params or '-'}; weights {num((s.load.weights_bytes or 0) / GB or None) if s.load else '-'} GB",
                 *energy_line(s.energy), *per_gpu_line(s),
-                *(f"- note: {n}" for n in stage_notes(s)), "", *quality_line(s.quality)]
+                *(f"- note: {n}" for n in stage_notes(s)), "", *quality_line(s.quality, s.quality_reference)]
         for b in stage_blocks(s, run):
             out += block_lines(b)
         out += [f"![{s.name}: {p.stem}](charts/{p.name})" for p in stage_charts.get(s.name, [])]

@@ -9,20 +9,41 @@ import time
 from llmopt_bench.core.results import StageResult
 
 
+def _took(result: StageResult) -> str:
+    """", 84 s (load 4.2 s; most in repeat 52 s)": the stage's wall time and where most of it went."""
+    if not result.duration_s:
+        return ""
+    parts = [f"load {result.load_s:.1f} s"] if result.load_s else []
+    if result.phases:
+        label, seconds = max(result.phases.items(), key=lambda kv: kv[1])
+        parts.append(f"most in {label} {seconds:.0f} s")
+    return f", {result.duration_s:.0f} s" + (f" ({'; '.join(parts)})" if parts else "")
+
+
 def _fmt(result: StageResult) -> str:
     if result.status == "ok" and result.metrics and result.metrics.tpot_s:
         m = result.metrics
-        return f"ok: TPOT p50 {m.tpot_s.p50 * 1000:.2f} ms, {m.output_tok_s or 0:.1f} tok/s"
+        return f"ok: TPOT p50 {m.tpot_s.p50 * 1000:.2f} ms, {m.output_tok_s or 0:.1f} tok/s{_took(result)}"
     return f"{result.status}: {result.reason or ''}" + (f" (fix: {result.fix})" if result.fix else "")
 
 
+def clock(seconds: float) -> str:
+    """Elapsed time as the progress lines' prefix: 0:07, 12:34, 1:02:03."""
+    m, s = divmod(int(seconds), 60)
+    return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"
+
+
 class PlainReporter:
+    """Lines on stderr, each with the time since the run began ([m:ss]): a log says when each
+    phase came, and a slow one shows as a gap."""
+
     def __init__(self, every_s: float = 5.0):
         self.every_s = every_s
         self._last = 0.0
+        self._began = time.monotonic()
 
     def _say(self, text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
+        print(f"[{clock(time.monotonic() - self._began)}] {text}", file=sys.stderr, flush=True)
 
     def phase(self, msg: str) -> None:
         self._say(f"llmopt: {msg}")
@@ -52,7 +73,7 @@ class RichReporter(PlainReporter):
         self._status = None
 
     def _say(self, text: str) -> None:
-        self.console.print(text, highlight=False, markup=False)
+        self.console.print(f"[{clock(time.monotonic() - self._began)}] {text}", highlight=False, markup=False)
 
     def progress(self, name: str, msg: str, done: int | None, total: int | None) -> None:
         text = f"{name}: {msg}" + (f" ({done}/{total})" if done is not None else "")
@@ -67,7 +88,10 @@ class RichReporter(PlainReporter):
             self._status.stop()
             self._status = None
         color = "green" if result.status == "ok" else ("yellow" if result.status == "skipped" else "red")
-        self.console.print(f"  [bold]{result.name}[/]: [{color}]{_fmt(result)}[/]", highlight=False)
+        from rich.markup import escape
+
+        self.console.print(escape(f"[{clock(time.monotonic() - self._began)}]") + f"   [bold]{escape(result.name)}[/]: "
+                           f"[{color}]{escape(_fmt(result))}[/]", highlight=False)
 
 
 def make_reporter():

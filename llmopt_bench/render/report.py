@@ -66,7 +66,7 @@ def stage_table(run: RunResult) -> list[str]:
         n = r["requests"]
         rows.append((r["stage"], r["status"], n, r["load_s"], r["ttft_p50_ms"], tail(r["ttft_p99_ms"], n, 0.99),
                      r["tpot_p50_ms"], tail(r["tpot_p99_ms"], n, 0.99), r["e2e_p50_s"], r["output_tok_s"], r["qps"],
-                     r["peak_mem_gb"], quality_cell(s.quality)))
+                     r["peak_mem_gb"], quality_cell(s.quality, s.quality_reference)))
     sources = sorted({src for s in run.stages if (src := peak_memory(s)[1])})
     out = table(headers, rows) + ["", f"Peak memory source: {', '.join(sources) or 'none recorded'}."]
     if any(r["requests"] and r["requests"] * 0.01 < 1 for r in stage_rows(run)):
@@ -101,20 +101,41 @@ def not_run(run: RunResult) -> list[str]:
     return table(("stage", "status", "reason", "fix", "log"), rows) + ([""] + kept if kept else [])
 
 
+def wall_sentence(run: RunResult, stages_s: float) -> str:
+    """The run's end-to-end time, never less than its own stages' (a killed invocation of a
+    resumed run recorded no time of its own before run.json kept it stage by stage)."""
+    if not run.wall_s:
+        return "The run's own wall time was not recorded (a run older than schema 2)."
+    resumed = " (over several invocations: --resume adds each one's time)" if "--resume" in run.command else ""
+    if stages_s <= run.wall_s:
+        return f"The run took {num(run.wall_s)} s end to end ({num(run.wall_s / 60)} min), probe and report included{resumed}."
+    span = ""
+    if run.finished_at:
+        from datetime import datetime
+
+        gone = (datetime.fromisoformat(run.finished_at) - datetime.fromisoformat(run.created_at)).total_seconds()
+        span = f"; {num(gone / 60)} min passed from its creation to its end, pauses between invocations included"
+    return (f"The run took at least {num(stages_s)} s ({num(stages_s / 60)} min): its stages' own times add up to that, more "
+            f"than the {num(run.wall_s)} s llmopt counted end to end, as an invocation stopped from outside (a machine taken "
+            f"away) recorded no time of its own{span}.")
+
+
 def time_section(run: RunResult) -> list[str]:
-    """Each stage's wall time (its process, start to end) and load time, and the run's own."""
+    """Each stage's wall time (its process, start to end), load time and where the rest went (its
+    phases, from its progress messages), and the run's own."""
+    from llmopt_bench.run.durations import top_phases
+
     timed = [s for s in run.stages if s.duration_s]
     if not timed:
         return ["No stage recorded its duration."]
     total = sum(s.duration_s or 0 for s in timed)
-    rows = [(s.name, s.status, s.duration_s, s.load_s, pct((s.duration_s or 0) / total) if total else "-") for s in timed]
-    wall = (f"The run took {num(run.wall_s)} s end to end ({num(run.wall_s / 60)} min), probe and report included"
-            + (" (over several invocations: --resume adds each one's time)" if "--resume" in run.command else "") + "."
-            if run.wall_s else "The run's own wall time was not recorded (a run older than schema 2).")
+    rows = [(s.name, s.status, s.duration_s, s.load_s, pct((s.duration_s or 0) / total) if total else "-",
+             top_phases(s.phases, s.duration_s, 3) or "-") for s in timed]
     shared = [f"{s.name} ran on the engine {s.load.implementation['engine_shared_with']} started (one process, no start "
               "of its own: docs/architecture.md, stage groups)" for s in timed
               if s.load and s.load.implementation.get("engine_shared_with")]
-    return [wall, ""] + table(("stage", "status", "wall s", "load s", "share of the stages' time"), rows) + \
+    return [wall_sentence(run, total), ""] + table(("stage", "status", "wall s", "load s", "share of the stages' time",
+                                                    "where it went (largest phases)"), rows) + \
         ([""] + [f"- {line}." for line in shared] if shared else [])
 
 

@@ -47,3 +47,43 @@ def eta(keys: list[str]) -> tuple[float, int]:
     known = load()
     found = [known[k] for k in keys if k in known]
     return sum(found), len(found)
+
+
+def phase_label(msg: str) -> str:
+    """A progress message as the name of a phase of a stage's time: counts ("1/2") and details in
+    parentheses dropped, so that the repeats of one phase add up under one name."""
+    import re
+
+    text = re.sub(r"\([^)]*\)|\b\d+/\d+\b", "", msg)
+    return re.sub(r"\s+", " ", text).strip(" :") or msg
+
+
+class Timeline:
+    """Where a stage's wall time went, phase by phase: a phase runs from one progress message to
+    the next (the runner sees them as they come, stage_child.follow), its seconds summed by
+    phase_label. From the spawn to the first message: "start-up" (imports, the worker's own)."""
+
+    def __init__(self, started: float, first: str = "start-up (process, imports)"):
+        import time
+
+        self._clock = time.time
+        self._label, self._since = first, started
+        self.phases: dict[str, float] = {}
+
+    def mark(self, label: str) -> None:
+        """`label` starts now (the phase under way goes on when it has that name already)."""
+        if label == self._label:
+            return
+        now = self._clock()
+        self.phases[self._label] = self.phases.get(self._label, 0.0) + now - self._since
+        self._label, self._since = label, now
+
+    def close(self) -> dict[str, float]:
+        self.mark("\0")
+        return {k: round(v, 2) for k, v in self.phases.items() if k != "\0" and v >= 0.005}
+
+
+def top_phases(phases: dict[str, float], total: float | None, n: int = 4) -> str:
+    """"repeat 30 s (36%), quality 12 s, ...": the phases that took the most, largest first."""
+    biggest = sorted(phases.items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{k} {v:.3g} s" + (f" ({v / total:.0%})" if total else "") for k, v in biggest)

@@ -46,13 +46,24 @@ def default_db() -> Path:
 
 
 def connect(db: Path, create: bool = True) -> sqlite3.Connection:
+    """The history, opened (created when `create`); a path that is not one is a usage error."""
     db = Path(db)
+    if db.is_dir():
+        raise UsageError(f"--db {db}: a directory, not a history file", f"pass a file path, like --db {db / 'history.sqlite'}")
     if not create and not db.is_file():
         raise UsageError(f"no history database at {db}", "add runs first: llmopt history add RUN_DIR (or pass --db FILE)")
-    db.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(db)
-    conn.executescript(SCHEMA)
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(db)
+        conn.executescript(SCHEMA)
+    except (OSError, sqlite3.Error) as e:
+        raise not_a_history(db, e) from None
     return conn
+
+
+def not_a_history(db: Path, e: BaseException) -> UsageError:
+    return UsageError(f"--db {db}: not a history llmopt can open or write (SQLite: {e})",
+                      "pass the file `llmopt history add` writes (or a new path for a new history), in a directory you can write to")
 
 
 def stage_values(stage: StageResult) -> dict[str, float]:
@@ -72,21 +83,27 @@ def add_run(db: Path, run: RunResult, source: str = "") -> bool:
     """Append a run; False when this run (run_id, created_at) is already there."""
     conn = connect(db)
     try:
-        key = (run.run_id, run.created_at)
-        cur = conn.execute("INSERT OR IGNORE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                           (*key, utcnow(), compare.device_name(run), run.model.source if run.model else None,
-                            run.workload.model_dump_json(), run.env.get("llmopt_commit"), source,
-                            run.model_dump_json()))
-        if cur.rowcount == 0:
-            return False
-        for s in run.stages:
-            conn.execute("INSERT INTO stages VALUES (?, ?, ?, ?, ?)", (*key, s.name, s.status, s.reason))
-            conn.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?)",
-                             [(*key, s.name, k, v) for k, v in stage_values(s).items()])
-        conn.commit()
-        return True
+        return _insert(conn, run, source)
+    except sqlite3.Error as e:  # a read-only file, a full disk
+        raise not_a_history(Path(db), e) from None
     finally:
         conn.close()
+
+
+def _insert(conn: sqlite3.Connection, run: RunResult, source: str) -> bool:
+    key = (run.run_id, run.created_at)
+    cur = conn.execute("INSERT OR IGNORE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (*key, utcnow(), compare.device_name(run), run.model.source if run.model else None,
+                        run.workload.model_dump_json(), run.env.get("llmopt_commit"), source,
+                        run.model_dump_json()))
+    if cur.rowcount == 0:
+        return False
+    for s in run.stages:
+        conn.execute("INSERT INTO stages VALUES (?, ?, ?, ?, ?)", (*key, s.name, s.status, s.reason))
+        conn.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?)",
+                         [(*key, s.name, k, v) for k, v in stage_values(s).items()])
+    conn.commit()
+    return True
 
 
 def known_metrics(conn: sqlite3.Connection) -> list[str]:
@@ -217,15 +234,32 @@ def trend(db: Path, metric: str = "tpot_p50", stage: str | None = None, threshol
     return points
 
 
-def _created_at(db: Path, run_id: str) -> str:
+def _created_at(db: Path, since: str) -> str:
+    """--since RUN_ID (or RUN_ID@CREATED_AT) -> the run's created_at. A run id is its directory's
+    name, so two runs may share one: then the id alone is refused, never one of them guessed."""
+    run_id, _, created = since.partition("@")
     conn = connect(db, create=False)
     try:
-        row = conn.execute("SELECT MIN(created_at) FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        found = [r[0] for r in conn.execute("SELECT created_at FROM runs WHERE run_id = ? AND (? = '' OR created_at = ?) "
+                                            "ORDER BY created_at", (run_id, created, created))]
     finally:
         conn.close()
-    if row[0] is None:
-        raise UsageError(f"--since {run_id!r}: no such run in the history", "pass a run_id that `llmopt history show` lists")
-    return row[0]
+    if not found:
+        raise UsageError(f"--since {since!r}: no such run in the history", "pass a run_id that `llmopt history show` lists")
+    if len(found) > 1:
+        raise UsageError(f"--since {since!r}: {len(found)} runs in the history have this run_id (created {', '.join(found)})",
+                         f"name one by its run_id and created time, like --since {run_id}@{found[-1]}")
+    return found[0]
+
+
+def since_arg(db: Path, run_id: str, created_at: str) -> str:
+    """The --since value that names this run: its id, or id@created_at where the id is shared."""
+    conn = connect(db, create=False)
+    try:
+        n = conn.execute("SELECT COUNT(*) FROM runs WHERE run_id = ?", (run_id,)).fetchone()[0]
+    finally:
+        conn.close()
+    return run_id if n <= 1 else f"{run_id}@{created_at}"
 
 
 @dataclass

@@ -40,11 +40,32 @@ def load_stage(name: str) -> type[Stage]:
     eps = _entry_points()
     if name not in eps:
         known = ", ".join(stage_names()) or "none (is llmopt installed with pip install -e .?)"
-        raise UsageError(f"unknown stage {name!r}", f"known stages: {known}")
+        raise UsageError(f"unknown stage {name!r}", f"{did_you_mean(name, stage_names())}known stages: {known}")
     cls = eps[name].load()
     if getattr(cls, "name", None) != name:
         raise UsageError(f"entry point {name!r} loads {cls!r}, whose name is {getattr(cls, 'name', None)!r}")
     return cls
+
+
+def stage_or_why(name: str) -> tuple[type[Stage] | None, tuple[str, str] | None]:
+    """A registered stage and why it cannot run here; a stage whose entry point does not load
+    (a plugin removed, a stale install) is reported as such, not raised: one broken entry must
+    not take `llmopt stages` and `llmopt doctor` down with it."""
+    try:
+        cls = load_stage(name)
+    except Exception as e:  # noqa: BLE001 - any import error of a third party's module
+        value = _entry_points()[name].value if name in _entry_points() else name
+        return None, (f"its entry point {value} does not load ({type(e).__name__}: {e})",
+                      "reinstall the package that registers it (llmopt's own: pip install -e . in its checkout)")
+    return cls, unavailable(cls)
+
+
+def did_you_mean(name: str, known: list[str]) -> str:
+    """"did you mean hf-fp16? " for hf_fp16 or hf-fp61; "" when nothing is close."""
+    import difflib
+
+    close = difflib.get_close_matches(name.replace("_", "-").lower(), known, n=1, cutoff=0.6)
+    return f"did you mean {close[0]}? " if close else ""
 
 
 def presentation_class(name: str) -> type[Stage]:
@@ -206,7 +227,8 @@ def resolve_stages(arg: str) -> tuple[list[StagePlan], bool]:
             journey = {p.name: p for p in parse_journey(journey_path())}
         names = [n.strip() for n in arg.split(",") if n.strip()]
         if not names:
-            raise UsageError("--stages is empty", "pass all, a comma list like hf-fp16,vllm, or a journey .toml")
+            raise UsageError(f"--stages {arg!r}: empty (an unset shell variable?), not all",
+                             "pass all, a comma list like hf-fp16,vllm, or a journey .toml (leave --stages out for all)")
         plans, named = [journey.get(n, StagePlan(n)) for n in names], True
     for p in plans:
         p.params = validate_params(load_stage(p.stage), p.params)

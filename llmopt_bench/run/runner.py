@@ -21,7 +21,7 @@ from typing import Any
 from llmopt_bench.analysis.quality_gate import apply_gate
 from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
 from llmopt_bench.core.models import ModelInfo, ModelSpec, portable_path
-from llmopt_bench.core.results import FAILED, RunResult, StageResult, utcnow
+from llmopt_bench.core.results import FAILED, RunResult, StageResult, utc_at, utcnow
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.run.outcomes import Reference, Reporter, skipped
 from llmopt_bench.run.registry import StagePlan, journey_order, load_stage, plan_of, unavailable
@@ -49,6 +49,13 @@ class RunOptions:
     preset: str | None = None  # the --preset that chose the journey and workload, recorded in run.json
     share_engines: bool = True  # stages of one engine configuration run on one engine (engines/engine_pool.py)
     extra_env: dict[str, str] = field(default_factory=dict)
+    # run.wall_s before this invocation, and when it began: wall_s is saved with every stage, so
+    # that an invocation killed from outside (a machine taken away) still counts what it ran
+    wall_before: float = 0.0
+    began: float = field(default_factory=time.monotonic)
+
+    def wall_s(self) -> float:
+        return round(self.wall_before + time.monotonic() - self.began, 3)
 
 
 def env_for_children(opts: RunOptions) -> dict[str, str]:
@@ -68,7 +75,9 @@ def probe(rd: RunDir, opts: RunOptions, reporter: Reporter) -> tuple[dict[str, A
     job, answer_path, log = rd.root / "probe.job.json", rd.root / "probe.json", rd.logs / "probe.log"
     answer_path.unlink(missing_ok=True)
     rd.write_json(job, {"model": opts.model.model_dump(), "out": answer_path.name})
-    reporter.phase(f"probing the environment and preparing {opts.model.source} (first use writes its checkpoint)")
+    reporter.phase(f"probing the environment ({opts.model.source}: the server's model, nothing of it prepared here)"
+                   if opts.model.kind == "endpoint" else
+                   f"probing the environment and preparing {opts.model.source} (first use writes its checkpoint)")
     with open(log, "w") as f:
         ended = spawn.run([sys.executable, "-m", "llmopt_bench.run.envprobe", str(job)], log=f,
                           env=spawn.child_env(env_for_children(opts)))
@@ -120,6 +129,7 @@ def start_run(rd: RunDir, opts: RunOptions, reporter: Reporter) -> tuple[RunResu
             raise UsageError(f"cannot resume {rd.root}: {mismatch}", "resume with the same --model and workload options, or use a new --output")
     env, model = probe(rd, opts, reporter)
     run = previous or RunResult(run_id=rd.root.name, created_at=utcnow(), command=opts.command, workload=opts.workload)
+    opts.wall_before = run.wall_s or 0.0
     run.env, run.status, run.command = env, "running", opts.command
     run.journey = [p.as_dict() for p in opts.plans]  # a resumed run: its journey and any stages added
     run.model = model.model_copy(update={"path": portable_path(model.path)})
@@ -135,7 +145,7 @@ def run_journey(opts: RunOptions, reporter: Reporter) -> RunResult:
     rd = RunDir(opts.out_dir)
     rd.create()
     rd.lock()
-    started = time.monotonic()
+    opts.began = time.monotonic()
     run: RunResult | None = None
     try:
         run, previous, model = start_run(rd, opts, reporter)
@@ -152,7 +162,7 @@ def run_journey(opts: RunOptions, reporter: Reporter) -> RunResult:
     finally:
         if run is not None:
             run.finished_at = utcnow()
-            run.wall_s = round((run.wall_s or 0) + time.monotonic() - started, 3)
+            run.wall_s = opts.wall_s()
             run.stages.sort(key=journey_order(run, opts.plans))
             _save_last(rd, run)
         rd.unlock()
@@ -183,7 +193,8 @@ def say_eta(run: RunResult, plans: list[StagePlan], reporter: Reporter) -> None:
     seconds, known = durations.eta([_duration_key(run, p) for p in plans])
     if known:
         rest = "" if known == len(plans) else f" (+ {len(plans) - known} stage(s) never timed here)"
-        reporter.phase(f"ETA ~{seconds / 60:.0f} min for {known} stage(s), from their last run here{rest}")
+        left = f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+        reporter.phase(f"ETA ~{left} for {known} stage(s), from their last run here{rest}")
 
 
 def _run_plans(run: RunResult, previous: RunResult | None, model: ModelInfo, rd: RunDir, opts: RunOptions,
@@ -251,7 +262,7 @@ def _run_group(group: list[StagePlan], keys: dict[str, str], run: RunResult, mod
 
 def _interrupted(plan: StagePlan, run: RunResult, rd: RunDir, started: float) -> None:
     run.put(skipped(plan, load_stage(plan.stage), "interrupted", "stopped before it finished (Ctrl-C or SIGTERM)",
-                    f"llmopt bench --resume {rd.root}", log=rd.relative(rd.log(plan.name)),
+                    f"llmopt bench --resume {rd.root}", log=rd.relative(rd.log(plan.name)), started_at=utc_at(started),
                     partial=rd.read_partial(plan.name, started)))
 
 
@@ -261,6 +272,7 @@ def _record(plan: StagePlan, result: StageResult, run: RunResult, rd: RunDir, op
     from llmopt_bench.run import durations
 
     run.put(result)
+    run.wall_s = opts.wall_s()  # so far: a kill from outside (a machine taken away) keeps this invocation's time
     if result.status == "ok" and result.duration_s:
         durations.record(_duration_key(run, plan), result.duration_s)
     apply_gate(run, run.min_quality)

@@ -17,13 +17,14 @@ from llmopt_bench.core.contract import Stage
 from llmopt_bench.core.errors import first_line
 from llmopt_bench.core.models import ModelInfo
 from llmopt_bench.core.records import StageRun
-from llmopt_bench.core.results import FAILED, EnergyRecord, MemoryRecord, RunResult, StageResult, utcnow
+from llmopt_bench.core.results import FAILED, EnergyRecord, MemoryRecord, RunResult, StageResult, utc_at
 from llmopt_bench.measure.memory import MemorySampler
 from llmopt_bench.procs import spawn
 from llmopt_bench.procs.events import FD_ENV, start_reader
 from llmopt_bench.procs.gpu import wait_gpu_free
 from llmopt_bench.procs.interpreters import engine_python
 from llmopt_bench.procs.tree import session_pids
+from llmopt_bench.run.durations import Timeline, phase_label
 from llmopt_bench.run.outcomes import Reference, Reporter, skipped, stage_result
 from llmopt_bench.run.registry import StagePlan, entry_value
 from llmopt_bench.run.rundir import RunDir
@@ -48,8 +49,11 @@ def write_job(plan: StagePlan, cls: type[Stage], run: RunResult, model: ModelInf
     return spawned
 
 
-def follow(proc: subprocess.Popen, events: "queue.Queue", plan: StagePlan, timeout: float, reporter: Reporter) -> tuple[dict | None, dict]:
-    """The child's events until its result, its death or the timeout: (load event, final event)."""
+def follow(proc: subprocess.Popen, events: "queue.Queue", plan: StagePlan, timeout: float, reporter: Reporter,
+           timeline: Timeline | None = None) -> tuple[dict | None, dict]:
+    """The child's events until its result, its death or the timeout: (load event, final event);
+    each progress message starts a phase of the timeline (where the stage's time went)."""
+    timeline = timeline or Timeline(time.time())
     load_evt, final = None, None
     deadline = time.monotonic() + timeout
     while final is None:
@@ -62,12 +66,15 @@ def follow(proc: subprocess.Popen, events: "queue.Queue", plan: StagePlan, timeo
         if evt is None:  # the pipe closed without a result: the child died
             final = {"type": "died", "code": proc.wait()}
         elif evt["type"] == "progress":
+            timeline.mark(phase_label(evt["msg"]))
             reporter.progress(plan.name, evt["msg"], evt.get("done"), evt.get("total"))
         elif evt["type"] == "load":
             load_evt = evt
+            timeline.mark("after load")
             reporter.progress(plan.name, f"loaded in {evt['load_s']:.1f} s", None, None)
         elif evt["type"] != "log":
             final = evt
+    timeline.mark("after its result (engine shut down, card freed)")
     return load_evt, final
 
 
@@ -103,12 +110,13 @@ def supervise_group(plans: list[StagePlan], classes: list[type[Stage]], keys: li
         for i, (plan, cls) in enumerate(zip(plans, classes)):
             begin(plan)
             started = spawned if i == 0 else time.time()
+            timeline = Timeline(started, "start-up (process, imports)" if i == 0 else "start")
             with MemorySampler(lambda: session_pids(proc.pid), enabled=cls.owns_device) as sampler:
                 # the card before the group's engine started: the later stages' peaks and the
                 # group's final check count from there, not from a card the engine already holds
                 baseline = baseline if i else dict(sampler.peaks.device_baseline_bytes)
                 sampler.peaks.device_baseline_bytes.update(baseline)
-                load_evt, final = follow(proc, events, plan, timeouts[i], reporter)
+                load_evt, final = follow(proc, events, plan, timeouts[i], reporter, timeline)
             left.remove(plan)
             last = not left or final["type"] not in ("result", "skipped")
             free = _end_group(proc, final, sampler.peaks.nvml, baseline) if last else None
@@ -116,9 +124,10 @@ def supervise_group(plans: list[StagePlan], classes: list[type[Stage]], keys: li
                 status, reason = spawn.Exit(final["code"], oom_killed=spawn.oom_evidence(before)).outcome()
                 final = {"type": status, "reason": f"worker {reason}"}
             rd.scrub(rd.log(plan.name))
-            common = dict(started_at=utcnow(), log=rd.relative(rd.log(plan.name)), duration_s=round(time.time() - started, 3),
+            common = dict(started_at=utc_at(started), log=rd.relative(rd.log(plan.name)), duration_s=round(time.time() - started, 3),
                           memory=memory_of(load_evt, final, sampler), gpu_free_after=free,
-                          load_s=load_evt["load_s"] if load_evt else None, load=(load_evt or {}).get("info"))
+                          load_s=load_evt["load_s"] if load_evt else None, load=(load_evt or {}).get("info"),
+                          phases=timeline.close())
             done(plan, outcome(plan, cls, final, common, rd, started))
             if last:
                 return left

@@ -29,6 +29,10 @@ def test_endpoint_that_refuses_connections_is_skipped_with_the_fix(tmp_path, tin
     assert stage["params"]["slo"] == "ttft_p90=1s,e2e_p99=3s"  # --slo reached the serving stage
     assert run["model"]["source"] == "endpoint:served-name"
     assert "sk-secret-123" not in (tmp_path / "run" / "run.json").read_text()
+    # the server's model is not prepared here, and the server gets the workload defaults, not this CPU's lighter ones
+    assert "endpoint:served-name: the server's model, nothing of it prepared here" in res.stderr
+    assert "first use writes its checkpoint" not in res.stderr
+    assert run["workload"]["max_new_tokens"] == 100 and run["workload"]["num_prompts"] == 8 and not run["workload"]["notes"]
 
 
 def test_endpoint_without_a_model_name_is_a_usage_error(tmp_path):

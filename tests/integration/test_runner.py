@@ -596,3 +596,23 @@ def test_missing_import_named_on_command_line_exits_3(background):
     assert "Traceback" not in r.stderr
     s = stage(read_run(out), "t-missing")
     assert s["status"] == "skipped"
+
+
+def test_each_stage_records_when_it_started_and_where_its_time_went(hf_run, outcomes_run):
+    """started_at is the stage's spawn (it held the end before issue 28): each stage's start and
+    duration lie within the run and after the previous stage's; its phases, timed from one
+    progress message to the next, add up to its duration."""
+    from datetime import datetime, timedelta
+
+    for _, out in (hf_run, outcomes_run):
+        run = read_run(out)
+        created, finished = datetime.fromisoformat(run["created_at"]), datetime.fromisoformat(run["finished_at"])
+        ends = created - timedelta(seconds=1)
+        for s in [s for s in run["stages"] if s.get("duration_s")]:  # journey order is run order here (no groups)
+            start = datetime.fromisoformat(s["started_at"])
+            assert start >= ends - timedelta(seconds=1), (s["name"], start, ends)  # to the second: 1 s of rounding
+            ends = start + timedelta(seconds=s["duration_s"])
+            assert ends <= finished + timedelta(seconds=1), (s["name"], ends, finished)
+            assert sum(s["phases"].values()) == pytest.approx(s["duration_s"], abs=1.0), s["phases"]
+    phases = stage(read_run(hf_run[1]), "hf-fp16")["phases"]
+    assert {"start-up (process, imports)", "loading synthetic:tiny", "repeat"} <= set(phases), phases

@@ -44,16 +44,27 @@ def reference(probs: list[float], positions: int = 4) -> dict:
 
 
 def test_kl_is_reference_to_stage_not_the_reverse():
-    """KL(P_fp16 || P_stage) = 0.687 here, KL(P_stage || P_fp16) = 0.914: a swapped KL fails."""
+    """KL(P_fp16 || P_stage), computed here from the two distributions, is what agreement()
+    reports; the reverse direction (0.914 against 0.687 for these two) is not."""
     got = quality.agreement(FixedLogits(Q), reference(P))["kl_mean"]
-    assert abs(kl(P, Q) - kl(Q, P)) > 0.2  # the two directions are far apart for these two
     assert got == pytest.approx(kl(P, Q), abs=5e-3)  # fp16 storage of the reference: ~1e-3
+    assert got != pytest.approx(kl(Q, P), abs=5e-3)  # llmopt's figure is not the swapped KL
     assert got == pytest.approx(quality.agreement(FixedLogits(Q), reference(P, 9))["kl_mean"], abs=1e-6)
 
 
 def test_same_distribution_has_zero_kl_and_full_match():
     got = quality.agreement(FixedLogits(P), reference(P))
     assert got["kl_mean"] == pytest.approx(0.0, abs=2e-3) and got["token_match_rate"] == 1.0
+    assert got["first_divergence_mean"] == 4  # nothing diverged: the continuation's length (the report says so)
+
+
+def test_first_divergence_and_match_count_the_positions_where_the_argmax_differs():
+    """The stage always predicts token 0; the reference continues 0, 0, 1, 0 and 1, 0, 0, 0: the
+    first prompt parts at position 2, the second at 0, and 6 of 8 positions match."""
+    ref = reference(P)
+    ref["items"] = [dict(ref["items"][0], continuation=c) for c in ([0, 0, 1, 0], [1, 0, 0, 0])]
+    got = quality.agreement(FixedLogits(P), ref)
+    assert got["first_divergence_mean"] == 1.0 and got["token_match_rate"] == 6 / 8 and got["agreement_positions"] == 8
 
 
 # --- the reference file: data only ---------------------------------------------------------
@@ -93,14 +104,14 @@ def test_the_reference_quality_writes_loads_with_weights_only(tmp_path):
 
 
 def test_a_reference_that_would_run_code_is_refused(tmp_path):
-    import torch
-
     marker = tmp_path / "marker"
-    path = plant(tmp_path / "run", reference(P) | {"extra": Payload(marker)})
-    torch.load(path, weights_only=False)  # the payload is live: this is what a careless load does
-    assert marker.read_text() == "ran"
-    marker.unlink()
+    # the same reference without the payload loads and is used: the refusal below is the payload's
+    clean = plant(tmp_path / "clean", reference(P))
+    assert quality.load_reference(clean)["items"][0]["continuation"] == [0] * 4
+    assert quality.evaluate(FixedLogits(P), None, [], clean, "ref", real_weights=False, is_reference=False, greedy=None,
+                            progress=lambda *a: None)["token_match_rate"] == 1.0
 
+    path = plant(tmp_path / "run", reference(P) | {"extra": Payload(marker)})
     with pytest.raises(quality.ReferenceRefused, match="refused to load the FP16 reference"):
         quality.load_reference(path)
     out = quality.evaluate(FixedLogits(Q), None, [], path, "ref", real_weights=False,

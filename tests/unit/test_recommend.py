@@ -181,3 +181,89 @@ def test_the_committed_h200_run_is_ranked_on_what_it_measured():
     latency = recommend(run, priority="latency")
     assert latency.winner.batch1_tpot_s == min(c.batch1_tpot_s for c in latency.candidates if c.batch1_tpot_s)
     assert any("No `vllm serve` line" in c for c in rec.caveats)
+
+
+# --- issue 28: what recommend says, and what it weighs -------------------------------------------
+
+def test_a_config_fast_at_batch_1_that_misses_the_slo_everywhere_does_not_win_latency():
+    misses = [point(r, 3.0, 0.05) for r in (1, 2, 3)]  # TTFT 3 s > 2 s at every rate
+    rec = recommend(run_of(served("quick", misses, tpot1=0.001), served("slow", curve(3), tpot1=0.01)), priority="latency")
+    assert rec.winner.name == "slow" and rec.runner_up is None
+
+
+def test_overlapping_capacity_intervals_are_not_a_winner():
+    # a: capacity 3 (fails at 6: [3, 6)), b: capacity 2 (fails at 4: [2, 4)): the true capacities may be equal
+    a = served("a", [point(1, 0.5, 0.05), point(3, 0.5, 0.05), point(6, 3.0, 0.05)])
+    b = served("b", [point(1, 0.5, 0.05), point(2, 0.5, 0.05), point(4, 3.0, 0.05)])
+    rec = recommend(run_of(a, b))
+    assert not rec.distinct and (rec.winner.name, rec.runner_up.name) == ("a", "b")
+    assert rec.verdict.startswith("No single winner on throughput: a and b cannot be told apart")
+    assert "Deploy" not in rec.verdict and not any("%)" in t for t in rec.tradeoffs if t.startswith("Capacity"))
+    # b failing at 2.5: [2, 2.5) lies below a's [3, 6), a is the better one
+    b2 = served("b", [point(1, 0.5, 0.05), point(2, 0.5, 0.05), point(2.5, 3.0, 0.05)])
+    apart = recommend(run_of(a, b2))
+    assert apart.distinct and apart.verdict.startswith("Deploy a:") and any("(+50%)" in t for t in apart.tradeoffs)
+
+
+def test_the_verdict_says_what_the_quality_gate_judged():
+    judged = recommend(run_of(served("a", curve(3)), served("b", curve(2))))
+    assert "among the results that pass the quality gate" in judged.verdict
+    unjudged = [served(n, curve(c), regression=None) for n, c in (("a", 3), ("b", 2))]
+    for s in unjudged:
+        s.quality = QualityRecord(perplexity_meaningful=False, perplexity_note="random weights: perplexity is not meaningful")
+    rec = recommend(run_of(*unjudged))
+    assert "pass the quality gate" not in rec.verdict
+    assert "the quality gate judged none of them: random weights" in rec.verdict
+
+
+def offline(name: str, weights: float, match: float | None, *, reference: bool = False, share: float | None = None,
+            tok_s: float = 10.0) -> StageResult:
+    """A fixed-workload result on random weights: no perplexity, a token match with the reference."""
+    return StageResult(name=name, status="ok", quality_reference=reference, load=LoadInfo(weights_bytes=int(weights)),
+                       params={"gpu_memory_utilization": share} if share else {},
+                       quality=QualityRecord(perplexity_meaningful=False, perplexity_note="random weights: no perplexity",
+                                             token_match_rate=match),
+                       metrics=StageMetrics(requests=4, output_tokens=64, prompt_tokens=40, repeats=2, output_tok_s=tok_s))
+
+
+def test_memory_weighs_quality_where_the_gate_cannot_judge():
+    """The issue's CPU run: bnb-nf4 matched 69.5% of the reference's tokens, bnb-int8 96.9%, the
+    reference itself 100%: the smallest weights whose token match is within the gate's margin
+    (1%) of the reference's own, and the smaller ones passed over are named."""
+    run = run_of(offline("hf-fp16", 2.7e8, 1.0, reference=True), offline("bnb-int8", 1.6e8, 0.969),
+                 offline("bnb-nf4", 1.1e8, 0.695))
+    rec = recommend(run, priority="memory")
+    assert rec.winner.name == "hf-fp16"
+    assert "bnb-nf4 (0.11 GB, token match 69.5%)" in rec.verdict and "bnb-int8 (0.16 GB, token match 96.9%)" in rec.verdict
+    run.stages[1].quality.token_match_rate = 0.995  # within 1% of the reference's own: int8 holds, and is smaller
+    assert recommend(run, priority="memory").winner.name == "bnb-int8"
+
+
+def test_the_gpu_memory_utilization_sentence_belongs_to_stages_that_have_it():
+    run = run_of(offline("hf-fp16", 2.7e8, 1.0, reference=True, tok_s=5), offline("bnb-int8", 1.6e8, 0.995, tok_s=4))
+    memory = next(t for t in recommend(run, priority="memory").tradeoffs if t.startswith("Memory:"))
+    assert "gpu_memory_utilization" not in memory  # bitsandbytes and transformers take what they use
+    run.stages.append(offline("vllm", 2.7e8, 0.999, share=0.9, tok_s=50))
+    memory = next(t for t in recommend(run).tradeoffs if t.startswith("Memory:"))
+    assert "vllm takes 90% of the card (gpu_memory_utilization)" in memory
+
+
+def test_a_fixed_workload_figure_is_not_called_saturated():
+    rec = recommend(run_of(offline("hf-fp16", 2.7e8, 1.0, reference=True, tok_s=7.2)))
+    assert "saturated output throughput" not in rec.verdict
+    assert "the highest output throughput measured, 7.20 tok/s on the fixed workload (not a saturated figure" in rec.verdict
+
+
+def test_the_terminal_gets_no_markdown_and_a_cache_path_it_can_use(monkeypatch, capsys):
+    from llmopt_bench.cli.recommend import local_command, print_lines
+
+    rec = recommend(run_of(served("a", curve(3)), served("b", curve(2))))
+    assert "Deploy **a**" in "\n".join(lines(rec))  # the report: markdown
+    monkeypatch.setenv("COLUMNS", "80")
+    print_lines(lines(rec, markdown=False), rec.command)
+    assert "**" not in capsys.readouterr().out
+    monkeypatch.delenv("LLMOPT_CACHE", raising=False)
+    monkeypatch.setenv("HOME", "/home/u")
+    assert local_command("vllm serve $LLMOPT_CACHE/models/m --dtype float16") == "vllm serve ~/.cache/llmopt/models/m --dtype float16"
+    monkeypatch.setenv("LLMOPT_CACHE", "/data/llmopt")
+    assert local_command("vllm serve $LLMOPT_CACHE/models/m") == "vllm serve $LLMOPT_CACHE/models/m"

@@ -87,6 +87,17 @@ def test_weights_fall_back_to_params_times_dtype_size():
     assert rl.stage_weight_bytes(stage("c", 0.01, weights=None, dtype="bfloat16"), model)[0] == int(PARAMS_7B) * 2
 
 
+@pytest.mark.parametrize("dtype,size", [("int8", 1), ("uint8", 1), ("int4", 0.5), ("nf4", 0.5), ("fp4", 0.5), ("awq", 0.5),
+                                        ("fp8", 1), ("torch.float16", 2), ("float32", 4)])
+def test_quantized_weights_fall_back_to_their_own_size(dtype, size):
+    """INT8 is one byte a weight and INT4/NF4/AWQ half of one: an INT8 stage counted at FP16's two
+    bytes would read its memory floor twice too high, and its achieved fraction twice too good."""
+    model = ModelInfo(**LLAMA7B)
+    b, src = rl.stage_weight_bytes(stage("q", 0.01, weights=None, dtype=dtype), model)
+    assert b == int(PARAMS_7B) * size and dtype in src
+    assert rl.kv_cache_bytes(2, 2, 4, rl.dtype_bytes(dtype), 10) == 2 * 2 * 2 * 4 * size * 10
+
+
 def test_run_rows_use_measured_weights_tpot_and_batch():
     fp16 = stage("hf-fp16", 31.5e-3)
     int8 = stage("bnb-int8", 40e-3, weights=int(PARAMS_7B))
