@@ -193,7 +193,7 @@ class FixedWorkloadStage(Stage):
     def report_blocks(cls, result, run) -> list[Block]:
         from llmopt_bench.analysis.overhead import overhead_sentence
 
-        extra = result.extra_as(FixedExtra)
+        extra = result.extra_as(cls.Extra)
         out = []
         if extra.kv_cache:
             out.append(Block(text=kv_line(extra.kv_cache)))
