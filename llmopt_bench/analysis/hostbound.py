@@ -40,7 +40,7 @@ def host_bound(stage: StageResult, run: RunResult) -> Bound:
     share = stage.facts.gpu_busy_share
     if share is not None:
         bound = share < HOST_BOUND_BELOW
-        return Bound(bound, f"GPU busy {pct(share)} of each token" + (": host-bound" if bound else ""))
+        return Bound(bound, f"GPU busy {pct(share)} of each token")
     if is_cpu_run(stage, run):
         return Bound(True, "a CPU run: the host is the device")
     from llmopt_bench.analysis.roofline import stage_rows

@@ -120,6 +120,6 @@ class CompiledTransformersEngine(TransformersEngine):
             self.record.decode_agreement = self.decode_agreement(ctx)
         except Exception as e:  # noqa: BLE001 - the timed samples are worth keeping whatever broke here
             self.record.decode_agreement = DecodeAgreement(note=f"not measured: {describe(e, 200)}")
-        out["compile"] = self.record.model_dump()
+        out["compile"] = self.record.model_dump(mode="json")
         return out
 

@@ -177,10 +177,14 @@ class FixedWorkloadStage(Stage):
         conditions: list[RepeatConditions] = []
         reqs, samples, tokens = measure(self.engine, workload, ctx, rule, conditions)
         busy = measure_gpu_busy(self.engine, reqs, workload, samples, ctx)
-        extra = self.Extra(greedy_tokens=tokens, stopping=rule.record, conditions=conditions, gpu_busy=busy,
-                           **self.engine.records(reqs, workload, ctx))
+        records = self.engine.records(reqs, workload, ctx)
+        # an engine's own records (a compiled engine's compile) join the extra as they are: the
+        # stage's Extra validates them in the parent, and a plugin's run() that builds its Extra
+        # from this one's fields still finds only the scenario's
+        own = {k: records.pop(k) for k in list(records) if k not in FixedExtra.model_fields}
+        extra = FixedExtra(greedy_tokens=tokens, stopping=rule.record, conditions=conditions, gpu_busy=busy, **records)
         quality = quality_or_failure(self.engine, workload, ctx) if self.params.quality else None
-        return StageRun(samples=samples, extra=extra.model_dump(mode="json", exclude_none=True), quality=quality,
+        return StageRun(samples=samples, extra={**extra.model_dump(mode="json", exclude_none=True), **own}, quality=quality,
                         facts=StageFacts(gpu_busy_share=busy.share))
 
     def teardown(self) -> None:
