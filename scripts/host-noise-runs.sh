@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Independent CPU runs for the host-speed calibration (docs/regression.md, "The host"): the same
 # command N times, alternately on the host as it is ("quiet") and beside a noisy neighbour we
-# control (HOGS busy Python loops at nice 0, started before the run and killed after it), so
-# that the pairs hold host changes of a known cause as well as the shared host's own. Only each
-# run's run.json is kept.
+# control (HOGS busy Python loops at nice 0, each in a session of its own as another user's job
+# is, started before the run and killed after it), so that the pairs hold host changes of a
+# known cause as well as the shared host's own. Only each run's run.json is kept.
+#
+# Each hog needs its own session: with the kernel's autogroup scheduling (on by default on most
+# desktops and VMs, /proc/sys/kernel/sched_autogroup_enabled) CPU time is shared between
+# sessions first, and llmopt starts each stage in a session of its own, so busy loops that share
+# one session take one share between them, however many they are.
 #
 #   scripts/host-noise-runs.sh [PAIRS] [OUT_DIR] [extra llmopt bench options...]
 #   scripts/host-noise-runs.sh 8 results/cpu/host-calibration --pin-cpu
@@ -23,7 +28,7 @@ for i in $(seq -w 1 "$pairs"); do
     dir="$out/run$i-$mode"
     [ -f "$dir/run.json" ] && continue
     if [ "$mode" = hogs ]; then
-      for _ in $(seq "$hogs"); do nice -n 0 "$python" -c 'while 1: pass' & pids+=($!); done
+      for _ in $(seq "$hogs"); do setsid nice -n 0 "$python" -c 'while 1: pass' & pids+=($!); done
       sleep 2
     fi
     tmp=$(mktemp -d)

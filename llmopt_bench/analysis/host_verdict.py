@@ -11,10 +11,14 @@ whole interval lies beyond HOST_THRESHOLD: less is the index's own noise.
 index, each repeat's latencies times its index over the baseline's mean index (throughput
 divided by it): the run as if it had run on the baseline's host. Then:
 
+- `attribute` rule (the default): the verdict is the raw one, except where the host changed
+  beyond its noise: on a slower host, a host-bound stage that got worse (regressed, or
+  inconclusive in the bad direction) is `inconclusive (host)`: how much of it the host made,
+  the index cannot say exactly (on the shared 2-core CPU, TPOT moved as the index to the power
+  -2, not -1: docs/regression.md); on a faster host, a regression the normalised figures show
+  and the raw ones hide is `inconclusive (host)` too;
 - `normalise` rule: the verdict is the normalised one; a raw regression that normalising takes
-  away is `inconclusive (host)`;
-- `attribute` rule: the verdict is the raw one; where the host changed and the two disagree on
-  a regression (a slower host explains it, or a faster host hides one), `inconclusive (host)`.
+  away is `inconclusive (host)`.
 
 Either way a run on a slower host never passes silently: `inconclusive (host)` exits with its
 own code (errors.ExitCode.HOST_INCONCLUSIVE, 8), neither 0 nor the regression's 5. Which rule
@@ -104,15 +108,24 @@ def normalised(values: Sequence[float | None], repeats: Sequence[int], index: Se
     return out
 
 
-def final_verdict(raw: str, normal: str | None, host: HostChange, rule: str) -> str:
-    """The verdict of a host-bound stage's metric from its raw and normalised verdicts."""
+def final_verdict(raw: str, normal: str | None, host: HostChange, rule: str, worse: bool = False) -> str:
+    """The verdict of a host-bound stage's metric from its raw and normalised verdicts; `worse`:
+    the raw change lies beyond the threshold in the bad direction (regressed or inconclusive)."""
     if normal is None:
         return raw
     if rule == "normalise":
         return HOST_INCONCLUSIVE if raw == "regressed" and normal != "regressed" else normal
-    if host.differs and (raw == "regressed") != (normal == "regressed"):
+    if host.state == "slower" and (raw == "regressed" or (raw == "inconclusive" and worse)):
+        return HOST_INCONCLUSIVE
+    if host.state == "faster" and normal == "regressed" and raw != "regressed":
         return HOST_INCONCLUSIVE
     return raw
+
+
+def worse(ratio: float | None, threshold: float, higher_is_better: bool) -> bool:
+    if ratio is None:
+        return False
+    return ratio < 1 - threshold if higher_is_better else ratio > 1 + threshold
 
 
 def normalised_inputs(stage: StageResult, key: str, index: list, reference: float) -> tuple[float | None, list[list[float]]]:
@@ -154,4 +167,4 @@ def weigh_host(delta: "StageDelta", base: StageResult, new: StageResult, base_ru
         statistic = "mean" if d.metric == "output_tok_s" else "median"
         normal = judge(d.metric, b_val, n_val, b_groups, n_groups, statistic, d.threshold, resamples, confidence, seed)
         d.raw_verdict, d.normalised_ratio, d.normalised_ci, d.normalised_verdict = d.verdict, normal.ratio, normal.ci, normal.verdict
-        d.verdict = final_verdict(d.verdict, normal.verdict, change, rule)
+        d.verdict = final_verdict(d.verdict, normal.verdict, change, rule, worse(d.ratio, d.threshold, d.higher_is_better))

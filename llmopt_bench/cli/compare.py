@@ -69,7 +69,7 @@ def verdict_cell(s, d) -> str:
     if s.host_bound and s.host and s.host["state"] in ("slower", "faster") and d.normalised_verdict is not None:
         ci = f" [{pct(d.normalised_ci[0] - 1)} … {pct(d.normalised_ci[1] - 1)}]" if d.normalised_ci else ""
         out += (f"; {s.host['text'].split(' (')[0]}: {pct(d.normalised_ratio - 1)}{ci} as on the baseline's host "
-                f"(raw: {MARK.get(d.raw_verdict, d.raw_verdict)})")
+                f"(raw: {d.raw_verdict})")
     return out
 
 

@@ -109,3 +109,12 @@ def test_compare_exits_8_on_a_host_explained_change(tmp_path):
     assert "inconclusive (host): hf-fp16 ttft_p50, hf-fp16 tpot_p50" in r.stderr and "Traceback" not in r.stderr
     assert "| hf-fp16 | TPOT p50 |" in r.stdout and "**inconclusive (host)**; host 2.00x slower" in r.stdout
     assert run_cli("compare", str(a), str(a), env=env).returncode == 0
+
+
+def test_on_a_slower_host_a_change_within_the_noise_does_not_pass_either():
+    """1.3x slower on a host 1.5x slower: the raw interval reaches back inside the threshold
+    (hf-fp16's repeats spread by 53%), which alone would pass; on a slower host it is the host's."""
+    base, new = pair(1.3, [k / 1.5 for k in INDEX])
+    cmp = compare_runs(base, new)
+    tpot = next(d for s in cmp.stages if s.stage == "hf-fp16" for d in s.metrics if d.metric == "tpot_p50")
+    assert tpot.raw_verdict == "inconclusive" and tpot.verdict == HV.HOST_INCONCLUSIVE

@@ -29,7 +29,8 @@ def at_nice_0() -> None:
 
 
 def hogs(n: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", "while 1: pass"], preexec_fn=at_nice_0) for _ in range(n)]
+    return [subprocess.Popen([sys.executable, "-c", "while 1: pass"], preexec_fn=at_nice_0,
+                             start_new_session=True) for _ in range(n)]
 
 
 def test_the_index_falls_beside_a_real_noisy_neighbour():
