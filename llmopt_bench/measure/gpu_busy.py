@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 SHORT, STEPS = 4, 16  # new tokens of the short generation, and the decode steps between the two
 HOST_BOUND_BELOW = 0.5  # a GPU idle for over half of each token is waiting on the host
@@ -34,13 +34,13 @@ class GpuBusy(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    share: float | None = Field(None, description="kernel time per decode step / TPOT p50 (None: not measured)")
-    kernel_s_per_step: float | None = Field(None, description="device time of the kernels of one decode step")
-    token_s: float | None = Field(None, description="the TPOT p50 of the timed repeats it is divided by")
-    profiled_step_s: float | None = Field(None, description="the wall time of a profiled decode step (profiler included)")
-    steps: int | None = Field(None, description="decode steps between the two profiled generations")
+    share: float | None = None  # kernel time per decode step / TPOT p50 (None: not measured)
+    kernel_s_per_step: float | None = None  # device time of the kernels of one decode step
+    token_s: float | None = None  # the TPOT p50 of the timed repeats it is divided by
+    profiled_step_s: float | None = None  # the wall time of a profiled decode step (profiler included)
+    steps: int | None = None  # decode steps between the two profiled generations
     method: str = "torch.profiler kernel time over decode steps / TPOT p50"
-    why_not: str | None = Field(None, description="why it was not measured")
+    why_not: str | None = None  # why it was not measured
 
 
 def union_seconds(intervals: list[tuple[float, float]]) -> float:

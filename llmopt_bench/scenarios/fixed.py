@@ -147,7 +147,7 @@ def quality_or_failure(engine: FixedEngine, workload: WorkloadConfig, ctx: Stage
 
 
 def gpu_busy_sentence(name: str, busy: GpuBusy) -> str:
-    if busy.share is None:
+    if busy.share is None or busy.kernel_s_per_step is None or busy.token_s is None:
         return f"GPU busy: not measured ({busy.why_not or 'no record'})."
     bound = "host-bound" if busy.share < gpu_busy.HOST_BOUND_BELOW else "not host-bound"
     return (f"{name}: GPU busy {busy.share * 100:.0f}% of each token: {bound} (kernels {busy.kernel_s_per_step * 1e3:.2f} ms "
