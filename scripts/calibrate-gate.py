@@ -90,9 +90,7 @@ def pools(cpu_glob: str, run_shift: float, stages: list[str] | None, host_glob: 
     out = []
     hosted = real_runs(host_glob) if host_glob else []
     if len(hosted) >= 4:
-        near = sum("hogs" in (r.command or "") or "-hogs" in r.run_id for r in hosted)
         out.append(Pool(f"CPU tiny hf-fp16 with the index ({len(hosted)} runs)", [repeats_of(r.stage("hf-fp16")) for r in hosted], 0.0))
-        print(f"(host pool: {len(hosted)} runs, {near} named as beside the busy neighbour)", file=sys.stderr)
     journey = load_run(ROOT / "results" / "h200")
     for st in journey.stages:
         if st.status == "ok" and len(set(st.samples.repeat)) >= 2 and (not stages or st.name in stages):

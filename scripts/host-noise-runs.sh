@@ -12,11 +12,15 @@
 #
 #   scripts/host-noise-runs.sh [PAIRS] [OUT_DIR] [extra llmopt bench options...]
 #   scripts/host-noise-runs.sh 8 results/cpu/host-calibration --pin-cpu
+#   MODEL=synthetic:llama2-7b PROMPTS=8 TOKENS=100 HOGS=32 scripts/host-noise-runs.sh 4 results/h200/host-calibration
 set -euo pipefail
 pairs=${1:-8}
 out=${2:-results/cpu/host-calibration}
 shift $(( $# >= 2 ? 2 : $# ))
 hogs=${HOGS:-2}
+model=${MODEL:-synthetic:tiny}
+prompts=${PROMPTS:-8}
+tokens=${TOKENS:-16}
 python=${PYTHON:-python}
 here=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
@@ -33,8 +37,8 @@ for i in $(seq -w 1 "$pairs"); do
     fi
     tmp=$(mktemp -d)
     echo "$(date +%T) $dir (load $(cut -d' ' -f1 /proc/loadavg))"
-    PYTHONPATH="$here" nice -n 5 "$python" -m llmopt_bench bench --stages hf-fp16 --model synthetic:tiny \
-      --num-prompts 8 --max-new-tokens 16 --repeats 3 --no-report -o "$tmp/run" "$@" > "$tmp/log" 2>&1 \
+    PYTHONPATH="$here" nice -n 5 "$python" -m llmopt_bench bench --stages hf-fp16 --model "$model" \
+      --num-prompts "$prompts" --max-new-tokens "$tokens" --repeats 3 --no-report -o "$tmp/run" "$@" > "$tmp/log" 2>&1 \
       || { echo "failed: $tmp/log"; tail -5 "$tmp/log"; }
     stop_hogs
     if [ -f "$tmp/run/run.json" ]; then mkdir -p "$dir" && cp "$tmp/run/run.json" "$dir/"; fi

@@ -1,5 +1,6 @@
 """A real noisy neighbour (issue 25's "done" on CPU): hf-fp16 on synthetic:tiny run twice, the
-second time beside busy processes this test starts (two per core, at nice 0) and kills. The
+second time beside busy processes this test starts (two per core, at nice 0, each in a session of
+its own: with autogroup scheduling the kernel shares CPU between sessions first) and kills. The
 host-speed index of the second run's repeats drops, its report shows the index beside the
 repeats, and `llmopt compare` attributes the host-bound stage's slowdown to the host: exit 8,
 "inconclusive (host)", both runs' index printed, never a pass and never a regression."""
@@ -47,7 +48,7 @@ def test_a_noisy_neighbour_lowers_the_index_and_compare_blames_the_host(tmp_path
             h.wait()
     assert r.returncode == 0, r.stderr
     before, after = index(quiet), index(noisy)
-    assert len(before) == len(after) == 3 and max(after) < min(before), (before, after)
+    assert len(before) == len(after) == 3 and sum(after) < 0.8 * sum(before), (before, after)
     report = (noisy / "report.md").read_text()
     assert "host speed " in report and " kop/s (cpu)" in report  # beside the repeats, in hf-fp16's details
     assert "hf-fp16: GPU busy not measured (a CPU run: the host is the device)" in report
