@@ -18,10 +18,18 @@ Pools of repeats, each from real runs (one stage of one device):
   the whole-run shift between them is the real one;
 - results/cpu/20261203-smollm2-quantization: one CPU run, as the H200 run.
 
+- results/cpu/host-calibration/run*/run.json (--host-runs; scripts/host-noise-runs.sh): CPU runs
+  that recorded the host-speed index per repeat, half of them beside busy processes we started:
+  pairs of real runs, as above, on hosts of a known and an unknown change.
+
 A slowdown multiplies every latency of the new run (and divides its tok/s) by the factor: a
-shift of the whole run, as a real regression is. Methods: `requests` is the gate before this
-change (a paired bootstrap over requests), `repeats` the cluster bootstrap over repeats
-(analysis/noise.py), `history` the same with the baseline's noise from 10 earlier runs."""
+shift of the whole run, as a real regression is (the host's index is left as it was: a slower
+build does not slow the host). Methods: `requests` is the gate before this change (a paired
+bootstrap over requests), `repeats` the cluster bootstrap over repeats (analysis/noise.py),
+`history` the same with the baseline's noise from 10 earlier runs; on pools with the index,
+`attribute` and `normalise` are compare's two host rules for a host-bound stage
+(analysis/host_verdict.py): a flag is a regression (exit 5), and how often the verdict was
+"inconclusive (host)" (exit 8, not a pass) is counted apart."""
 
 from __future__ import annotations
 
@@ -38,7 +46,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llmopt_bench.analysis import changepoint, compare
+from llmopt_bench.analysis import changepoint, compare, host_verdict
+from llmopt_bench.analysis.hostbound import index_per_repeat
 from llmopt_bench.core.results import load_run
 
 FACTORS = (1.0, 1.1, 1.2, 1.3)
@@ -60,23 +69,33 @@ class Pool:
 def repeats_of(stage) -> list[dict]:
     s, reps = stage.samples, sorted(set(stage.samples.repeat))
     tok = stage.metrics.output_tok_s_repeats if stage.metrics else []
+    index = index_per_repeat(stage)
     out = []
     for i, r in enumerate(reps):
         rows = [j for j, x in enumerate(s.repeat) if x == r]
         rep = {c: [getattr(s, c)[j] for j in rows if getattr(s, c)[j] is not None] for c in COLUMNS.values()}
         rep["tok_s"] = tok[i] if i < len(tok) else None
+        rep["host"] = index[r] if r < len(index) else None  # the host-speed index of this repeat
         out.append(rep)
     return out
 
 
-def pools(cpu_glob: str, run_shift: float, stages: list[str] | None) -> list[Pool]:
+def real_runs(pattern: str) -> list:
+    paths = sorted(glob.glob(str(ROOT / pattern) if not Path(pattern).is_absolute() else pattern))
+    runs = [load_run(p) for p in paths]
+    return [r for r in runs if r.status == "complete" and r.stage("hf-fp16") and r.stage("hf-fp16").status == "ok"]
+
+
+def pools(cpu_glob: str, run_shift: float, stages: list[str] | None, host_glob: str = "") -> list[Pool]:
     out = []
+    hosted = real_runs(host_glob) if host_glob else []
+    if len(hosted) >= 4:
+        out.append(Pool(f"CPU tiny hf-fp16 with the index ({len(hosted)} runs)", [repeats_of(r.stage("hf-fp16")) for r in hosted], 0.0))
     journey = load_run(ROOT / "results" / "h200")
     for st in journey.stages:
         if st.status == "ok" and len(set(st.samples.repeat)) >= 2 and (not stages or st.name in stages):
             out.append(Pool(f"H200 {st.name}", [repeats_of(st)], run_shift))
-    fresh = [load_run(p) for p in sorted(glob.glob(str(ROOT / cpu_glob) if not Path(cpu_glob).is_absolute() else cpu_glob))]
-    fresh = [r for r in fresh if r.status == "complete" and r.stage("hf-fp16") and r.stage("hf-fp16").status == "ok"]
+    fresh = real_runs(cpu_glob)
     if len(fresh) >= 4:
         out.append(Pool(f"CPU tiny hf-fp16 ({len(fresh)} runs)", [repeats_of(r.stage("hf-fp16")) for r in fresh], 0.0))
     smol = load_run(ROOT / "results" / "cpu" / "20261203-smollm2-quantization")
@@ -95,13 +114,32 @@ def draw_run(pool: Pool, repeats: int, rng, avoid: set[int]) -> tuple[int, list[
     return i, reps, float(math.exp(rng.normal(0, pool.run_shift))) if pool.run_shift else 1.0
 
 
-def inputs(reps: list[dict], factor: float, key: str) -> tuple[float, list[list[float]], str]:
-    """(the run's value, its groups, the statistic) as compare.noise_groups gives them."""
+def inputs(reps: list[dict], factor: float, key: str, host_ref: float | None = None) -> tuple[float, list[list[float]], str]:
+    """(the run's value, its groups, the statistic) as compare.noise_groups gives them; with
+    host_ref, each repeat as if on a host of that speed (host_verdict.normalised)."""
+    scale = [r["host"] / host_ref if host_ref else 1.0 for r in reps]
     if key == "output_tok_s":
-        groups = [[r["tok_s"] / factor] for r in reps if r["tok_s"]]
+        groups = [[r["tok_s"] / factor / k] for r, k in zip(reps, scale) if r["tok_s"]]
         return float(np.mean([g[0] for g in groups])), groups, "mean"
-    groups = [[v * factor for v in r[COLUMNS[key]]] for r in reps]
+    groups = [[v * factor * k for v in r[COLUMNS[key]]] for r, k in zip(reps, scale)]
     return float(np.median([v for g in groups for v in g])), groups, "median"
+
+
+HOST_RULES = ("attribute", "normalise")
+
+
+def host_rule_verdict(a: list[dict], b: list[dict], fb: float, key: str, thr: float, rule: str, seed: int) -> str:
+    """compare's verdict for a host-bound stage under `rule`, from both runs' per-repeat index."""
+    if any(not r.get("host") for r in a + b):
+        return "n/a"
+    change = host_verdict.host_change([r["host"] for r in a], [r["host"] for r in b])
+    ref = change.baseline_kops
+    (bv, bg, stat), (nv, ng, _) = inputs(a, 1.0, key), inputs(b, fb, key)
+    raw = compare.judge(key, bv, nv, bg, ng, stat, thr, seed=seed)
+    (bv, bg, stat), (nv, ng, _) = inputs(a, 1.0, key, ref), inputs(b, fb, key, ref)
+    normal = compare.judge(key, bv, nv, bg, ng, stat, thr, seed=seed)
+    return host_verdict.final_verdict(raw.verdict, normal.verdict, change, rule,
+                                      host_verdict.worse(raw.ratio, thr, compare.METRICS[key].higher_is_better))
 
 
 def requests_verdict(b: list[list[float]], n: list[list[float]], threshold: float, seed: int) -> str:
@@ -128,7 +166,9 @@ def one_pair(pool: Pool, key: str, repeats: int, rng, methods: list[str], seed: 
     for factor in FACTORS:
         n_val, n_groups, _ = inputs(b, fb * factor, key)
         for m in methods:
-            if m == "requests":
+            if m in HOST_RULES:
+                out[(m, factor)] = (host_rule_verdict(a, b, fb * factor, key, thr, m, seed), None)
+            elif m == "requests":
                 v = requests_verdict(b_groups, n_groups, thr, seed) if key != "output_tok_s" else "n/a"
                 out[(m, factor)] = (v, None)
             else:
@@ -141,14 +181,19 @@ def one_pair(pool: Pool, key: str, repeats: int, rng, methods: list[str], seed: 
 def calibrate(pool: Pool, key: str, repeats: int, pairs: int, methods: list[str], seed: int) -> dict:
     rng = np.random.default_rng(seed)
     flags = {(m, f): 0 for m in methods for f in FACTORS}
+    host = {(m, f): 0 for m in methods for f in FACTORS}  # inconclusive (host): exit 8, not a pass
+    judged = {m: 0 for m in methods}
     mdes = {m: [] for m in methods}
     for i in range(pairs):
         for (m, f), (verdict, mde) in one_pair(pool, key, repeats, rng, methods, seed + i).items():
             flags[(m, f)] += verdict == "regressed"
+            host[(m, f)] += verdict == host_verdict.HOST_INCONCLUSIVE
+            judged[m] += f == 1.0 and verdict != "n/a"
             if f == 1.0 and mde is not None:
                 mdes[m].append(mde)
-    return {m: {"false_alarm": flags[(m, 1.0)] / pairs,
-                **{f"detect_{f:g}x": flags[(m, f)] / pairs for f in FACTORS[1:]},
+    return {m: {"false_alarm": flags[(m, 1.0)] / pairs if judged[m] else None,
+                **{f"detect_{f:g}x": flags[(m, f)] / pairs if judged[m] else None for f in FACTORS[1:]},
+                **{f"host_{f:g}x": host[(m, f)] / pairs if judged[m] else None for f in FACTORS},
                 "median_mde": float(np.median(mdes[m])) if mdes[m] else None} for m in methods}
 
 
@@ -191,6 +236,22 @@ def pct(x) -> str:
     return "-" if x is None else f"{x * 100:.1f}%" if abs(x) < 0.1 else f"{x * 100:.0f}%"
 
 
+def main_table(all_pools: list[Pool], args, methods: list[str], metrics: list[str], results: dict) -> None:
+    print("| pool | requests/repeat | metric | method | false alarms | 1.1x | 1.2x | 1.3x | median detectable | "
+          "inconclusive (host) at 1.0x / 1.2x |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for pool in all_pools:
+        for key in metrics:
+            cell = calibrate(pool, key, args.repeats, args.pairs, methods, args.seed)
+            for m, r in cell.items():
+                results["cells"].append({"pool": pool.name, "metric": key, "method": m, "repeats": args.repeats, **r})
+                if r["false_alarm"] is None:
+                    continue  # a host rule on a pool without the index
+                print(f"| {pool.name} | {pool.requests} | {key} | {m} | {pct(r['false_alarm'])} | {pct(r['detect_1.1x'])} | "
+                      f"{pct(r['detect_1.2x'])} | {pct(r['detect_1.3x'])} | {pct(r['median_mde'])} | "
+                      f"{pct(r['host_1x'])} / {pct(r['host_1.2x'])} |", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=200, help="pairs per cell (default 200)")
@@ -198,7 +259,10 @@ def main() -> int:
     ap.add_argument("--ladder", default="", help="also: detection at 1.2x by repeats per run, e.g. 3,5,10,20")
     ap.add_argument("--no-table", action="store_true", help="skip the main table (with --ladder or --series)")
     ap.add_argument("--metrics", default="tpot_p50,ttft_p50", help="comma-separated (default tpot_p50,ttft_p50)")
-    ap.add_argument("--methods", default="requests,repeats,history", help="requests,repeats,history")
+    ap.add_argument("--methods", default="requests,repeats,history,attribute,normalise",
+                    help="requests,repeats,history,attribute,normalise (the last two on pools with the host-speed index)")
+    ap.add_argument("--host-runs", default="results/cpu/host-calibration/run*/run.json",
+                    help="independent CPU runs with the host-speed index (glob; '' to leave them out)")
     ap.add_argument("--stages", default="", help="only these stages (comma-separated)")
     ap.add_argument("--cpu-runs", default="results/cpu/gate-calibration/run*/run.json", help="independent CPU runs (glob)")
     ap.add_argument("--run-shift", type=float, default=0.01, help="sigma of a single-run pool's whole-run log shift (default 0.01)")
@@ -209,16 +273,9 @@ def main() -> int:
     args = ap.parse_args()
     methods, metrics = args.methods.split(","), args.metrics.split(",")
     results = {"args": {k: str(v) for k, v in vars(args).items()}, "cells": [], "ladder": []}
-    print("| pool | requests/repeat | metric | method | false alarms | 1.1x | 1.2x | 1.3x | median detectable |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    all_pools = pools(args.cpu_runs, args.run_shift, args.stages.split(",") if args.stages else None)
-    for pool in [] if args.no_table else all_pools:
-        for key in metrics:
-            cell = calibrate(pool, key, args.repeats, args.pairs, methods, args.seed)
-            for m, r in cell.items():
-                results["cells"].append({"pool": pool.name, "metric": key, "method": m, "repeats": args.repeats, **r})
-                print(f"| {pool.name} | {pool.requests} | {key} | {m} | {pct(r['false_alarm'])} | {pct(r['detect_1.1x'])} | "
-                      f"{pct(r['detect_1.2x'])} | {pct(r['detect_1.3x'])} | {pct(r['median_mde'])} |", flush=True)
+    all_pools = pools(args.cpu_runs, args.run_shift, args.stages.split(",") if args.stages else None, args.host_runs)
+    if not args.no_table:
+        main_table(all_pools, args, methods, metrics, results)
     if args.ladder:
         print("\n| pool | metric | method | repeats | false alarms | 1.2x detected | median detectable |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -232,7 +289,7 @@ def main() -> int:
             for key in metrics:
                 for r in (int(x) for x in args.ladder.split(",")):
                     cell = calibrate(pool, key, r, args.pairs, [m for m in methods if m != "requests"], args.seed)
-                    for m, c in cell.items():
+                    for m, c in ((m, c) for m, c in cell.items() if c["false_alarm"] is not None):
                         results["ladder"].append({"pool": pool.name, "metric": key, "method": m, "repeats": r, **c})
                         print(f"| {pool.name} | {key} | {m} | {r} | {pct(c['false_alarm'])} | {pct(c['detect_1.2x'])} | "
                               f"{pct(c['median_mde'])} |", flush=True)

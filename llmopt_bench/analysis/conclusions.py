@@ -9,6 +9,18 @@ from llmopt_bench.core.records import Claim
 from llmopt_bench.core.results import RunResult
 
 
+def host_sentences(run: RunResult, base, ok: list) -> list[str]:
+    """The bottleneck by measurement (GPU busy per token), the speedups' intervals, and whether
+    they depend on this host's CPU (issue 25)."""
+    from llmopt_bench.analysis.hostbound import busy_sentence
+    from llmopt_bench.analysis.speedup_interval import host_caveat, speedups_sentence
+
+    out = [line for s in ok if (line := busy_sentence(s, run))]
+    if base is not None:
+        out += [line for line in (speedups_sentence(run, base, [s for s in ok if s is not base]), host_caveat(base, run)) if line]
+    return out
+
+
 def conclusions(run: RunResult, claims: list[Claim]) -> list[str]:
     """Sentences computed from the numbers: fastest decode, best throughput, smallest weights, the
     roofline's verdicts, quality regressions, noisy repeats, stages that stopped, the claims' tally."""
@@ -35,6 +47,7 @@ def conclusions(run: RunResult, claims: list[Claim]) -> list[str]:
         w = min(weighed, key=lambda s: s.load.weights_bytes)
         out.append(f"The smallest weights are {w.name}'s at {num(w.load.weights_bytes / GB)} GB, "
                    f"{pct(w.load.weights_bytes / base.load.weights_bytes)} of the baseline's.")
+    out += host_sentences(run, base, ok)
     rows = roofline(run)
     out += [roofline_sentence(r) for r in rows if r.phase == "decode"]
     out += prefill_sentences([r for r in rows if r.phase == "prefill"])

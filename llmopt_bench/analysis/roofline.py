@@ -42,7 +42,7 @@ Pure functions; nothing here imports torch."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 MEMORY_BOUND_AT = 0.5
@@ -76,6 +76,10 @@ class RooflineRow:
     compute_dtype_why: str = ""  # how that was read from the stage's load.implementation
     ceiling_dtype: str | None = None  # whose measured matmul ceiling compute_s uses
     ceiling_note: str = ""  # why ceiling_dtype stands in for compute_dtype ("" when they match)
+    # decode: the share of a token the GPU was busy (facts.gpu_busy_share, measure/gpu_busy.py);
+    # None with why: not measured (a CPU run, an engine in processes of its own, prefill)
+    gpu_busy: float | None = None
+    gpu_busy_note: str = ""
 
     @property
     def floor_s(self) -> float:
@@ -257,15 +261,24 @@ def stage_rows(stage: Any, run: Any) -> list[RooflineRow]:
     rows = []
     if m.tpot_s:
         ctx = decode_context(prompt, output)
-        rows.append(make_row(stage.name, "decode", batch, ctx, weights, source,
-                             kv_cache_bytes(layers, kv_heads, head_dim, kvb, ctx, batch),
-                             decode_flops(params, layers, attn_dim, ctx, batch), m.tpot_s.p50, bandwidth, matmul, **dtypes))
+        row = make_row(stage.name, "decode", batch, ctx, weights, source, kv_cache_bytes(layers, kv_heads, head_dim, kvb, ctx, batch),
+                       decode_flops(params, layers, attn_dim, ctx, batch), m.tpot_s.p50, bandwidth, matmul, **dtypes)
+        rows.append(replace(row, gpu_busy=stage.facts.gpu_busy_share, gpu_busy_note=busy_note(stage, run)))
     if m.ttft_s and m.ttft_s.p50 > 0:
         pb = stage_batch(stage, run.workload, decode=False)
         rows.append(make_row(stage.name, "prefill", pb, prompt, weights, source,
                              kv_cache_bytes(layers, kv_heads, head_dim, kvb, prompt, pb),
                              prefill_flops(params, layers, attn_dim, prompt, pb), m.ttft_s.p50, bandwidth, matmul, **dtypes))
     return rows
+
+
+def busy_note(stage: Any, run: Any) -> str:
+    """Why a decode row has no GPU-busy share ("" where it has one)."""
+    if stage.facts.gpu_busy_share is not None:
+        return ""
+    impl = (stage.load.implementation if stage.load else {}) or {}
+    device = str(impl.get("device") or (run.env or {}).get("device") or "")
+    return "n/a (CPU run)" if device.startswith("cpu") else "not measured"
 
 
 def roofline(run: Any) -> list[RooflineRow]:

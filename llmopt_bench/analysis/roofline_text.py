@@ -7,6 +7,7 @@ from typing import Any
 
 from llmopt_bench.analysis.roofline import RooflineRow
 from llmopt_bench.core.fmt import num, pct
+from llmopt_bench.measure.gpu_busy import HOST_BOUND_BELOW
 
 
 def ms_(seconds: float) -> str:
@@ -15,7 +16,7 @@ def ms_(seconds: float) -> str:
 
 TABLE_HEADERS = ("stage", "phase", "batch", "context tokens", "weights GB", "KV GB", "ms at measured bandwidth",
                  "compute time ms", "measured ms", "of measured memory ceiling", "of compute ceiling",
-                 "compute ceiling", "FLOP/byte", "ridge FLOP/byte", "bound")
+                 "compute ceiling", "FLOP/byte", "ridge FLOP/byte", "bound", "GPU busy of a token")
 
 
 def ceiling_label(r: RooflineRow) -> str:
@@ -36,7 +37,16 @@ def table_cells(r: RooflineRow) -> tuple[Any, ...]:
     GB = 1e9
     return (r.stage, r.phase, r.batch, r.context_tokens, f"{num(r.weight_bytes / GB)} ({r.weight_source})",
             r.kv_bytes / GB, r.memory_s * 1e3, None if r.compute_s is None else r.compute_s * 1e3, r.measured_s * 1e3,
-            pct(r.achieved), pct(r.compute_fraction), ceiling_label(r), r.intensity, r.ridge, r.bound)
+            pct(r.achieved), pct(r.compute_fraction), ceiling_label(r), r.intensity, r.ridge, r.bound, busy_cell(r))
+
+
+def busy_cell(r: RooflineRow) -> str:
+    """The measured share of a decode token the GPU is busy, and what it says (issue 25)."""
+    if r.phase != "decode":
+        return "-"
+    if r.gpu_busy is None:
+        return r.gpu_busy_note or "-"
+    return f"{pct(r.gpu_busy)}: " + ("host-bound" if r.gpu_busy < HOST_BOUND_BELOW else "not host-bound")
 
 
 def roofline_sentence(r: RooflineRow) -> str:

@@ -91,14 +91,20 @@ def speedup(stage: StageResult, ref: StageResult) -> dict[str, float | None]:
 
 
 def speedup_rows(run: RunResult) -> list[dict[str, Any]]:
+    """Each comparable stage against the baseline and the previous one; against the baseline
+    also the 95% interval over the repeats (analysis/speedup_interval.py), [low, high]."""
+    from llmopt_bench.analysis.speedup_interval import speedup_interval
+
     ok = comparable_stages(run)
     rows = []
     for i, s in enumerate(ok):
         base, prev = ok[0], ok[i - 1] if i else None
         vs_base = speedup(s, base)
         vs_prev = speedup(s, prev) if prev else {}
+        intervals = {what: speedup_interval(s, base, what) if s is not base else None for what in ("tpot", "output_tok_s")}
         rows.append({"stage": s.name, "baseline": base.name, "previous": prev.name if prev else None,
                      **{f"{k}_x_baseline": v for k, v in vs_base.items()},
+                     **{f"{k}_x_baseline_interval": [iv.lo, iv.hi] if iv else None for k, iv in intervals.items()},
                      **{f"{k}_x_previous": vs_prev.get(k) for k in vs_base},
                      "changes": s.changes})
     return rows

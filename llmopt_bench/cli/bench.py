@@ -5,6 +5,7 @@ is one line naming the option, the value and what is allowed, exit 2."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 import tempfile
@@ -16,6 +17,7 @@ import typer
 from llmopt_bench.cli.app import app
 from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
 from llmopt_bench.core.workload import PROMPT_FILE_HELP, WorkloadOptions, option_help
+from llmopt_bench.measure.pinning import ENV as PIN_ENV
 
 
 def parse_min_quality(text: str | None) -> float | None:
@@ -29,6 +31,13 @@ def parse_min_quality(text: str | None) -> float | None:
     if not 0 < value <= 1:
         raise UsageError(f"--min-quality {text!r}: not a fraction in (0, 1] or a percentage",
                          "use for example --min-quality 0.99 or --min-quality 99%")
+    return value
+
+
+def pin_stages(value: bool) -> bool:
+    """--pin-cpu: the stage processes read LLMOPT_PIN_CPU (measure/pinning.py); set before any starts."""
+    if value:
+        os.environ[PIN_ENV] = "1"
     return value
 
 
@@ -130,6 +139,7 @@ def bench_cmd(
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="With --endpoint: the served model's tokenizer (a directory or hub id) to build and count prompts."),
     slo: str | None = typer.Option(None, "--slo", help="The serving stages' latency targets, like ttft_p99=2s,tpot_p99=100ms (default: MLPerf's Server limits for Llama-3.1-8B): the capacity is the highest request rate that meets them. Sets the slo of every serving stage in the journey."),
     min_quality: str | None = typer.Option(None, "--min-quality", help="Quality gate: a stage whose perplexity exceeds FP16's by more than 1 - Q is flagged as a quality regression (0.99 or 99%: within 1%; default: 0.99)."),
+    pin_cpu: bool = typer.Option(False, "--pin-cpu", callback=pin_stages, help="Pin each fixed-workload stage's main thread to one core during its repeats, that core kept busy 0.2 s before each (sets LLMOPT_PIN_CPU=1; recorded in each repeat's conditions; docs/regression.md)."),
 ) -> None:
     """Run the journey's stages and write run.json, requests.jsonl and logs into the run directory."""
     from llmopt_bench.core.models import default_model, parse_model
@@ -138,8 +148,7 @@ def bench_cmd(
     from llmopt_bench.run.registry import cuda_devices
     from llmopt_bench.run.runner import RunOptions, run_journey
 
-    # the workload options, as one object, in range before anything else is looked at
-    given = WorkloadOptions(**{f: ctx.params[f] for f in WorkloadOptions.__dataclass_fields__})
+    given = WorkloadOptions(**{f: ctx.params[f] for f in WorkloadOptions.__dataclass_fields__})  # checked before anything else
     given.check()
     gate, timeout = parse_min_quality(min_quality), check_timeout(timeout)
     check_preset_use(preset, stages=stages, endpoint=endpoint, resume=resume)

@@ -1,6 +1,7 @@
 """`llmopt compare BASELINE NEW`: per stage and metric, the change with an interval that carries
-run-to-run noise and the smallest change the pair could detect; exit 5 when a metric regressed
-beyond its threshold, 6 when the new run is not a complete comparison (docs/regression.md)."""
+run-to-run noise and the smallest change the pair could detect, and both runs' host speed; exit 5
+when a metric regressed beyond its threshold, 6 when the new run is not a complete comparison, 8
+when a host-bound stage changed by what the two hosts' speed explains (docs/regression.md)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from typing import List, Optional
 import typer
 
 from llmopt_bench.cli.app import app
+from llmopt_bench.cli.paths import output_file, write_text
 from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
 
+# one vocabulary with `llmopt history show` and the JSON: a change beyond the threshold whose
+# interval reaches back inside it is "inconclusive" everywhere
 MARK = {"regressed": "**REGRESSED**", "improved": "improved", "unchanged": "unchanged",
-        "inconclusive": "within noise", "n/a": "-"}
+        "inconclusive": "inconclusive", "inconclusive (host)": "**inconclusive (host)**", "n/a": "-"}
 
 
 def fmt_value(value: float | None, unit: str) -> str:
@@ -53,33 +57,68 @@ def _header(cmp) -> list[str]:
         lines.append(f"- **forced** despite: {'; '.join(cmp.mismatches)}")
     if cmp.allowed:
         lines.append(f"- allowed to be missing: {', '.join(cmp.allowed)}")
+    if any(s.host for s in cmp.stages):
+        lines.append(f"- host-bound stages weigh the host-speed index (rule `{cmp.host_rule}`): "
+                     f"{'the verdict is the raw one' if cmp.host_rule == 'attribute' else 'the verdict is judged as if on the baseline host'}; "
+                     "a change the hosts' speed explains is *inconclusive (host)* (exit 8)")
     return lines
 
 
-def _stage_rows(s) -> list[str]:
+def verdict_cell(s, d) -> str:
+    """The verdict, and for a host-bound stage whose hosts differ, what the host did to it."""
+    out = MARK.get(d.verdict, d.verdict)
+    if s.host_bound and s.host and s.host["state"] in ("slower", "faster") and d.normalised_verdict is not None:
+        ci = f" [{pct(d.normalised_ci[0] - 1)} … {pct(d.normalised_ci[1] - 1)}]" if d.normalised_ci else ""
+        out += (f"; {s.host['text'].split(' (')[0]}: {pct(d.normalised_ratio - 1)}{ci} as on the baseline's host "
+                f"(raw: {d.raw_verdict})")
+    return out
+
+
+HEADERS = ("stage", "metric", "baseline", "new", "change", "interval", "detectable", "noise from (baseline / new)",
+           "threshold", "verdict")
+DROP_FIRST = (7, 6, 5)  # at a narrow terminal: the noise's source, the detectable change, the interval
+
+
+def _stage_cells(s) -> list[list[str]]:
+    """The table's cells of one stage: a status row, or a row per metric."""
     if s.state != "compared":
-        status = {"only in baseline": f"only in baseline ({s.baseline_status})",
-                  "only in new": f"only in new ({s.new_status})"}.get(s.state, s.note or s.state)
-        return [(f"| {s.stage} | status | {s.baseline_status or '-'} | {s.new_status or '-'} | - | - | - | - | - | "
-                 f"not compared: {status} |")]
+        status = {"only in baseline": f"not compared: only in baseline ({s.baseline_status})",
+                  "only in new": f"not compared: only in new ({s.new_status})",
+                  "not comparable": f"not comparable: {s.note}"}.get(s.state, f"not compared: {s.note or s.state}")
+        return [[s.stage, "status", s.baseline_status or "-", s.new_status or "-", "-", "-", "-", "-", "-", status]]
     rows = []
     for d in s.metrics:
         ci = f"{pct(d.ci[0] - 1)} … {pct(d.ci[1] - 1)}" if d.ci else "(single value)"
         mde = "-" if d.mde is None else (f"{pct(-d.mde)}" if d.higher_is_better else pct(d.mde))
-        rows.append(f"| {s.stage} | {d.label} | {fmt_value(d.baseline, d.unit)} | {fmt_value(d.new, d.unit)} | "
-                    f"{pct(d.change)} | {ci} | {mde} | {short_noise(d)} | {d.threshold * 100:g}% | {MARK[d.verdict]} |")
+        rows.append([s.stage, d.label, fmt_value(d.baseline, d.unit), fmt_value(d.new, d.unit), pct(d.change), ci, mde,
+                     short_noise(d), f"{d.threshold * 100:g}%", verdict_cell(s, d)])
     return rows
 
 
-def to_markdown(cmp) -> str:
-    level = f"{cmp.confidence * 100:g}%"
-    lines = _header(cmp) + ["", (f"| stage | metric | baseline | new | change | {level} interval | detectable | "
-                                 "noise from (baseline / new) | threshold | verdict |"),
-                            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+def _stage_rows(s) -> list[str]:
+    return ["| " + " | ".join(cells) + " |" for cells in _stage_cells(s)]
+
+
+def host_lines(cmp) -> list[str]:
+    """Both runs' host-speed index, per stage that recorded it (measure/hostspeed.py)."""
+    out = []
     for s in cmp.stages:
-        lines += _stage_rows(s)
-    regs, imps = cmp.regressions, cmp.improvements
-    lines += ["", f"**{len(regs)} regression(s)**: " + ", ".join(f"{s} {m}" for s, m in regs) if regs else "**No regression.**"]
+        if not s.host:
+            continue
+        h = s.host
+        side = lambda kops, n: "not recorded" if kops is None else f"{kops:.3g} kop/s ({n} repeats)"  # noqa: E731
+        bound = f"host-bound: {s.host_bound_why}" if s.host_bound else f"not host-bound: {s.host_bound_why or 'not known'}"
+        out.append(f"Host speed of {s.stage} ({bound}): baseline {side(h['baseline_kops'], h['baseline_repeats'])}, "
+                   f"new {side(h['new_kops'], h['new_repeats'])}: {h['text']}.")
+    return out
+
+
+def _summary(cmp) -> list[str]:
+    regs, imps, hosts = cmp.regressions, cmp.improvements, cmp.host_inconclusive
+    lines = [f"**{len(regs)} regression(s)**: " + ", ".join(f"{s} {m}" for s, m in regs) if regs else "**No regression.**"]
+    if hosts:
+        lines.append(f"**Inconclusive (host)**: {', '.join(f'{s} {m}' for s, m in hosts)}: the hosts' speed explains the change.")
+    lines += host_lines(cmp)
     for stage, sides in cmp.conditions.items():  # was one run's machine busier? (docs/regression.md)
         lines.append(f"Repeat conditions of {stage}: baseline {sides['baseline'] or 'not recorded'}; "
                      f"new {sides['new'] or 'not recorded'}.")
@@ -87,23 +126,68 @@ def to_markdown(cmp) -> str:
         lines.append("**Incomplete comparison**: " + "; ".join(cmp.incomplete) + ".")
     if imps:
         lines.append(f"Improved: {', '.join(f'{s} {m}' for s, m in imps)}.")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def to_markdown(cmp) -> str:
+    level = f"{cmp.confidence * 100:g}%"
+    head = [h if h != "interval" else f"{level} interval" for h in HEADERS]
+    lines = _header(cmp) + ["", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for s in cmp.stages:
+        lines += _stage_rows(s)
+    return "\n".join(lines + [""] + _summary(cmp)) + "\n"
+
+
+def plain(line: str) -> str:
+    """A markdown line as a terminal shows it: no heading marks, bold or code ticks."""
+    return re.sub(r"^#+ ", "", line).replace("**", "").replace("`", "")
+
+
+def print_terminal(cmp) -> None:
+    """The comparison at the terminal's width ($COLUMNS): sentences wrapped between words, the
+    table's cells too, its least needed columns left out (and named) where even that does not fit."""
+    from llmopt_bench.cli.terminal import echo, print_table, width
+
+    cols = width()
+    echo([plain(line) for line in _header(cmp)], cols)
+    rows = [cells for s in cmp.stages for cells in _stage_cells(s)]
+    head = [h if h != "interval" else f"{cmp.confidence * 100:g}% interval" for h in HEADERS]
+    print_table(head, [[plain(c) for c in r] for r in rows], columns=cols, drop=DROP_FIRST,
+                dropped_note="--format md or json has every column")
+    echo([plain(line) for line in _summary(cmp)], cols)
 
 
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
+def same_file(a: Path, b: Path) -> bool:
+    return a.resolve() == b.resolve()
+
+
 def promote_fix(baseline: Path, new: Path, cmp) -> str:
     """Copy the new run into the baseline FILE the user named; a baseline that is a run
-    directory is another run's record, never overwritten: suggest a baselines/ file instead."""
+    directory is another run's record, never overwritten: suggest a baselines/ file instead.
+    Never a copy of a file onto itself: a new run that already is that file is said to be."""
     src = new / "run.json" if new.is_dir() else new
     if not baseline.is_dir():
+        if same_file(src, baseline):
+            return f"the new run is the baseline file itself ({baseline}): nothing to promote"
         return f"if the change is intended, make the new run the baseline: cp {src} {baseline}"
     name = f"{slug(cmp.new['device'] or 'device')}-{slug(cmp.new['model'] or 'model')}.json"
     dst = Path("results") / "baselines" / name
+    if same_file(src, dst):
+        return (f"if the change is intended, the new run is already a baseline file ({dst}): compare against it from now on "
+                f"(the baseline {baseline} is a run's own record: leave it)")
     return (f"if the change is intended, keep the new run as a baseline file (the baseline {baseline} is a run's own "
             f"record: leave it): mkdir -p {dst.parent} && cp {src} {dst}, then compare against {dst}")
+
+
+def known_stages(*runs) -> set[str]:
+    """The names --allow-missing may take: the runs' stages and every registered one."""
+    from llmopt_bench.run.registry import stage_names
+
+    return {s.name for r in runs for s in r.stages} | set(stage_names())
 
 
 @app.command("compare")
@@ -111,18 +195,20 @@ def compare_cmd(
     baseline: Path = typer.Argument(..., help="Baseline run directory or run.json (e.g. results/baselines/<gpu>-<model>.json)."),
     new: Path = typer.Argument(..., help="New run directory or run.json."),
     max_regression: Optional[List[str]] = typer.Option(None, "--max-regression", help="Allowed change in the bad direction: 5% for every metric, or per metric: tpot=3%, ttft=10%, tok_s=5%, load=30%, memory=2% (repeat or comma-separate). Default: 5%, load 20%."),
-    allow_missing: Optional[List[str]] = typer.Option(None, "--allow-missing", help="Stages (comma-separated) that may be missing, skipped or failed in the new run; 'run': accept a run that did not complete; 'all': both, for every stage."),
-    fmt: str = typer.Option("md", "--format", help="md (a markdown table) or json."),
+    allow_missing: Optional[List[str]] = typer.Option(None, "--allow-missing", help="Stages (comma-separated) that may be missing, skipped, failed or not comparable (other params) in the new run; 'run': accept a run that did not complete; 'all': both, for every stage."),
+    fmt: str = typer.Option("table", "--format", help="table (the terminal's width), md (a markdown table, what --output writes unless json) or json."),
     force: bool = typer.Option(False, "--force", help="Compare even when device, model, workload or schema differ."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Also write the table (or JSON) to FILE."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Also write the comparison to FILE: markdown, or JSON with --format json."),
     db: Optional[Path] = typer.Option(None, "--db", envvar="LLMOPT_HISTORY_DB", help="History whose earlier runs of the same device, model and workload give the baseline's noise. [default: $LLMOPT_HISTORY_DB, else history.sqlite in $LLMOPT_CACHE or ~/.cache/llmopt; none there: the two runs alone]"),
     no_history: bool = typer.Option(False, "--no-history", help="Judge from the two runs alone, even where the history knows earlier runs."),
     resamples: int = typer.Option(2000, "--resamples", help="Bootstrap resamples."),
     confidence: float = typer.Option(0.95, "--confidence", help="Confidence level of the interval."),
     seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap."),
+    host_rule: str = typer.Option("attribute", "--host-rule", help="How a host-bound stage's verdict weighs the host-speed index: attribute (the raw verdict; a change the hosts' speed explains, or hides, is inconclusive (host)) or normalise (judged as if on the baseline's host). docs/regression.md"),
 ) -> None:
     """Compare two runs; exit 5 when a metric regressed beyond its threshold, 6 when the new run is
-    not a complete comparison (a stage missing or not ok, the run unfinished), 0 otherwise."""
+    not a complete comparison (a stage missing, not ok or run with other params, the run
+    unfinished), 8 when a host-bound stage changed by what the hosts' speed explains, 0 otherwise."""
     import json
 
     from llmopt_bench.analysis.compare import (
@@ -130,28 +216,37 @@ def compare_cmd(
         parse_allowed,
         parse_thresholds,
     )
+    from llmopt_bench.analysis.completeness import check_allowed, gap_fix
     from llmopt_bench.core.results import load_run
     from llmopt_bench.run.history import default_db, fingerprint_runs
 
-    if fmt not in ("md", "json"):
-        raise UsageError(f"--format {fmt!r}: unknown", "use md or json")
+    if fmt not in ("table", "md", "json"):
+        raise UsageError(f"--format {fmt!r}: unknown", "use table, md or json")
+    if output is not None:
+        output_file(output, "--output", "compare.md")  # a bad path fails before the bootstrap
     thresholds = parse_thresholds(max_regression)
     base_run, new_run = load_run(baseline), load_run(new)
+    allowed = parse_allowed(allow_missing)
+    check_allowed(allowed, known_stages(base_run, new_run))
     history = [] if no_history else fingerprint_runs(db or default_db(), base_run, new_run)
     cmp = compare_runs(base_run, new_run, thresholds, force=force, resamples=resamples, confidence=confidence,
-                       seed=seed, history=history, allowed=parse_allowed(allow_missing))
-    text = to_markdown(cmp) if fmt == "md" else json.dumps(cmp.to_dict(), indent=1) + "\n"
-    typer.echo(text, nl=False)
+                       seed=seed, history=history, allowed=allowed, host_rule=host_rule)
+    text = json.dumps(cmp.to_dict(), indent=1) + "\n" if fmt == "json" else to_markdown(cmp)
+    if fmt == "table":
+        print_terminal(cmp)
+    else:
+        typer.echo(text, nl=False)
     if output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text, encoding="utf-8")
+        write_text(output, text, "--output", "compare.md")
     if cmp.regressions:
         what = ", ".join(f"{s} {m}" for s, m in cmp.regressions)
         raise LlmoptError(f"{len(cmp.regressions)} regression(s): {what}", promote_fix(baseline, new, cmp),
                           code=ExitCode.REGRESSION)
     if cmp.incomplete:
         raise LlmoptError(f"incomplete comparison: {'; '.join(cmp.incomplete)}",
-                          f"finish an interrupted run with llmopt bench --resume {new.parent if new.is_file() else new} (a failed "
-                          "stage needs a new run), or accept the gaps by name: --allow-missing STAGE[,STAGE] ('run' for an "
-                          "unfinished run, 'all' for everything)",
-                          code=ExitCode.INCOMPLETE)
+                          gap_fix(cmp.gaps, str(new.parent if new.is_file() else new)), code=ExitCode.INCOMPLETE)
+    if cmp.host_inconclusive:
+        what = ", ".join(f"{s} {m}" for s, m in cmp.host_inconclusive)
+        raise LlmoptError(f"inconclusive (host): {what} changed by what the hosts' speed explains (host-speed index under the table)",
+                          "compare runs made on the same host, or on a quiet one (docs/regression.md, 'The host')",
+                          code=ExitCode.HOST_INCONCLUSIVE)

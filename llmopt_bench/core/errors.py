@@ -16,6 +16,7 @@ class ExitCode(IntEnum):
     REGRESSION = 5  # compare or history check found a regression, or a stage failed its quality gate
     INCOMPLETE = 6  # compare: the new run lacks, or did not finish, a stage of the baseline, or did not complete
     DISK_FULL = 7  # no space left writing the run directory: run.json still holds what finished
+    HOST_INCONCLUSIVE = 8  # compare: a host-bound stage changed by what the hosts' speed explains (analysis/host_verdict.py)
     INTERRUPTED = 130  # Ctrl-C: run.json holds what finished
 
 

@@ -106,6 +106,9 @@ class StageFacts(StrictModel):
     stage's own measurements, typed, so that they read no stage's extra."""
 
     decode_batch: int | None = None  # sequences decoded together in the samples (default: the workload's batch)
+    # the share of a decode token's wall time the GPU is busy (measure/gpu_busy.py); None: not
+    # measured (a CPU run, an engine in processes of its own): analysis/hostbound.py falls back
+    gpu_busy_share: float | None = None
     batch1_tpot_s: float | None = None  # TPOT at one request in flight, where the stage measured it apart
     batch1_ttft_s: float | None = None  # TTFT at one request in flight, likewise
     saturated_tok_s: float | None = None  # the most output tokens a second it saw

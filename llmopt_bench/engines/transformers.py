@@ -46,6 +46,13 @@ class TransformersEngine:
             progress(len(samples))
         return samples
 
+    def gpu_busy_generate(self, chunk: Sequence[Request]) -> Callable[[int], None]:
+        """n -> generate n new tokens for `chunk` as the timed repeats do (measure/gpu_busy.py profiles it)."""
+        def generate(n: int) -> None:
+            hf.generate_batch(self.model, self.pad_id, chunk, n, self.device)
+
+        return generate
+
     def greedy(self, prompt: list[int], n: int) -> list[int]:
         tokens: dict[str, list[int]] = {}
         hf.generate_batch(self.model, self.pad_id, [Request("q", "q", tuple(prompt))], n, self.device,

@@ -8,16 +8,23 @@ is worth knowing too.
 
 The processes are the stage's and every one below it (a vLLM engine's core and workers), read
 with psutil; preemptions are each process's main thread's (where a Python engine loop runs).
-A figure the machine cannot give is None; the clock comes from NVML."""
+A figure the machine cannot give is None; the clock comes from NVML.
+
+What those figures could not show on the H200, the host's speed for one thread, the host-speed
+index measures directly (measure/hostspeed.py): small PyTorch ops dispatched a second, right
+before and right after the repeat, outside its timed window. It is the one figure here that
+the gate uses (analysis/host_verdict.py): a host-bound stage's change that the index explains
+is "inconclusive (host)", not a regression and not a pass."""
 
 from __future__ import annotations
 
 import os
+import statistics
 import time
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from llmopt_bench.measure import nvml
+from llmopt_bench.measure import hostspeed, nvml
 
 
 def _tree_usage() -> dict[int, tuple[float, int]] | None:
@@ -61,12 +68,22 @@ class RepeatConditions(BaseModel):
     cpu_share: float | None = Field(None, description="their CPU time / the repeat's wall time (1.0: one core busy)")
     steal_s: float | None = Field(None, description="CPU time the hypervisor gave other guests during the repeat (all CPUs)")
     gpu_sm_mhz: int | None = Field(None, description="GPU 0's SM clock at the repeat's end (a point sample)")
+    host_kops: float | None = Field(None, description="the host-speed index: thousands of small PyTorch ops dispatched a "
+                                    "second, the median of its rounds right before and right after the repeat")
+    host_device: str | None = Field(None, description="where the index's ops ran: cuda or cpu (measure/hostspeed.py)")
+    pinned_cpu: int | None = Field(None, description="the core the stage's main thread was pinned to (--pin-cpu), else None")
 
 
 class ConditionsProbe:
-    """with ConditionsProbe() as probe: <one repeat>; then probe.result."""
+    """with ConditionsProbe(device) as probe: <one repeat>; then probe.result. With a device, the
+    host-speed index is measured before the repeat starts and after it ends (outside the wall
+    time the CPU share is taken over); without one (None), it is not measured."""
+
+    def __init__(self, device: str | None = None, pinned_cpu: int | None = None) -> None:
+        self.device, self.pinned_cpu = device, pinned_cpu
 
     def __enter__(self) -> "ConditionsProbe":
+        self.speed0 = hostspeed.measure(self.device) if self.device else None
         self.t0, self.usage0, self.steal0 = time.perf_counter(), _tree_usage(), _steal()
         self.result = RepeatConditions()  # filled in when the repeat ends
         return self
@@ -85,6 +102,12 @@ class ConditionsProbe:
             self.result.processes = len(after)
             self.result.cpu_share = round(sum(c - before.get(pid, (0.0, 0))[0] for pid, (c, _) in after.items()) / wall, 3)
             self.result.involuntary_switches = sum(n - before.get(pid, (0.0, 0))[1] for pid, (_, n) in after.items())
+        self.result.pinned_cpu = self.pinned_cpu
+        speed1 = hostspeed.measure(self.device) if self.device else None
+        rounds = [r for sp in (self.speed0, speed1) if sp for r in sp.rounds]
+        if rounds:
+            self.result.host_kops = round(statistics.median(rounds), 2)
+            self.result.host_device = (speed1 or self.speed0).device
 
 
 # The report explains the repeats when their headlines differ by more than this (max / min - 1):
@@ -110,7 +133,18 @@ def conditions_sentence(metric: str, values: list[float | None], conditions: lis
         parts.append(f"steal {col([c.steal_s for c in conditions])} s")
     if any(c.gpu_sm_mhz is not None for c in conditions):
         parts.append(f"GPU SM clock {col([c.gpu_sm_mhz for c in conditions])} MHz")
+    if any(c.host_kops is not None for c in conditions):
+        parts.append(host_speed_text(conditions))
     return "Repeat conditions (per repeat): " + "; ".join(parts) + "."
+
+
+def host_speed_text(conditions: list[RepeatConditions]) -> str:
+    """'host speed 140 / 71.2 / 138 kop/s (cpu)': the index beside each repeat."""
+    devices = sorted({c.host_device for c in conditions if c.host_device})
+    speeds = " / ".join("-" if c.host_kops is None else f"{c.host_kops:.3g}" for c in conditions)
+    pinned = sorted({c.pinned_cpu for c in conditions if c.pinned_cpu is not None})
+    return (f"host speed {speeds} kop/s ({', '.join(devices) or '?'})"
+            + (f", main thread pinned to CPU {', '.join(map(str, pinned))}" if pinned else ""))
 
 
 def conditions_summary(raw: list | None) -> str | None:
@@ -129,5 +163,6 @@ def conditions_summary(raw: list | None) -> str | None:
 
     parts = [(label, span(field, unit)) for label, field, unit in (
         ("host load", "load1", ""), ("preempted", "involuntary_switches", " times a repeat"),
-        ("CPU share", "cpu_share", ""), ("steal", "steal_s", " s"), ("GPU SM clock", "gpu_sm_mhz", " MHz"))]
+        ("CPU share", "cpu_share", ""), ("steal", "steal_s", " s"), ("GPU SM clock", "gpu_sm_mhz", " MHz"),
+        ("host speed", "host_kops", " kop/s"))]
     return ", ".join(f"{label} {value}" for label, value in parts if value is not None) + f" ({len(rows)} repeats)"

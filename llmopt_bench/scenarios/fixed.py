@@ -3,8 +3,10 @@ batch of `batch_size` requests at a time, on any engine that offers `FixedEngine
 stage of the journey that compares with the others (hf-fp16, bnb, awq, vllm, vllm-fp8) is this
 scenario on one engine; the stage says which engine (FixedWorkloadStage.start_engine).
 
-Each repeat is a timed window (energy and time over the measured work only); the quality pass
-runs after, untimed, and if it fails the samples are kept and the failure is recorded."""
+Each repeat is a timed window (energy and time over the measured work only), with the machine's
+conditions and the host-speed index beside it (measure/conditions.py); the GPU-busy share
+(measure/gpu_busy.py) and the quality pass run after, untimed, and if the quality pass fails the
+samples are kept and the failure is recorded."""
 
 from __future__ import annotations
 
@@ -15,10 +17,18 @@ from pydantic import BaseModel, Field
 from llmopt_bench.analysis.stopping import StoppingRecord, StoppingRule, headline_metric, stopping_sentence
 from llmopt_bench.core.contract import Stage, StageContext
 from llmopt_bench.core.errors import describe
-from llmopt_bench.core.records import Block, LoadInfo, QualityRecord, RequestSample, StageRun, StrictModel
+from llmopt_bench.core.records import Block, LoadInfo, QualityRecord, RequestSample, StageFacts, StageRun, StrictModel
 from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests
 from llmopt_bench.engines.vllm_kv import KVCacheRecord, kv_line
-from llmopt_bench.measure.conditions import ConditionsProbe, RepeatConditions, conditions_sentence, repeats_differ
+from llmopt_bench.measure import gpu_busy, pinning
+from llmopt_bench.measure.conditions import (
+    ConditionsProbe,
+    RepeatConditions,
+    conditions_sentence,
+    host_speed_text,
+    repeats_differ,
+)
+from llmopt_bench.measure.gpu_busy import GpuBusy
 
 
 class FixedParams(StrictModel):
@@ -38,6 +48,7 @@ class FixedExtra(StrictModel):
     kv_cache: KVCacheRecord | None = None  # vLLM engines: the preallocated KV cache
     stopping: StoppingRecord | None = None  # how many repeats ran, and why (analysis/stopping.py)
     conditions: list[RepeatConditions] = Field(default_factory=list)  # what the machine did during each repeat
+    gpu_busy: GpuBusy | None = None  # the share of a token the GPU is busy, or why it was not measured
 
 
 class FixedEngine(Protocol):
@@ -75,20 +86,46 @@ def measure(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext, ru
     reqs = build_requests(workload, engine.encode)
     samples: list[RequestSample] = []
     tokens: dict[str, list[int]] = {}
-    for rep in range(rule.record.max_repeats):
-        def done(n: int, rep: int = rep) -> None:
-            ctx.progress(f"repeat {rep + 1}/{rule.label()}", n, len(reqs))
+    with pinning.pinned(pinning.requested()) as core:
+        for rep in range(rule.record.max_repeats):
+            def done(n: int, rep: int = rep) -> None:
+                ctx.progress(f"repeat {rep + 1}/{rule.label()}", n, len(reqs))
 
-        with ConditionsProbe() as probe, ctx.meter.window("main") as window:
-            got = engine.serve(reqs, workload.max_new_tokens, batch_size=workload.batch_size, repeat=rep,
-                               tokens_out=tokens if rep == 0 else None, progress=done)
-            window.tokens = sum(s.output_tokens for s in got if s.ok)
-        if conditions is not None:
-            conditions.append(probe.result)
-        samples += got
-        if rule.add(got):
-            break
+            if core is not None:
+                pinning.warm()
+            with ConditionsProbe(ctx.device, core) as probe, ctx.meter.window("main") as window:
+                got = engine.serve(reqs, workload.max_new_tokens, batch_size=workload.batch_size, repeat=rep,
+                                   tokens_out=tokens if rep == 0 else None, progress=done)
+                window.tokens = sum(s.output_tokens for s in got if s.ok)
+            if conditions is not None:
+                conditions.append(probe.result)
+            samples += got
+            if rule.add(got):
+                break
     return reqs, samples, {r.id: tokens.get(r.id, []) for r in reqs}
+
+
+def tpot_p50(samples: Sequence[RequestSample]) -> float | None:
+    from llmopt_bench.analysis.metrics import compute
+
+    m = compute(samples)
+    return m.tpot_s.p50 if m and m.tpot_s else None
+
+
+def measure_gpu_busy(engine: FixedEngine, reqs: Sequence[Request], workload: WorkloadConfig,
+                     samples: Sequence[RequestSample], ctx: StageContext) -> GpuBusy:
+    """The share of a token's wall time the GPU is busy (untimed, after the repeats), where the
+    engine runs its kernels in this process (`gpu_busy_generate`); else the reason it is absent."""
+    if not ctx.device.startswith("cuda"):
+        return GpuBusy(why_not="no GPU: the host does all the work (a CPU run)")
+    generate = getattr(engine, "gpu_busy_generate", None)
+    if generate is None:
+        return GpuBusy(why_not="the engine runs its kernels in processes of its own: not profiled here")
+    ctx.progress("measuring how busy the GPU is during decode (torch.profiler)", None, None)
+    try:
+        return gpu_busy.measure(generate(reqs[:workload.batch_size]), tpot_p50(samples), ctx.device)
+    except Exception as e:  # noqa: BLE001 - a profiler that cannot run costs this figure, not the stage
+        return GpuBusy(why_not=f"the profiler failed: {describe(e, 200)}")
 
 
 def quality_or_failure(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext) -> QualityRecord:
@@ -98,6 +135,14 @@ def quality_or_failure(engine: FixedEngine, workload: WorkloadConfig, ctx: Stage
     except Exception as e:  # noqa: BLE001 - the timed samples are worth keeping whatever broke here
         print(f"quality pass failed: {describe(e, 300)}", flush=True)
         return QualityRecord(reference=ctx.reference_name, error=describe(e, 300))
+
+
+def gpu_busy_sentence(name: str, busy: GpuBusy) -> str:
+    if busy.share is None or busy.kernel_s_per_step is None or busy.token_s is None:
+        return f"GPU busy: not measured ({busy.why_not or 'no record'})."
+    bound = "host-bound" if busy.share < gpu_busy.HOST_BOUND_BELOW else "not host-bound"
+    return (f"{name}: GPU busy {busy.share * 100:.0f}% of each token: {bound} (kernels {busy.kernel_s_per_step * 1e3:.2f} ms "
+            f"a decode step over {busy.steps} profiled steps, against TPOT p50 {busy.token_s * 1e3:.2f} ms; {busy.method}).")
 
 
 class FixedWorkloadStage(Stage):
@@ -122,10 +167,16 @@ class FixedWorkloadStage(Stage):
         rule = stopping_rule(workload)
         conditions: list[RepeatConditions] = []
         reqs, samples, tokens = measure(self.engine, workload, ctx, rule, conditions)
-        extra = FixedExtra(greedy_tokens=tokens, stopping=rule.record, conditions=conditions,
-                           **self.engine.records(reqs, workload, ctx))
+        busy = measure_gpu_busy(self.engine, reqs, workload, samples, ctx)
+        records = self.engine.records(reqs, workload, ctx)
+        # an engine's own records (a compiled engine's compile) join the extra as they are: the
+        # stage's Extra validates them in the parent, and a plugin's run() that builds its Extra
+        # from this one's fields still finds only the scenario's
+        own = {k: records.pop(k) for k in list(records) if k not in FixedExtra.model_fields}
+        extra = FixedExtra(greedy_tokens=tokens, stopping=rule.record, conditions=conditions, gpu_busy=busy, **records)
         quality = quality_or_failure(self.engine, workload, ctx) if self.params.quality else None
-        return StageRun(samples=samples, extra=extra.model_dump(mode="json", exclude_none=True), quality=quality)
+        return StageRun(samples=samples, extra={**extra.model_dump(mode="json", exclude_none=True), **own}, quality=quality,
+                        facts=StageFacts(gpu_busy_share=busy.share))
 
     def teardown(self) -> None:
         engine = getattr(self, "engine", None)
@@ -137,7 +188,7 @@ class FixedWorkloadStage(Stage):
     def report_blocks(cls, result, run) -> list[Block]:
         from llmopt_bench.analysis.overhead import overhead_sentence
 
-        extra = result.extra_as(FixedExtra)
+        extra = result.extra_as(cls.Extra)
         out = []
         if extra.kv_cache:
             out.append(Block(text=kv_line(extra.kv_cache)))
@@ -145,6 +196,10 @@ class FixedWorkloadStage(Stage):
             out.append(Block(text=stopping_sentence(extra.stopping)))
         if extra.stopping and extra.conditions and repeats_differ(extra.stopping.per_repeat):  # older runs lack them
             out.append(Block(text=conditions_sentence(extra.stopping.metric, extra.stopping.per_repeat, extra.conditions)))
+        elif any(c.host_kops is not None for c in extra.conditions):
+            out.append(Block(text=f"Host-speed index (per repeat, measure/hostspeed.py): {host_speed_text(extra.conditions)}."))
+        if extra.gpu_busy:
+            out.append(Block(text=gpu_busy_sentence(result.name, extra.gpu_busy)))
         if extra.instrumentation:
             out.append(Block(text=overhead_sentence(extra.instrumentation.model_dump())))
         return out

@@ -19,7 +19,6 @@ RUN = ROOT / "results" / "cpu" / "gate-calibration" / "run01"  # a small committ
 OTHER = ROOT / "results" / "cpu" / "gate-calibration" / "run02"
 UNWRITABLE = "/proc/llmopt-nowhere"  # no one, root included, can create anything under /proc
 # compare's -o goes through cli/paths.py in the compare change (cli/compare.py is not this change's)
-COMPARE_O = {"compare/unwritable -o", "compare/directory for -o"}
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +109,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("name,argv,says", [
-    pytest.param(*c, id=c[0], marks=[pytest.mark.xfail(reason="compare -o: owned by the compare change", strict=False)]
-                 if c[0] in COMPARE_O else []) for c in CASES])
+    pytest.param(*c, id=c[0]) for c in CASES])
 def test_bad_input_is_one_line_with_a_fix_and_exit_2(files, capfd, monkeypatch, name, argv, says):
     monkeypatch.delenv("LLMOPT_HISTORY_DB", raising=False)
     args = [a.format(**files) for a in argv]

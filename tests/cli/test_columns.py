@@ -133,16 +133,16 @@ def test_history_check(read, db):
     assert sum("too few" in line.lower() for line in lines) == 1  # one line for every short series
 
 
-@pytest.mark.xfail(reason="compare's table: owned by the compare change (cli/terminal.print_table is its helper)",
-                   strict=False)
 def test_compare(read):
     base = RUNS / "cpu" / "gate-calibration"
-    read("compare", str(base / "run01"), str(base / "run02"), "--no-history")
+    lines = read("compare", str(base / "run01"), str(base / "run02"), "--no-history")
+    assert any(line.startswith("hf-fp16") for line in lines)
+    assert any("left out at this width" in line for line in lines)  # 10 columns do not fit 80
 
 
 def test_bench_end_of_run_table(capfd, monkeypatch):
-    from llmopt_bench.render.table import print_summary
     from llmopt_bench.core.results import load_run
+    from llmopt_bench.render.table import print_summary
 
     monkeypatch.setenv("COLUMNS", str(WIDTH))
     print_summary(load_run(RUNS / "h200"))  # its own console: $COLUMNS decides

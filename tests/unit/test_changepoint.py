@@ -76,3 +76,10 @@ def test_energy_statistic_matches_its_definition():
     direct = max((q(t, k), t) for t in range(3, 10) for k in range(t + 3, 13))
     tau, value = best_split(x, min_size=3)
     assert (tau, value) == (direct[1], pytest.approx(direct[0]))
+
+
+def test_the_permutation_p_value_counts_the_observed_order_itself():
+    """p = (1 + hits) / (1 + permutations): a clean shift that no shuffle matches is 1/100 at 99
+    permutations, never 0 (issue 28: the +1 dropped survived every test)."""
+    assert [(c.index, c.p_value) for c in e_divisive([1.0] * 8 + [2.0] * 8, min_size=3, significance=0.05,
+                                                     permutations=99, seed=0)] == [(8, 0.01)]

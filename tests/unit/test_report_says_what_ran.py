@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from llmopt_bench.core.distribution import Distribution
+from llmopt_bench.core.records import QualityRecord
 from llmopt_bench.core.results import RunResult, Samples, StageMetrics, StageResult, load_run
-from llmopt_bench.stage import QualityRecord
 from llmopt_bench.core.workload import WorkloadConfig
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -58,6 +58,7 @@ class Meter:
 
 class Ctx:
     meter = Meter()
+    device = "cpu"  # each repeat's conditions measure the host-speed index there
 
     def __init__(self):
         self.messages: list[str] = []

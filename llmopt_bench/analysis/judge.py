@@ -1,0 +1,115 @@
+"""One metric judged between two runs: the metrics compare gates on, and the verdict on a metric
+from each side's value and per-repeat groups (the interval of analysis/noise.py, a regression
+only when the whole interval lies beyond the threshold). analysis/compare.py applies it stage by
+stage; scripts/calibrate-gate.py measures it; analysis/host_compare.py judges normalised figures
+with it. Pure functions; numpy is imported inside."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llmopt_bench.analysis import noise
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    label: str
+    unit: str  # how values are shown: ms, s, tok/s, GB
+    higher_is_better: bool = False
+    # a value that moves between runs of the same code (load: 4.2-11.7 s over 12 CPU runs, 79 vs
+    # 110 s in two H200 sessions; a latency by whole-run shifts) is judged only with an interval
+    # that holds that noise; peak memory, the same from run to run, is judged on its value alone
+    needs_noise: bool = True
+
+
+METRICS: dict[str, Metric] = {m.key: m for m in (
+    Metric("ttft_p50", "TTFT p50", "ms"),
+    Metric("tpot_p50", "TPOT p50", "ms"),
+    Metric("e2e_p50", "E2E p50", "s"),
+    Metric("output_tok_s", "output tok/s", "tok/s", higher_is_better=True),
+    Metric("load_s", "load", "s"),
+    Metric("peak_memory", "peak memory", "GB", needs_noise=False),
+)}
+SAMPLE_COLUMNS = {"ttft_p50": "ttft_s", "tpot_p50": "tpot_s", "e2e_p50": "e2e_s"}
+
+
+@dataclass
+class MetricDelta:
+    metric: str
+    label: str
+    unit: str
+    higher_is_better: bool
+    baseline: float | None
+    new: float | None
+    ratio: float | None
+    ci: tuple[float, float] | None
+    threshold: float
+    method: str  # bootstrap-repeats | bootstrap-requests | history | single value | no data
+    verdict: str  # regressed | improved | unchanged | inconclusive | n/a
+    mde: float | None = None  # the smallest change in the bad direction caught 80% of the time
+    noise: str = ""  # where each side's noise came from
+    # a host-bound stage where both runs recorded the host-speed index (analysis/host_verdict.py):
+    # the verdict before the host was weighed, and the figures as if run on the baseline's host
+    raw_verdict: str | None = None
+    normalised_ratio: float | None = None
+    normalised_ci: tuple[float, float] | None = None
+    normalised_verdict: str | None = None
+
+    @property
+    def change(self) -> float | None:
+        return None if self.ratio is None else self.ratio - 1
+
+
+def verdict(ratio: float | None, ci: tuple[float, float] | None, threshold: float, higher_is_better: bool) -> str:
+    """Regressed/improved only when the whole interval (or the single value) lies beyond the threshold."""
+    if ratio is None or not math.isfinite(ratio):
+        return "n/a"
+    lo, hi = ci if ci else (ratio, ratio)
+    above, below = lo > 1 + threshold, hi < 1 - threshold  # the whole interval beyond the threshold
+    if above or below:
+        return "regressed" if above != higher_is_better else "improved"
+    return "inconclusive" if abs(ratio - 1) > threshold else "unchanged"
+
+
+def _method(b: noise.SideNoise, n: noise.SideNoise) -> str:
+    if "history" in b.source:
+        return "history"
+    return "bootstrap-requests" if "request" in b.source + n.source else "bootstrap-repeats"
+
+
+def judge(key: str, b_val: float | None, n_val: float | None, b_groups: list[list[float]], n_groups: list[list[float]],
+          statistic: str, threshold: float, resamples: int = 2000, confidence: float = 0.95, seed: int = 0,
+          history: Sequence[float] = ()) -> MetricDelta:
+    """The verdict on one metric from each side's value and its per-repeat groups (noise_groups):
+    compare_metric's core, and what scripts/calibrate-gate.py measures."""
+    import numpy as np
+
+    m = METRICS[key]
+    out = MetricDelta(key, m.label, m.unit, m.higher_is_better, b_val, n_val, None, None, threshold, "no data", "n/a")
+    if not (b_val and n_val is not None and b_val > 0 and n_val >= 0):
+        return out
+    out.ratio, out.method = n_val / b_val, "single value"
+    rng = np.random.default_rng(seed)
+    b_own, n_own = (noise.side_noise(g, statistic, resamples, rng) for g in (b_groups, n_groups))
+    b_own, n_own = noise.fill_in(b_own, n_own, len(b_groups)), noise.fill_in(n_own, b_own, len(n_groups))
+    past = noise.history_noise(history)
+    b_noise, n_noise = noise.with_history(b_own, past, new_side=False), noise.with_history(n_own, past, new_side=True)
+    if b_noise and n_noise and out.ratio > 0:
+        iv = noise.combine(out.ratio, b_noise, n_noise, confidence)
+        out.ci, out.method = (iv.lo, iv.hi), _method(b_noise, n_noise)
+        out.mde = noise.min_detectable(iv, threshold, m.higher_is_better)
+        out.noise = f"baseline: {b_noise.source}; new: {n_noise.source}"
+    out.verdict = verdict(out.ratio, out.ci, threshold, m.higher_is_better)
+    # without any between-run information the interval holds the requests' scatter only, and
+    # a shift of a whole run passes for a change: report it, do not judge it
+    one_repeat_each = out.ci is not None and all("(1 repeat)" in side.source for side in (b_noise, n_noise))
+    blind = (out.ci is None and m.needs_noise) or one_repeat_each
+    if blind and out.verdict in ("regressed", "improved"):
+        out.verdict = "inconclusive"
+    if blind:
+        out.mde = None
+        out.method += " (not judged: one repeat per side)" if out.ci else " (not judged: no repeats or history to show its noise)"
+    return out
