@@ -1,6 +1,7 @@
 """The run's first child process: fingerprint the environment, measure the ceilings the
 roofline needs (copy bandwidth, matrix throughput per dtype: fp16/bf16/fp32, FP8 on Hopper/Ada,
-INT8), and prepare the model's checkpoint.
+INT8), and prepare the model's checkpoint; meanwhile vLLM's model inspection fills its cache
+(engines/vllm_modelinfo.py), once per cache, so that no engine start pays for it.
 `python -m llmopt_bench.probe JOB.json` writes its answer to the path the job names."""
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from llmopt_bench.checkpoints.prepare import prepare
+from llmopt_bench.checkpoints.prepare import known_architectures, prepare
 from llmopt_bench.core.errors import LlmoptError
 from llmopt_bench.core.models import ModelSpec
+from llmopt_bench.engines import vllm_modelinfo
 from llmopt_bench.measure import nvml
 
 PACKAGES = ("torch", "transformers", "tokenizers", "accelerate", "safetensors", "bitsandbytes", "vllm",
@@ -213,7 +215,11 @@ def main(job_path: str) -> int:
     out = Path(job_path).parent / job["out"]  # relative to the run directory, where the job lies
     try:
         env = environment()
-        model = prepare(ModelSpec(**job["model"]))
+        spec = ModelSpec(**job["model"])
+        # vLLM's model inspection while the checkpoint is written (after the ceilings: they are measured alone)
+        inspection = vllm_modelinfo.start(known_architectures(spec) if job.get("vllm") else [])
+        model = prepare(spec)
+        env["vllm_model_inspection"] = vllm_modelinfo.finish(inspection)
         answer = {"ok": True, "env": env, "model": model.model_dump(mode="json")}
     except LlmoptError as e:
         answer = {"ok": False, "user_error": True, "message": e.message, "fix": e.fix}
