@@ -1,8 +1,9 @@
 """The worker side of --prefetch (run/prefetch.py): a worker started ahead imports what its
 stages will import (Stage.prefetch_imports), tells the runner, and waits for its go.
 
-Before its go it must not disturb the stage that holds the card: no CUDA (imports only; whether
-torch initialized CUDA anyway is reported), its imports on the upper half of the host's cores,
+Before its go it must not disturb the stage that holds the card: no CUDA (imports only, torch's
+CUDA initialization refused while they run, and whether CUDA got initialized anyway is reported),
+its imports on the upper half of the host's cores,
 and it dies with the runner (PR_SET_PDEATHSIG: a stopped process cannot notice its go pipe
 closing). At its go the cores and the parent-death signal are put back as a fresh worker has
 them."""
@@ -16,7 +17,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 GO_ENV = "LLMOPT_GO_FD"  # the read end of the go pipe: set only in a worker started ahead
 RUNNER_ENV = "LLMOPT_RUNNER_PID"
@@ -32,18 +33,50 @@ def _set_parent_death_signal(sig: int) -> None:
         pass
 
 
+class CudaRefused(RuntimeError):
+    """An import ahead tried to initialize CUDA: refused until the worker's turn."""
+
+
+@contextmanager
+def no_cuda_init() -> Iterator[Callable[[], None]]:
+    """Refuse torch's CUDA initialization inside the block (once torch is imported): an import
+    that would create a CUDA context (bitsandbytes asks every GPU's capability at import) fails,
+    is noted, and is imported again by the stage in its turn. torch.cuda.is_available() (a device
+    count, no context) stays allowed."""
+    patched = None
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise CudaRefused("llmopt: no CUDA before this worker's turn (an import ahead tried to initialize it)")
+
+    def guard() -> None:
+        nonlocal patched
+        torch = sys.modules.get("torch")
+        if patched is None and torch is not None and hasattr(torch, "cuda") and not torch.cuda.is_initialized():
+            patched = (torch.cuda, torch.cuda._lazy_init)
+            torch.cuda._lazy_init = refuse
+
+    try:
+        yield guard
+    finally:
+        if patched is not None:
+            patched[0]._lazy_init = patched[1]
+
+
 def import_all(names: list[str]) -> dict[str, Any]:
     """Import each "module" or "module:attribute" (a lazy package's attribute imports its
-    module); a failure is noted, never raised: the stage's own load reports it in its turn."""
+    module), CUDA refused once torch is in; a failure is noted, never raised: the stage's own load
+    imports it again in its turn and reports what fails then."""
     started, failed = time.time(), []
-    for name in names:
-        module, _, attr = name.partition(":")
-        try:
-            found = importlib.import_module(module)
-            if attr:
-                getattr(found, attr)
-        except Exception as e:  # noqa: BLE001 - reported by the stage itself, later
-            failed.append(f"{name}: {type(e).__name__}")
+    with no_cuda_init() as guard:
+        for name in names:
+            guard()
+            module, _, attr = name.partition(":")
+            try:
+                found = importlib.import_module(module)
+                if attr:
+                    getattr(found, attr)
+            except Exception as e:  # noqa: BLE001 - reported by the stage itself, later
+                failed.append(f"{name}: {type(e).__name__}")
     torch = sys.modules.get("torch")
     cuda = bool(torch is not None and hasattr(torch, "cuda") and torch.cuda.is_initialized())
     return {"started": started, "ended": time.time(), "imports": names, "failed": failed, "cuda_initialized": cuda}

@@ -54,7 +54,7 @@ class NF4Params(BnbParams):
 
 class _BnbStage(FixedWorkloadStage):
     requires = BNB
-    prefetch = (*PREFETCH, "bitsandbytes")
+    prefetch = PREFETCH  # not bitsandbytes: its import asks every GPU's capability, which initializes CUDA
     Params = BnbParams
 
     def quantization_config(self, params: Any, dtype: str) -> Any:

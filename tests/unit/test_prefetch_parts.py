@@ -28,6 +28,18 @@ def test_an_early_worker_imports_modules_and_attributes_and_notes_what_fails():
     assert seen["cuda_initialized"] is False
 
 
+def test_an_import_ahead_that_would_initialize_cuda_is_refused(tmp_path, monkeypatch):
+    import torch
+
+    # as bitsandbytes does at import: every GPU's capability (torch initializes CUDA for it)
+    (tmp_path / "llmopt_asks_the_gpu.py").write_text("import torch\ntorch.cuda.get_device_capability(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    real = torch.cuda._lazy_init
+    seen = import_all(["torch", "llmopt_asks_the_gpu"])
+    assert seen["failed"] == ["llmopt_asks_the_gpu: CudaRefused"] and seen["cuda_initialized"] is False
+    assert torch.cuda._lazy_init is real and "llmopt_asks_the_gpu" not in sys.modules  # its turn imports it afresh
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity API here")
 def test_the_imports_run_on_the_upper_half_of_the_cores_and_every_thread_gets_them_back():
     import threading
@@ -61,7 +73,7 @@ def test_the_imports_run_on_the_upper_half_of_the_cores_and_every_thread_gets_th
 
 def test_the_journey_stages_import_their_engines_ahead():
     assert load_stage("hf-fp16").prefetch_imports()[:2] == ("torch", "transformers:AutoModelForCausalLM")
-    assert "bitsandbytes" in load_stage("bnb-int8").prefetch_imports()
+    assert "bitsandbytes" not in load_stage("bnb-int8").prefetch_imports()  # its import initializes CUDA
     for name in ("vllm", "vllm-fp8", "awq-int4", "vllm-attn", "continuous-batching"):
         assert "vllm:LLM" in load_stage(name).prefetch_imports(), name
     assert "vllm:LLM" not in load_stage("vllm-serve").prefetch_imports()  # its process is llmopt's: vLLM runs in the server
