@@ -112,6 +112,7 @@ class StageTiming(StrictModel):
     teardown_s: float | None = None  # the last event to the stage's end: engine shutdown, exit, the card found free
     prefetched_s: float | None = None  # imports done before its turn, while the previous stage loaded
     prefetch_cuda_initialized: bool | None = None  # True: the early worker's imports initialized CUDA (they must not)
+    prefetch_failed: list[str] = Field(default_factory=list)  # imports ahead that failed (done again in its turn)
 
 
 class StageResult(StrictModel):

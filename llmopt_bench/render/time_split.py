@@ -54,6 +54,9 @@ def split_table(run: RunResult) -> list[str]:
         total = sum(s.timing.prefetched_s or 0 for s in ahead if s.timing)
         out.append(f"Imported ahead (--prefetch): {len(ahead)} stage(s)' workers started while the stage before them "
                    f"loaded, {num(total)} s of imports done before their turn, counted in no load or wall time above.")
+    failed = [f"{s.name} ({', '.join(s.timing.prefetch_failed)})" for s in ahead if s.timing and s.timing.prefetch_failed]
+    if failed:
+        out.append(f"Imports ahead that failed, done again in the stage's turn: {'; '.join(failed)}.")
     cuda = [s.name for s in ahead if s.timing and s.timing.prefetch_cuda_initialized]
     if cuda:
         out.append(f"Warning: the early imports of {', '.join(cuda)} initialized CUDA before their turn (they must not).")

@@ -210,6 +210,7 @@ def timing_of(seen: Followed, started: float, ended: float, paused: list[tuple[f
     if p:
         timing.prefetched_s = prefetched_seconds(p["started"], p.get("ended"), started, paused)
         timing.prefetch_cuda_initialized = p.get("cuda_initialized") or None
+        timing.prefetch_failed = list(p.get("failed") or [])
     return timing
 
 

@@ -89,6 +89,9 @@ def test_time_section_holds_the_tables_and_an_old_run_shows_none():
     assert "phase by phase" not in "\n".join(time_section(committed))
 
 
-def test_early_imports_that_initialized_cuda_are_flagged(run):
+def test_early_imports_that_initialized_cuda_or_failed_are_said(run):
     run.stages[1].timing.prefetch_cuda_initialized = True
-    assert any(line.startswith("Warning: the early imports of vllm initialized CUDA") for line in time_split(run))
+    run.stages[1].timing.prefetch_failed = ["vllm:LLM: CudaRefused"]
+    lines = time_split(run)
+    assert any(line.startswith("Warning: the early imports of vllm initialized CUDA") for line in lines)
+    assert "Imports ahead that failed, done again in the stage's turn: vllm (vllm:LLM: CudaRefused)." in lines
