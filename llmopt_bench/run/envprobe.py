@@ -214,10 +214,14 @@ def main(job_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
     out = Path(job_path).parent / job["out"]  # relative to the run directory, where the job lies
     try:
-        env = environment()
         spec = ModelSpec(**job["model"])
-        # vLLM's model inspection while the checkpoint is written (after the ceilings: they are measured alone)
-        inspection = vllm_modelinfo.start(known_architectures(spec) if job.get("vllm") else [])
+        classes = known_architectures(spec) if job.get("vllm") else []
+        # vLLM's model inspection in the background: on a GPU host from the start (the ceilings are
+        # measured on the device; the inspection's imports run on other cores), on a CPU host after
+        # the ceilings (they are the cores); the checkpoint's write covers the rest
+        inspection = vllm_modelinfo.start(classes) if nvml.device_indices() else None
+        env = environment()
+        inspection = inspection or vllm_modelinfo.start(classes)
         model = prepare(spec)
         env["vllm_model_inspection"] = vllm_modelinfo.finish(inspection)
         answer = {"ok": True, "env": env, "model": model.model_dump(mode="json")}

@@ -101,9 +101,8 @@ def run_one(job: dict[str, Any], job_path: Path, events: EventWriter, shared: di
 
 def timing(ready: float, measuring: float, ran: float, meter: TimedMeter) -> dict[str, float | None]:
     """Where the stage's time after its load went, by the worker's own clocks (core/results.StageTiming)."""
-    windows = sum(t.seconds for t in meter.totals.values()) if meter.totals else None
     return {"warmup_s": round(measuring - ready, 3), "run_s": round(ran - measuring, 3),
-            "measured_s": round(windows, 3) if windows is not None else None}
+            "measured_s": round(meter.window_seconds, 3) if meter.totals else None}
 
 
 def log_to(path: Path) -> None:

@@ -95,3 +95,19 @@ def test_early_imports_that_initialized_cuda_or_failed_are_said(run):
     lines = time_split(run)
     assert any(line.startswith("Warning: the early imports of vllm initialized CUDA") for line in lines)
     assert "Imports ahead that failed, done again in the stage's turn: vllm (vllm:LLM: CudaRefused)." in lines
+
+
+def test_the_measured_time_counts_each_window_once():
+    """A sweep reports its headline point again under "main" (meter.copy): the stage measured its
+    windows once (vllm-serve's measured time came out above its run's on the CPU journey)."""
+    from llmopt_bench.measure.energy import TimedMeter
+    from llmopt_bench.run.worker import timing
+
+    ticks = iter([0.0, 1.0, 5.0, 7.0])
+    meter = TimedMeter(read_mj=lambda: None, clock=lambda: next(ticks))
+    with meter.window("concurrency 1"):
+        pass
+    with meter.window("concurrency 16"):
+        pass
+    meter.copy("concurrency 16", "main")
+    assert timing(100.0, 101.0, 110.0, meter) == {"warmup_s": 1.0, "run_s": 9.0, "measured_s": 3.0}
