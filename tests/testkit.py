@@ -12,6 +12,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# For a test plugin's module source: `samples(n, tokens)`, requests as an engine would return them
+PLUGIN_SAMPLES = """
+import time as _time
+
+from llmopt_bench.core.records import RequestSample as _RequestSample
+
+
+def samples(n=2, tokens=4):
+    out, t = [], _time.perf_counter()
+    for i in range(n):
+        times = [t + 0.01 * (k + 1) for k in range(tokens)]
+        out.append(_RequestSample(request_id=f"r{i}", prompt_id=f"p{i}", prompt_tokens=5, output_tokens=tokens,
+                                  t_submit=t, t_first=times[0], t_done=times[-1], token_times=times))
+    return out
+"""
+
 
 def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """The real `llmopt` command in a subprocess: exit codes and streams as a user sees them."""

@@ -41,6 +41,20 @@ def prepare(spec: ModelSpec) -> ModelInfo:
     return info
 
 
+def known_architectures(spec: ModelSpec) -> list[str]:
+    """The model classes the spec's checkpoint declares, known before it is written: synthetic and
+    bundled models are Llama (synthetic.py, SmolLM2); a local checkpoint says so in its config.json;
+    [] for a hub model not fetched yet or an endpoint."""
+    if spec.kind in ("synthetic", "bundled"):
+        return ["LlamaForCausalLM"]
+    if spec.kind == "local":
+        try:
+            return list(json.loads((Path(spec.name) / "config.json").read_text()).get("architectures") or [])
+        except (OSError, ValueError):
+            return []
+    return []
+
+
 def endpoint_model(spec: ModelSpec) -> ModelInfo:
     """A server's model: nothing of it is here, so its shape is unknown; prompts are built with
     the stage's --tokenizer, else synthetic:tiny's byte-level tokenizer (the stage says which)."""

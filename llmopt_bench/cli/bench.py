@@ -131,6 +131,7 @@ def bench_cmd(
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run in DIR: the journey it was started with, only the stages missing from its run.json or interrupted there."),
     fail_fast: bool = typer.Option(False, "--fail-fast", help="Stop at the first stage that fails (error, oom, timeout)."),
     share_engines: bool = typer.Option(True, "--share-engines/--no-share-engines", help="Run stages that start the same engine configuration (vllm and continuous-batching's vLLM side) one after the other on one engine, in one process."),
+    prefetch: bool | None = typer.Option(None, "--prefetch/--no-prefetch", help="Start the next stage's process while the current one loads, so its imports are done by its turn; it waits, stopped, while the current stage measures, and its imports are reported apart (timing.prefetched_s), never in load_s. Default: on with 8 or more cores.", show_default=False),
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds per stage (more than 0), overriding the journey's timeout_s (default: 1800)."),
     as_json: bool = typer.Option(False, "--json", help="Print run.json to stdout instead of the table."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write report.md and charts/ into the run directory."),
@@ -159,10 +160,9 @@ def bench_cmd(
     out = run_directory(output, resume)
     opts = RunOptions(out_dir=out, model=spec, workload=cfg, plans=plans, fail_fast=fail_fast, timeout_s=timeout,
                       resume=previous is not None, command=shlex.join(["llmopt", *sys.argv[1:]]), min_quality=gate,
-                      share_engines=share_engines, preset=preset)
+                      share_engines=share_engines, preset=preset, prefetch=prefetch_on(prefetch))
     reporter = make_reporter()
-    reporter.phase(f"run directory {out}")
-    say_workload(cfg, reporter)
+    say_workload(cfg, reporter, out)
     try:
         run = run_journey(opts, reporter)
     except KeyboardInterrupt:  # typer would turn it into an exit code that main() never sees
@@ -170,6 +170,13 @@ def bench_cmd(
                           f"continue with llmopt bench --resume {out}", code=ExitCode.INTERRUPTED) from None
     write_outputs(run, out, report, as_json)
     exit_status(run, out, named)
+
+
+def prefetch_on(asked: bool | None) -> bool:
+    """--prefetch/--no-prefetch, else on where the host has cores to spare (run/prefetch.py)."""
+    from llmopt_bench.run.prefetch import spare_cores
+
+    return spare_cores() if asked is None else asked
 
 
 def check_preset_use(preset: str | None, *, stages: str | None, endpoint: str | None, resume: Path | None) -> None:
@@ -279,7 +286,8 @@ def choose_plans(stages: str | None, previous) -> tuple[list, bool]:
     return resolve_stages("all" if stages is None else stages)  # '' (an unset shell variable) is refused, not "all"
 
 
-def say_workload(cfg, reporter) -> None:
+def say_workload(cfg, reporter, out: Path) -> None:
+    reporter.phase(f"run directory {out}")
     for note in cfg.notes:
         reporter.phase(note)
     if cfg.prompt_key != "text":

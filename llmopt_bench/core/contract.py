@@ -95,6 +95,10 @@ class Stage:
     # memory or energy is sampled or claimed for it
     owns_device: ClassVar[bool] = True
     requires: ClassVar[Requirements] = Requirements()
+    # What the stage's worker may import ahead, while the stage before it loads (--prefetch,
+    # run/prefetch.py): "module" or "module:attribute" (an attribute of a lazy package imports its
+    # module). Imports only: nothing that touches the GPU. Empty: the requirements' imports.
+    prefetch: ClassVar[tuple[str, ...]] = ()
     Params: ClassVar[type[BaseModel]] = NoParams
     Extra: ClassVar[type[BaseModel]] = OpenExtra
 
@@ -109,6 +113,11 @@ class Stage:
 
     def teardown(self) -> None:
         """Free the GPU. Must be idempotent."""
+
+    @classmethod
+    def prefetch_imports(cls) -> tuple[str, ...]:
+        """The imports a worker started ahead does before its turn (see `prefetch`)."""
+        return cls.prefetch or tuple(cls.requires.imports)
 
     @classmethod
     def share_key(cls, params: BaseModel) -> str | None:

@@ -106,6 +106,20 @@ class GpuFree(StrictModel):
     used_bytes: dict[str, int] = Field(default_factory=dict)
 
 
+class StageTiming(StrictModel):
+    """Where a stage's wall time (duration_s) went after its load (load_s, load.phases_s), in
+    seconds: by the worker's own clocks, then the teardown as the runner saw it. Imports done by
+    a worker started ahead (--prefetch) are prefetched_s, in none of the others."""
+
+    warmup_s: float | None = None  # load's end to the measurement's start (Stage.warmup)
+    run_s: float | None = None  # Stage.run: the measurement and the untimed work after it (quality, clock check)
+    measured_s: float | None = None  # of run_s, the timed windows the figures come from (the meter's)
+    teardown_s: float | None = None  # the last event to the stage's end: engine shutdown, exit, the card found free
+    prefetched_s: float | None = None  # imports done before its turn, while the previous stage loaded
+    prefetch_cuda_initialized: bool | None = None  # True: the early worker's imports initialized CUDA (they must not)
+    prefetch_failed: list[str] = Field(default_factory=list)  # imports ahead that failed (done again in its turn)
+
+
 class StageResult(StrictModel):
     name: str
     stage: str | None = None  # the registered stage, when a journey label renamed its result
@@ -119,9 +133,10 @@ class StageResult(StrictModel):
     params: dict[str, Any] = Field(default_factory=dict)
     started_at: str | None = None  # when its process was spawned (runs before 2026-12-05 held its end: fixed in results/)
     duration_s: float | None = None
-    load_s: float | None = None  # fresh process to ready
+    load_s: float | None = None  # its worker started (or, started ahead, told to go) to ready
     phases: dict[str, float] = Field(default_factory=dict)  # where duration_s went, by progress phase (durations.Timeline)
     load: LoadInfo | None = None
+    timing: StageTiming | None = None  # where duration_s went (the worker's clocks)
     metrics: StageMetrics | None = None
     samples: Samples | None = None
     memory: MemoryRecord = Field(default_factory=MemoryRecord)

@@ -38,7 +38,8 @@ class WorkloadConfig(StrictModel):
     max_new_tokens: int = Field(100, ge=1, description="output length, forced (EOS ignored) so every stage does the same work")
     input_len: int | None = Field(None, ge=1, description="force every prompt to exactly N tokens (truncate or repeat)")
     max_prompt_len: int = Field(2048, ge=1, description="longer prompts keep their last N tokens")
-    warmup: int = Field(2, ge=0, description="untimed requests before measuring")
+    warmup: int = Field(2, ge=0, description="untimed requests before measuring (transformers stages: one generation "
+                                             "of 16 tokens, their warmup_tokens param; 0: none)")
     repeats: int = Field(3, ge=1, description="times the workload is measured; the spread is reported")
     max_repeats: int | None = Field(None, ge=1, le=1000, description="go on past --repeats, one repeat at a time, until the "
                                     "headline figure's 95% interval over the repeats is within --stop-within (default: "

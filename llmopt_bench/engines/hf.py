@@ -5,6 +5,7 @@ them to the host, which waits for the step's kernels, so each timestamp is a syn
 
 from __future__ import annotations
 
+import statistics
 from typing import Any, Callable, Sequence
 
 from llmopt_bench.core.records import LoadInfo, RequestSample
@@ -118,7 +119,8 @@ def generate_batch(model: Any, pad_id: int, requests: Sequence[Request], max_new
 
 
 OVERHEAD_MIN_PAIRS, OVERHEAD_MAX_PAIRS = 10, 40  # 10 pairs: the median's interval drops the extreme pair each side
-OVERHEAD_BUDGET_S = 20.0  # seconds the pairs may take in all, once the minimum of pairs is met
+OVERHEAD_BUDGET_S = 5.0  # seconds the pairs may take in all, once the minimum of pairs is met
+OVERHEAD_TOKENS = 16  # each generation's length: the clock's cost is per decode step, 16 of them show it
 
 
 def streamer_step_costs(device: str, batch: int = 1, calls: int = 2000, rounds: int = 7,
@@ -144,23 +146,39 @@ def streamer_step_costs(device: str, batch: int = 1, calls: int = 2000, rounds: 
     return out
 
 
+def decode_per_token(wholes: list[float], firsts: list[float], tokens: int) -> list[float]:
+    """Each generation's time per decode step: less the median one-token generation's time (the
+    prefill and the first token, the same clock setting: a median, as one prefill's noise must not
+    land on a pair), over the steps after the first; the whole time per token below 2 tokens."""
+    if tokens < 2 or not firsts:
+        return [w / max(1, tokens) for w in wholes]
+    first = statistics.median(firsts)
+    return [max(w - first, 1e-9) / (tokens - 1) for w in wholes]
+
+
 def instrumentation_overhead(model: Any, pad_id: int, request: Request, max_new_tokens: int, device: str,
                              pairs: int | None = None, budget_s: float = OVERHEAD_BUDGET_S) -> dict[str, Any]:
     """Decode time per token with and without the per-token clock, in interleaved pairs
     (alternating which goes first) so that drift on a noisy host hits both alike, plus the
     clock's own work timed apart; analysis/overhead.py turns them into an interval and a verdict.
-    pairs=None: as many pairs as budget_s allows after the first, between 10 and 40."""
+    pairs=None: as many pairs as budget_s allows after the first, between 10 and 40.
+
+    Per token means per decode step: each side of a pair also times a one-token generation (the
+    prefill and the first token, with the same clock setting), and decode_per_token takes it out,
+    so the prefill's share does not grow as the generations get shorter."""
     from llmopt_bench.analysis import overhead
 
-    def per_token(streamer: bool) -> float:
-        s = generate_batch(model, pad_id, [request], max_new_tokens, device, streamer=streamer)[0]
-        return (s.t_done - s.t_submit) / max(1, s.output_tokens)
+    times: dict[bool, list[float]] = {False: [], True: []}  # a whole generation's time, by clock setting
+    firsts: dict[bool, list[float]] = {False: [], True: []}  # a one-token generation's
 
-    without, with_clock = [], []
+    def timed(streamer: bool, tokens: int) -> float:
+        s = generate_batch(model, pad_id, [request], tokens, device, streamer=streamer)[0]
+        return s.t_done - s.t_submit
 
     def pair(i: int) -> None:
         for streamer in ((False, True) if i % 2 == 0 else (True, False)):
-            (with_clock if streamer else without).append(per_token(streamer))
+            firsts[streamer].append(timed(streamer, 1))
+            times[streamer].append(timed(streamer, max_new_tokens))
 
     t0 = now()
     pair(0)
@@ -168,8 +186,10 @@ def instrumentation_overhead(model: Any, pad_id: int, request: Request, max_new_
         pairs = min(OVERHEAD_MAX_PAIRS, max(OVERHEAD_MIN_PAIRS, int(budget_s / max(now() - t0, 1e-9))))
     for i in range(1, pairs):
         pair(i)
+    without, with_clock = (decode_per_token(times[c], firsts[c], max_new_tokens) for c in (False, True))
     out = overhead.summarize(without, with_clock, streamer_step_costs(device, batch=1))
     out["tokens"] = max_new_tokens
+    out["per_token"] = "decode steps: (a generation - the median one-token generation) / (tokens - 1)"
     return out
 
 

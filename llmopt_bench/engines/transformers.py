@@ -12,6 +12,9 @@ from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests
 from llmopt_bench.engines import hf
 from llmopt_bench.engines.lifecycle import release_cached_memory
 
+# what a transformers stage's worker imports ahead of its turn (Stage.prefetch, run/prefetch.py)
+PREFETCH = ("torch", "transformers:AutoModelForCausalLM", "transformers:AutoTokenizer")
+
 
 class HFEngineParams(StrictModel):
     dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
@@ -20,6 +23,10 @@ class HFEngineParams(StrictModel):
 
 
 class TransformersEngine:
+    # the warm-up: one generation this long (scenarios/fixed.warmup_plan). Eager transformers needs
+    # one pass to load its kernels and size its allocator; two full requests cost ~20 s at INT8
+    WARMUP_TOKENS = 16
+
     def __init__(self, model: Any, tok: Any, device: str, model_info: Any, params: HFEngineParams):
         self.model, self.tok, self.device, self.model_info, self.params = model, tok, device, model_info, params
         self.pad_id = tok.pad_token_id
@@ -75,7 +82,7 @@ class TransformersEngine:
             return {}
         ctx.progress("measuring the per-token clock's own cost", None, None)
         return {"instrumentation": hf.instrumentation_overhead(self.model, self.pad_id, requests[0],
-                                                               min(workload.max_new_tokens, 64), self.device)}
+                                                               min(workload.max_new_tokens, hf.OVERHEAD_TOKENS), self.device)}
 
     def close(self) -> None:
         if self.model is not None:

@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 from llmopt_bench.core.records import LoadInfo, RequestSample
 from llmopt_bench.core.workload import Request
 from llmopt_bench.engines.lifecycle import release_cached_memory
+from llmopt_bench.engines.vllm_startlog import start_phases
 from llmopt_bench.measure.timing import now
 
 # What vLLM logs about the choices it made (the engine core runs in its own process, so its
@@ -27,7 +28,7 @@ LOG_PATTERNS = {
     "max_concurrency": r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x",
     "weights_load_s": r"Loading weights took ([\d.]+) s",
     "model_load_gib_s": r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) s",
-    "compile_s": r"torch\.compile takes ([\d.]+) s in total",
+    "compile_s": r"torch\.compile (?:took|takes) ([\d.]+) s in total",  # 0.26 and 0.32 say "took"
     "graph_capture_s": r"Graph capturing finished in ([\d.]+) secs?",
     "engine_init_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
     "quant_method": r"quantization=([a-z0-9_\-]+)",
@@ -128,16 +129,13 @@ def build_engine(model_path: str, cfg: EngineConfig, log_path: Path | None) -> t
             kwargs[key] = getattr(cfg, key)
     llm = LLM(**kwargs)
     ready = now()
-    seen = parse_log(log_path.read_text(errors="replace")) if log_path and log_path.is_file() else {}
+    log_text = log_path.read_text(errors="replace") if log_path and log_path.is_file() else ""
+    seen = parse_log(log_text)
     cache = llm.llm_engine.vllm_config.cache_config
     phases = {"import_s": round(t_import - t0, 3), "engine_total_s": round(ready - t_import, 3)}
-    if "model_load_gib_s" in seen:
-        phases["weights_s"] = float(seen["model_load_gib_s"][1])
-    elif "weights_load_s" in seen:
+    if "weights_load_s" in seen:
         phases["weights_s"] = float(seen["weights_load_s"])
-    for key in ("compile_s", "graph_capture_s", "engine_init_s"):
-        if key in seen:
-            phases[key] = float(seen[key])
+    phases.update(start_phases(log_text))  # the engine's own steps, from its log (engines/vllm_startlog.py)
     kv = {"num_blocks": cache.num_gpu_blocks, "block_size": cache.block_size,
           "tokens": int(seen["kv_cache_tokens"].replace(",", "")) if "kv_cache_tokens" in seen else None}
     if "max_concurrency" in seen:

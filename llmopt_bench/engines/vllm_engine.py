@@ -16,6 +16,10 @@ from llmopt_bench.engines.engine_pool import EnginePool, Pooled, pool_for, share
 from llmopt_bench.engines.vllm_kv import KVCacheRecord, kv_cache_record
 from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config, prepare_engine_env, share_key, weights_estimate
 
+# what a vLLM stage's worker imports ahead of its turn (Stage.prefetch, run/prefetch.py): the
+# offline engine's class, the bulk of build_engine's import_s; no engine, no CUDA
+PREFETCH = ("torch", "vllm:LLM")
+
 DUMMY_NOTE = "load_format=dummy: random weights generated in place; speed only, no quality"
 
 

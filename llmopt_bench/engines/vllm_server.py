@@ -21,6 +21,7 @@ from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
 from llmopt_bench.core.records import LoadInfo
 from llmopt_bench.engines import lifecycle
 from llmopt_bench.engines import vllm as V
+from llmopt_bench.engines.vllm_startlog import start_phases
 from llmopt_bench.procs import spawn
 from llmopt_bench.procs.gpu import GIB, wait_gpu_free
 from llmopt_bench.procs.interpreters import engine_python, look
@@ -219,11 +220,13 @@ class VLLMServer:
             time.sleep(poll_s)
 
     def _load_info(self, ready_s: float) -> LoadInfo:
-        seen = V.parse_log(self.log_path.read_text(errors="replace"))
+        text = self.log_path.read_text(errors="replace")
+        seen = V.parse_log(text)
         phases = {"server_ready_s": round(ready_s, 3)}
         for key in ("weights_load_s", "compile_s", "graph_capture_s", "engine_init_s"):
             if key in seen:
                 phases[key] = float(seen[key])
+        phases.update(start_phases(text))  # the engine's own steps, from its log
         impl = {"engine": "vllm-server", "dtype": self.cfg.dtype, "quantization": self.cfg.quantization,
                 "attention_backend": seen.get("attention_backend", self.cfg.attention_backend),
                 "linear_kernels": seen.get("linear_kernel"), "kv_cache_tokens": seen.get("kv_cache_tokens"),

@@ -50,6 +50,7 @@ class TimedMeter:
         self._clock = clock or time.perf_counter
         self.totals: dict[str, Total] = {}
         self.has_counter = read_mj() is not None
+        self.window_seconds = 0.0  # every window's time once, whatever its key (copy() adds none)
 
     @contextmanager
     def window(self, key: str = "main") -> Iterator[Window]:
@@ -63,6 +64,7 @@ class TimedMeter:
         total.seconds += t1 - t0
         total.tokens += w.tokens
         total.windows += 1
+        self.window_seconds += t1 - t0
 
     def record(self, key: str = "main") -> dict[str, float | int | None] | None:
         """The key's totals as results.EnergyRecord fields; None without a counter or a window."""

@@ -16,6 +16,7 @@ from llmopt_bench.core.fmt import num, pct, table, tail, times
 from llmopt_bench.core.results import RunResult
 from llmopt_bench.render.details import details, quality_cell
 from llmopt_bench.render.hooks import collect_claims
+from llmopt_bench.render.time_split import time_split
 
 SECTIONS = ("Environment and workload", "Stages", "Speedups", "Stages that did not run", "Where the time went",
             "The story's claims", "Conclusions", "What to deploy", "Roofline", "Stage details", "Metric definitions")
@@ -136,7 +137,7 @@ def time_section(run: RunResult) -> list[str]:
               if s.load and s.load.implementation.get("engine_shared_with")]
     return [wall_sentence(run, total), ""] + table(("stage", "status", "wall s", "load s", "share of the stages' time",
                                                     "where it went (largest phases)"), rows) + \
-        ([""] + [f"- {line}." for line in shared] if shared else [])
+        ([""] + [f"- {line}." for line in shared] if shared else []) + time_split(run)
 
 
 def deploy_section(run: RunResult) -> list[str]:

@@ -1,6 +1,7 @@
 """The run's first child process: fingerprint the environment, measure the ceilings the
 roofline needs (copy bandwidth, matrix throughput per dtype: fp16/bf16/fp32, FP8 on Hopper/Ada,
-INT8), and prepare the model's checkpoint.
+INT8), and prepare the model's checkpoint; meanwhile vLLM's model inspection fills its cache
+(engines/vllm_modelinfo.py), once per cache, so that no engine start pays for it.
 `python -m llmopt_bench.probe JOB.json` writes its answer to the path the job names."""
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from llmopt_bench.checkpoints.prepare import prepare
+from llmopt_bench.checkpoints.prepare import known_architectures, prepare
 from llmopt_bench.core.errors import LlmoptError
 from llmopt_bench.core.models import ModelSpec
+from llmopt_bench.engines import vllm_modelinfo
 from llmopt_bench.measure import nvml
 
 PACKAGES = ("torch", "transformers", "tokenizers", "accelerate", "safetensors", "bitsandbytes", "vllm",
@@ -212,8 +214,16 @@ def main(job_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
     out = Path(job_path).parent / job["out"]  # relative to the run directory, where the job lies
     try:
+        spec = ModelSpec(**job["model"])
+        classes = known_architectures(spec) if job.get("vllm") else []
+        # vLLM's model inspection in the background: on a GPU host from the start (the ceilings are
+        # measured on the device; the inspection's imports run on other cores), on a CPU host after
+        # the ceilings (they are the cores); the checkpoint's write covers the rest
+        inspection = vllm_modelinfo.start(classes) if nvml.device_indices() else None
         env = environment()
-        model = prepare(ModelSpec(**job["model"]))
+        inspection = inspection or vllm_modelinfo.start(classes)
+        model = prepare(spec)
+        env["vllm_model_inspection"] = vllm_modelinfo.finish(inspection)
         answer = {"ok": True, "env": env, "model": model.model_dump(mode="json")}
     except LlmoptError as e:
         answer = {"ok": False, "user_error": True, "message": e.message, "fix": e.fix}

@@ -7,6 +7,9 @@ continuous batching's vLLM side) run one after the other in one process on one e
 stage group (engines/engine_pool.py); a failure in a group ends the group, and its remaining
 stages run each in its own process. --no-share-engines turns groups off.
 
+With --prefetch the next group's worker starts while the current one loads, imports, and waits
+for its turn (run/prefetch.py); the run's end, however it comes, discards it.
+
     run_journey   the run: lock the directory, probe, each plan (or group) in turn, the outcome
     run_stage     one stage: skip it here, or spawn its worker and supervise it (supervisor.py)
     plan_groups   the order stages run in, and which share an engine"""
@@ -16,7 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from llmopt_bench.analysis.quality_gate import apply_gate
 from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
@@ -24,9 +27,10 @@ from llmopt_bench.core.models import ModelInfo, ModelSpec, portable_path
 from llmopt_bench.core.results import FAILED, RunResult, StageResult, utc_at, utcnow
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.run.outcomes import Reference, Reporter, skipped
+from llmopt_bench.run.prefetch import Ahead, Launched, Turn
 from llmopt_bench.run.registry import StagePlan, journey_order, load_stage, plan_of, unavailable
 from llmopt_bench.run.rundir import RunDir
-from llmopt_bench.run.supervisor import supervise, supervise_group
+from llmopt_bench.run.supervisor import launch, supervise, supervise_group
 
 # Multi-GPU hosts here forbid NVLink multicast; engines' own processes inherit this.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
@@ -48,6 +52,7 @@ class RunOptions:
     min_quality: float | None = None  # the quality gate; None: the resumed run's, else the default
     preset: str | None = None  # the --preset that chose the journey and workload, recorded in run.json
     share_engines: bool = True  # stages of one engine configuration run on one engine (engines/engine_pool.py)
+    prefetch: bool = False  # start the next stage's worker while the current one loads (run/prefetch.py)
     extra_env: dict[str, str] = field(default_factory=dict)
     # run.wall_s before this invocation, and when it began: wall_s is saved with every stage, so
     # that an invocation killed from outside (a machine taken away) still counts what it ran
@@ -74,7 +79,7 @@ def probe(rd: RunDir, opts: RunOptions, reporter: Reporter) -> tuple[dict[str, A
 
     job, answer_path, log = rd.root / "probe.job.json", rd.root / "probe.json", rd.logs / "probe.log"
     answer_path.unlink(missing_ok=True)
-    rd.write_json(job, {"model": opts.model.model_dump(), "out": answer_path.name})
+    rd.write_json(job, {"model": opts.model.model_dump(), "out": answer_path.name, "vllm": starts_vllm(opts.plans)})
     reporter.phase(f"probing the environment ({opts.model.source}: the server's model, nothing of it prepared here)"
                    if opts.model.kind == "endpoint" else
                    f"probing the environment and preparing {opts.model.source} (first use writes its checkpoint)")
@@ -93,6 +98,13 @@ def probe(rd: RunDir, opts: RunOptions, reporter: Reporter) -> tuple[dict[str, A
     return env, ModelInfo(**answer["model"])
 
 
+def starts_vllm(plans: list[StagePlan]) -> bool:
+    """Whether a stage of the journey that can run here starts a vLLM engine (the probe then fills
+    vLLM's model-inspection cache: engines/vllm_modelinfo.py)."""
+    classes = [load_stage(p.stage) for p in plans]
+    return any(cls.requires.engine == "vllm" and not unavailable(cls) for cls in classes)
+
+
 def find_reference(rd: RunDir, plans: list[StagePlan], previous: RunResult | None) -> Reference:
     """The first plan whose stage provides the quality reference, else a result of the run that did."""
     for p in plans:
@@ -103,13 +115,15 @@ def find_reference(rd: RunDir, plans: list[StagePlan], previous: RunResult | Non
 
 
 def run_stage(plan: StagePlan, run: RunResult, model: ModelInfo, rd: RunDir, opts: RunOptions, ref: Reference,
-              reporter: Reporter) -> StageResult:
+              reporter: Reporter, turn: Turn | None = None) -> StageResult:
     cls = load_stage(plan.stage)
     why = unavailable(cls)
     if why:
+        if turn is not None:
+            turn.start_ahead()  # the next stage's worker, as if this one had started
         return skipped(plan, cls, "skipped", why[0], why[1])
     return supervise(plan, cls, run, model, rd, opts.timeout_s or plan.timeout_s, ref,
-                     env_for_children(opts), reporter)
+                     env_for_children(opts), reporter, turn)
 
 
 def _matches(old: RunResult, model: ModelSpec, workload: WorkloadConfig) -> str | None:
@@ -206,14 +220,32 @@ def _run_plans(run: RunResult, previous: RunResult | None, model: ModelInfo, rd:
             reporter.progress(plan.name, f"already in the run ({previous.stage(plan.name).status}): kept (resume)", None, None)
     keys = share_keys(todo) if opts.share_engines else {}
     groups = plan_groups(todo, keys, ref.name)
-    for g, group in enumerate(groups):
-        say_eta(run, [p for later in groups[g:] for p in later], reporter)
-        left, stop = _run_group(group, keys, run, model, rd, opts, ref, reporter) if len(group) > 1 else (group, False)
-        if stop:
-            return
-        for plan in left:  # alone, or after its group stopped at a failure: each in its own process
-            if not _run_one(plan, run, model, rd, opts, ref, reporter):
+    ahead: Ahead | None = None
+    try:
+        for g, group in enumerate(groups):
+            say_eta(run, [p for later in groups[g:] for p in later], reporter)
+            worker, notes = ahead.take() if ahead else (None, [])
+            ahead = Ahead(_launcher(groups[g + 1], keys, run, model, rd, ref, opts)) if opts.prefetch and g + 1 < len(groups) else None
+            turn = Turn(worker, notes, ahead)
+            left, stop = _run_group(group, keys, run, model, rd, opts, ref, reporter, turn) if len(group) > 1 else (group, False)
+            if stop:
                 return
+            for plan in left:  # alone, or after its group stopped at a failure: each in its own process
+                if not _run_one(plan, run, model, rd, opts, ref, reporter, turn if plan is group[0] else Turn(ahead=ahead)):
+                    return
+    finally:
+        if ahead is not None:  # the run stopped (--fail-fast, Ctrl-C, an error): no worker waits on
+            ahead.discard()
+
+
+def _launcher(group: list[StagePlan], keys: dict[str, str], run: RunResult, model: ModelInfo, rd: RunDir,
+              ref: Reference, opts: RunOptions) -> Callable[[], Launched] | None:
+    """How to start the group's worker ahead; None when its first stage cannot run here."""
+    classes = [load_stage(p.stage) for p in group]
+    if unavailable(classes[0]):
+        return None
+    group_keys = [keys[p.name] for p in group] if len(group) > 1 else [None]
+    return lambda: launch(group, classes, group_keys, run, model, rd, ref, env_for_children(opts), ahead=True)
 
 
 def _index(opts: RunOptions, plan: StagePlan) -> int:
@@ -221,12 +253,12 @@ def _index(opts: RunOptions, plan: StagePlan) -> int:
 
 
 def _run_one(plan: StagePlan, run: RunResult, model: ModelInfo, rd: RunDir, opts: RunOptions, ref: Reference,
-             reporter: Reporter) -> bool:
+             reporter: Reporter, turn: Turn | None = None) -> bool:
     """One stage in its own process; False when --fail-fast says to stop."""
     reporter.stage_start(plan.name, _index(opts, plan), len(opts.plans))
     started = time.time()
     try:
-        result = run_stage(plan, run, model, rd, opts, ref, reporter)
+        result = run_stage(plan, run, model, rd, opts, ref, reporter, turn)
     except KeyboardInterrupt:
         _interrupted(plan, run, rd, started)
         raise
@@ -234,7 +266,7 @@ def _run_one(plan: StagePlan, run: RunResult, model: ModelInfo, rd: RunDir, opts
 
 
 def _run_group(group: list[StagePlan], keys: dict[str, str], run: RunResult, model: ModelInfo, rd: RunDir,
-               opts: RunOptions, ref: Reference, reporter: Reporter) -> tuple[list[StagePlan], bool]:
+               opts: RunOptions, ref: Reference, reporter: Reporter, turn: Turn) -> tuple[list[StagePlan], bool]:
     """Stages that share an engine, in one process (supervisor.supervise_group): the plans it
     did not run, and whether --fail-fast stops the journey."""
     current: list[Any] = [None, time.time()]
@@ -252,7 +284,7 @@ def _run_group(group: list[StagePlan], keys: dict[str, str], run: RunResult, mod
     try:
         left = supervise_group(group, classes, [keys[p.name] for p in group], run, model, rd,
                                [opts.timeout_s or p.timeout_s for p in group], ref, env_for_children(opts), reporter,
-                               begin, done)
+                               begin, done, turn)
     except KeyboardInterrupt:
         if current[0] is not None:
             _interrupted(current[0], run, rd, current[1])

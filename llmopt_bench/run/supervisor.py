@@ -10,6 +10,7 @@ import queue
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from llmopt_bench.analysis.metrics import compact, compute
@@ -17,7 +18,7 @@ from llmopt_bench.core.contract import Stage
 from llmopt_bench.core.errors import first_line
 from llmopt_bench.core.models import ModelInfo
 from llmopt_bench.core.records import StageRun
-from llmopt_bench.core.results import FAILED, EnergyRecord, MemoryRecord, RunResult, StageResult, utc_at
+from llmopt_bench.core.results import FAILED, EnergyRecord, MemoryRecord, RunResult, StageResult, StageTiming, utc_at
 from llmopt_bench.measure.memory import MemorySampler
 from llmopt_bench.procs import spawn
 from llmopt_bench.procs.events import FD_ENV, start_reader
@@ -26,6 +27,8 @@ from llmopt_bench.procs.interpreters import engine_python
 from llmopt_bench.procs.tree import session_pids
 from llmopt_bench.run.durations import Timeline, phase_label
 from llmopt_bench.run.outcomes import Reference, Reporter, skipped, stage_result
+from llmopt_bench.run.prefetch import Launched, Turn, prefetched_seconds
+from llmopt_bench.run.preload import GO_ENV, RUNNER_ENV
 from llmopt_bench.run.registry import StagePlan, entry_value
 from llmopt_bench.run.rundir import RunDir
 
@@ -37,7 +40,8 @@ FIXES = {"oom": "lower --batch-size, --input-len or the stage's max_model_len, o
 def write_job(plan: StagePlan, cls: type[Stage], run: RunResult, model: ModelInfo, rd: RunDir, ref: Reference,
               share_key: str | None = None) -> float:
     """The child's job, with paths relative to the run directory (a committed run leaks no
-    machine's layout). Returns the spawn time the child measures its load from."""
+    machine's layout). Returns the spawn time the child measures its load from (for a worker
+    started ahead, its go: the job is written again then)."""
     spawned = time.time()
     rd.write_json(rd.job(plan.name), {
         "stage": plan.name, "entry": entry_value(plan.stage), "params": plan.params,
@@ -49,12 +53,59 @@ def write_job(plan: StagePlan, cls: type[Stage], run: RunResult, model: ModelInf
     return spawned
 
 
+def write_jobs(plans: list[StagePlan], classes: list[type[Stage]], keys: list[str | None], run: RunResult, model: ModelInfo,
+               rd: RunDir, ref: Reference) -> float:
+    spawned = 0.0
+    for plan, cls, key in zip(plans, classes, keys):
+        rd.stage_dir(plan.name).mkdir(parents=True, exist_ok=True)
+        spawned = write_job(plan, cls, run, model, rd, ref, key)
+    return spawned
+
+
+def launch(plans: list[StagePlan], classes: list[type[Stage]], keys: list[str | None], run: RunResult, model: ModelInfo,
+           rd: RunDir, ref: Reference, env: dict[str, str], ahead: bool = False) -> Launched:
+    """Spawn a group's worker in a session of its own, its events on a pipe; ahead=True: a worker
+    that imports, then waits for its go (run/prefetch.py)."""
+    spawned = write_jobs(plans, classes, keys, run, model, rd, ref)
+    rfd, wfd = os.pipe()
+    extra, fds = {FD_ENV: str(wfd)}, [wfd]
+    go_read, go_write = os.pipe() if ahead else (None, None)
+    if go_read is not None:
+        extra.update({GO_ENV: str(go_read), RUNNER_ENV: str(os.getpid())})
+        fds.append(go_read)
+    try:
+        with open(rd.log(plans[0].name), "w") as log:
+            python = engine_python(classes[0].requires.engine) if classes[0].requires.child_in_engine else sys.executable
+            proc = spawn.start([python, "-m", "llmopt_bench.run.worker", *(str(rd.job(p.name)) for p in plans)],
+                               log=log, env=spawn.child_env({**env, **extra}), pass_fds=fds)
+    except BaseException:
+        for fd in (rfd, go_write):
+            if fd is not None:
+                os.close(fd)
+        raise
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return Launched(proc, start_reader(rfd), spawned, go_write)
+
+
+@dataclass
+class Followed:
+    """What one stage's worker sent: its load event, its final event and when that came, and (a
+    worker started ahead) what it imported before its turn."""
+
+    load: dict | None = None
+    final: dict = field(default_factory=dict)
+    ended_at: float = 0.0
+    prefetched: dict | None = None
+
+
 def follow(proc: subprocess.Popen, events: "queue.Queue", plan: StagePlan, timeout: float, reporter: Reporter,
-           timeline: Timeline | None = None) -> tuple[dict | None, dict]:
-    """The child's events until its result, its death or the timeout: (load event, final event);
+           on_load: Callable[[], None] = lambda: None, timeline: Timeline | None = None) -> Followed:
+    """The child's events until its result, its death or the timeout; on_load() at its load event;
     each progress message starts a phase of the timeline (where the stage's time went)."""
     timeline = timeline or Timeline(time.time())
-    load_evt, final = None, None
+    seen, final = Followed(), None
     deadline = time.monotonic() + timeout
     while final is None:
         try:
@@ -69,74 +120,105 @@ def follow(proc: subprocess.Popen, events: "queue.Queue", plan: StagePlan, timeo
             timeline.mark(phase_label(evt["msg"]))
             reporter.progress(plan.name, evt["msg"], evt.get("done"), evt.get("total"))
         elif evt["type"] == "load":
-            load_evt = evt
+            seen.load = evt
             timeline.mark("after load")
+            on_load()
             reporter.progress(plan.name, f"loaded in {evt['load_s']:.1f} s", None, None)
+        elif evt["type"] == "prefetched":
+            seen.prefetched = evt
         elif evt["type"] != "log":
             final = evt
     timeline.mark("after its result (engine shut down, card freed)")
-    return load_evt, final
+    seen.final, seen.ended_at = final, time.time()
+    return seen
 
 
 def supervise(plan: StagePlan, cls: type[Stage], run: RunResult, model: ModelInfo, rd: RunDir, timeout: float, ref: Reference,
-              env: dict[str, str], reporter: Reporter) -> StageResult:
+              env: dict[str, str], reporter: Reporter, turn: Turn | None = None) -> StageResult:
     """One stage in a worker of its own: a group of one."""
     results: list[StageResult] = []
     supervise_group([plan], [cls], [None], run, model, rd, [timeout], ref, env, reporter,
-                    begin=lambda _plan: None, done=lambda _plan, result: results.append(result))
+                    begin=lambda _plan: None, done=lambda _plan, result: results.append(result), turn=turn)
     return results[0]
+
+
+def take_turn(plans: list[StagePlan], classes: list[type[Stage]], keys: list[str | None], run: RunResult, model: ModelInfo,
+              rd: RunDir, ref: Reference, env: dict[str, str], turn: Turn) -> tuple[Launched, list[str]]:
+    """The group's worker: the one started ahead, told to go (its jobs written again now), else a
+    fresh one; and the notes the first result carries about it."""
+    worker, notes = turn.worker, list(turn.notes)
+    if worker is not None:
+        worker.spawned = write_jobs(plans, classes, keys, run, model, rd, ref)
+        if worker.go():
+            return worker, notes
+        code = worker.proc.poll()
+        worker.kill()
+        notes.append(f"its worker, started ahead (--prefetch), was gone at its turn (code {code}): a fresh worker ran it")
+    return launch(plans, classes, keys, run, model, rd, ref, env), notes
 
 
 def supervise_group(plans: list[StagePlan], classes: list[type[Stage]], keys: list[str | None], run: RunResult, model: ModelInfo,
                     rd: RunDir, timeouts: list[float], ref: Reference, env: dict[str, str], reporter: Reporter,
-                    begin: Callable[[StagePlan], None], done: Callable[[StagePlan, StageResult], None]) -> list[StagePlan]:
+                    begin: Callable[[StagePlan], None], done: Callable[[StagePlan, StageResult], None],
+                    turn: Turn | None = None) -> list[StagePlan]:
     """Stages that share an engine, in one worker, in order (worker.main with several jobs):
     begin(plan) as each starts, done(plan, result) as each ends. The group stops at the first
-    stage that does not end in a result or a skip; returns the plans it did not run."""
-    for plan, cls, key in zip(plans, classes, keys):
-        rd.stage_dir(plan.name).mkdir(parents=True, exist_ok=True)
-        spawned = write_job(plan, cls, run, model, rd, ref, key)
+    stage that does not end in a result or a skip; returns the plans it did not run. turn: its
+    worker if started ahead, and the next group's, started now and stopped while this one measures."""
+    turn = turn or Turn()
+    worker, notes = take_turn(plans, classes, keys, run, model, rd, ref, env, turn)
+    proc = worker.proc
     before = spawn.oom_kills()
-    rfd, wfd = os.pipe()
-    with open(rd.log(plans[0].name), "w") as log:
-        python = engine_python(classes[0].requires.engine) if classes[0].requires.child_in_engine else sys.executable
-        proc = spawn.start([python, "-m", "llmopt_bench.run.worker", *(str(rd.job(p.name)) for p in plans)],
-                           log=log, env=spawn.child_env({**env, FD_ENV: str(wfd)}), pass_fds=(wfd,))
     left = list(plans)
     baseline: dict[int, int] = {}
     try:
-        os.close(wfd)
-        events = start_reader(rfd)
+        turn.start_ahead()
         for i, (plan, cls) in enumerate(zip(plans, classes)):
             begin(plan)
-            started = spawned if i == 0 else time.time()
+            started = worker.spawned if i == 0 else time.time()
             timeline = Timeline(started, "start-up (process, imports)" if i == 0 else "start")
             with MemorySampler(lambda: session_pids(proc.pid), enabled=cls.owns_device) as sampler:
                 # the card before the group's engine started: the later stages' peaks and the
                 # group's final check count from there, not from a card the engine already holds
                 baseline = baseline if i else dict(sampler.peaks.device_baseline_bytes)
                 sampler.peaks.device_baseline_bytes.update(baseline)
-                load_evt, final = follow(proc, events, plan, timeouts[i], reporter, timeline)
+                seen = follow(proc, worker.events, plan, timeouts[i], reporter, on_load=turn.pause_ahead, timeline=timeline)
             left.remove(plan)
-            last = not left or final["type"] not in ("result", "skipped")
-            free = _end_group(proc, final, sampler.peaks.nvml, baseline) if last else None
+            last = not left or seen.final["type"] not in ("result", "skipped")
+            if last:
+                turn.resume_ahead()  # the group's results are in: the next worker may import again
+            free = _end_group(proc, seen.final, sampler.peaks.nvml, baseline) if last else None
+            final = seen.final
             if final["type"] == "died":
                 status, reason = spawn.Exit(final["code"], oom_killed=spawn.oom_evidence(before)).outcome()
                 final = {"type": status, "reason": f"worker {reason}"}
             rd.scrub(rd.log(plan.name))
-            common = dict(started_at=utc_at(started), log=rd.relative(rd.log(plan.name)), duration_s=round(time.time() - started, 3),
-                          memory=memory_of(load_evt, final, sampler), gpu_free_after=free,
-                          load_s=load_evt["load_s"] if load_evt else None, load=(load_evt or {}).get("info"),
-                          phases=timeline.close())
-            done(plan, outcome(plan, cls, final, common, rd, started))
+            ended = time.time()
+            common = dict(started_at=utc_at(started), log=rd.relative(rd.log(plan.name)), duration_s=round(ended - started, 3),
+                          memory=memory_of(seen.load, final, sampler), gpu_free_after=free,
+                          load_s=seen.load["load_s"] if seen.load else None, load=(seen.load or {}).get("info"),
+                          timing=timing_of(seen, started, ended, worker.paused), phases=timeline.close())
+            result = outcome(plan, cls, final, common, rd, started)
+            result.notes += notes if i == 0 else []
+            done(plan, result)
             if last:
                 return left
-    except BaseException:
-        spawn.kill_session(proc.pid)
-        raise
     finally:
+        worker.close_go()
         spawn.kill_session(proc.pid)
     return left
+
+
+def timing_of(seen: Followed, started: float, ended: float, paused: list[tuple[float, float]]) -> StageTiming:
+    """Where the stage's time went (core/results.StageTiming): the worker's own split of its run,
+    the teardown seen from here, and the imports a worker started ahead did before its go."""
+    timing = StageTiming(**seen.final.get("timing", {}), teardown_s=round(ended - seen.ended_at, 3))
+    p = seen.prefetched
+    if p:
+        timing.prefetched_s = prefetched_seconds(p["started"], p.get("ended"), started, paused)
+        timing.prefetch_cuda_initialized = p.get("cuda_initialized") or None
+        timing.prefetch_failed = list(p.get("failed") or [])
+    return timing
 
 
 def _end_group(proc: subprocess.Popen, final: dict, nvml: bool, baseline: dict[int, int]) -> Any:

@@ -7,6 +7,7 @@ Paths in the job are relative to the run directory."""
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
@@ -20,6 +21,7 @@ from llmopt_bench.core.models import ModelInfo, local_path
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.measure.energy import TimedMeter
 from llmopt_bench.procs.events import EventWriter
+from llmopt_bench.run.preload import GO_ENV, await_turn
 from llmopt_bench.run.registry import import_entry
 
 
@@ -67,15 +69,18 @@ def run_one(job: dict[str, Any], job_path: Path, events: EventWriter, shared: di
         ctx.shared = shared
         stage = cls()
         info = stage.load(model, params, ctx)
-        events.send("load", info=info.model_dump(mode="json"), load_s=time.time() - started,
+        ready = time.time()
+        events.send("load", info=info.model_dump(mode="json"), load_s=ready - started,
                     memory=_torch_memory(device))
         if device == "cuda":
             import torch
 
             torch.cuda.reset_peak_memory_stats()
         stage.warmup(workload, ctx)
+        measuring = time.time()
         run = stage.run(workload, ctx)
-        events.send("result", run=run.model_dump(mode="json"), memory=_torch_memory(device), energy=ctx.meter.record("main"))
+        events.send("result", run=run.model_dump(mode="json"), memory=_torch_memory(device), energy=ctx.meter.record("main"),
+                    timing=timing(ready, measuring, time.time(), ctx.meter))
         return True
     except StageSkipped as e:
         events.send("skipped", reason=e.reason, fix=e.fix)
@@ -94,11 +99,15 @@ def run_one(job: dict[str, Any], job_path: Path, events: EventWriter, shared: di
                 traceback.print_exc()
 
 
+def timing(ready: float, measuring: float, ran: float, meter: TimedMeter) -> dict[str, float | None]:
+    """Where the stage's time after its load went, by the worker's own clocks (core/results.StageTiming)."""
+    return {"warmup_s": round(measuring - ready, 3), "run_s": round(ran - measuring, 3),
+            "measured_s": round(meter.window_seconds, 3) if meter.totals else None}
+
+
 def log_to(path: Path) -> None:
     """This process's stdout and stderr into the next stage's log (a stage group). Processes an
     engine started keep the log they were started with: the first stage's."""
-    import os
-
     sys.stdout.flush()
     sys.stderr.flush()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -114,7 +123,9 @@ def main(job_paths: list[str]) -> int:
 
     events = EventWriter()
     paths = [Path(p) for p in job_paths]
-    jobs = [json.loads(p.read_text()) for p in paths]
+    if GO_ENV in os.environ and not await_turn(prefetch_names(paths), events.send):
+        return 0  # started ahead, and the run stopped before its turn
+    jobs = [json.loads(p.read_text()) for p in paths]  # written again at the go: spawned_at is the go's time
     pool = EnginePool() if len(jobs) > 1 else None
     try:
         for i, (job, path) in enumerate(zip(jobs, paths)):
@@ -129,6 +140,18 @@ def main(job_paths: list[str]) -> int:
     finally:
         if pool is not None:
             pool.close_all()
+
+
+def prefetch_names(paths: list[Path]) -> list[str]:
+    """What the stages of these jobs import, for a worker started ahead (Stage.prefetch_imports)."""
+    names: list[str] = []
+    for path in paths:
+        try:
+            cls = import_entry(json.loads(path.read_text())["entry"])
+        except Exception:  # noqa: BLE001 - the stage's turn reports a stage that does not load
+            continue
+        names += [n for n in cls.prefetch_imports() if n not in names]
+    return names
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from typing import Any, Callable, ClassVar, Protocol, Sequence
 
 from pydantic import BaseModel, Field
 
+from llmopt_bench.analysis.first_repeat import first_repeat_warning
 from llmopt_bench.analysis.stopping import StoppingRecord, StoppingRule, headline_metric, stopping_sentence
 from llmopt_bench.core.contract import Stage, StageContext
 from llmopt_bench.core.errors import describe
@@ -33,6 +34,9 @@ from llmopt_bench.measure.gpu_busy import GpuBusy
 
 class FixedParams(StrictModel):
     quality: bool = True  # perplexity (real weights) and agreement with the quality reference, after the timed run
+    # the warm-up's output length: None, the engine's own (a transformers engine: one generation of
+    # 16 tokens; vLLM: the workload's warm-up requests at full length); a number: one generation of it
+    warmup_tokens: int | None = Field(None, ge=1)
 
 
 class Instrumentation(StrictModel):
@@ -49,6 +53,7 @@ class FixedExtra(StrictModel):
     stopping: StoppingRecord | None = None  # how many repeats ran, and why (analysis/stopping.py)
     conditions: list[RepeatConditions] = Field(default_factory=list)  # what the machine did during each repeat
     gpu_busy: GpuBusy | None = None  # the share of a token the GPU is busy, or why it was not measured
+    warmup: str | None = None  # what the warm-up was ("1 request x 16 tokens")
 
 
 class FixedEngine(Protocol):
@@ -66,12 +71,27 @@ class FixedEngine(Protocol):
     def close(self) -> None: ...
 
 
-def warmup(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext) -> None:
-    if workload.warmup:
-        ctx.progress(f"warm-up: {workload.warmup} requests", None, None)
-        reqs = build_requests(workload, engine.encode, count=workload.warmup, tag="w")
-        engine.serve(reqs, workload.max_new_tokens, batch_size=workload.batch_size, repeat=0, tokens_out=None,
-                     progress=lambda n: None)
+def warmup_plan(workload: WorkloadConfig, tokens: int | None) -> tuple[int, int]:
+    """(requests, output tokens each) of the warm-up: the workload's warm-up requests at full length,
+    or, given a short length (FixedParams.warmup_tokens, an engine's WARMUP_TOKENS), one generation:
+    one batch of them. (0, 0): no warm-up (--warmup 0)."""
+    if not workload.warmup:
+        return 0, 0
+    if tokens is None:
+        return workload.warmup, workload.max_new_tokens
+    return min(workload.warmup, workload.batch_size), min(tokens, workload.max_new_tokens)
+
+
+def warmup(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext, tokens: int | None = None) -> str | None:
+    """Untimed requests before the repeats (warmup_plan); what they were, for the record."""
+    count, length = warmup_plan(workload, tokens)
+    if not count:
+        return None
+    said = f"{count} request{'s' if count > 1 else ''} x {length} tokens"
+    ctx.progress(f"warm-up: {said}", None, None)
+    reqs = build_requests(workload, engine.encode, count=count, tag="w")
+    engine.serve(reqs, length, batch_size=workload.batch_size, repeat=0, tokens_out=None, progress=lambda n: None)
+    return said
 
 
 def stopping_rule(workload: WorkloadConfig) -> StoppingRule:
@@ -161,7 +181,8 @@ class FixedWorkloadStage(Stage):
         return info
 
     def warmup(self, workload: WorkloadConfig, ctx: StageContext) -> None:
-        warmup(self.engine, workload, ctx)
+        short = self.params.warmup_tokens or getattr(self.engine, "WARMUP_TOKENS", None)
+        self.warmed = warmup(self.engine, workload, ctx, short)
 
     def run(self, workload: WorkloadConfig, ctx: StageContext) -> StageRun:
         rule = stopping_rule(workload)
@@ -173,7 +194,8 @@ class FixedWorkloadStage(Stage):
         # stage's Extra validates them in the parent, and a plugin's run() that builds its Extra
         # from this one's fields still finds only the scenario's
         own = {k: records.pop(k) for k in list(records) if k not in FixedExtra.model_fields}
-        extra = FixedExtra(greedy_tokens=tokens, stopping=rule.record, conditions=conditions, gpu_busy=busy, **records)
+        extra = FixedExtra(greedy_tokens=tokens, stopping=rule.record, conditions=conditions, gpu_busy=busy,
+                           warmup=getattr(self, "warmed", None), **records)
         quality = quality_or_failure(self.engine, workload, ctx) if self.params.quality else None
         return StageRun(samples=samples, extra={**extra.model_dump(mode="json", exclude_none=True), **own}, quality=quality,
                         facts=StageFacts(gpu_busy_share=busy.share))
@@ -202,4 +224,7 @@ class FixedWorkloadStage(Stage):
             out.append(Block(text=gpu_busy_sentence(result.name, extra.gpu_busy)))
         if extra.instrumentation:
             out.append(Block(text=overhead_sentence(extra.instrumentation.model_dump())))
+        slow_first = first_repeat_warning(result.samples, extra.warmup or "not recorded")
+        if slow_first:
+            out.append(Block(text=slow_first))
         return out

@@ -10,7 +10,7 @@ from llmopt_bench.analysis.selectors import of_stage, perplexity, reference
 from llmopt_bench.core.contract import Requirements, StageContext
 from llmopt_bench.core.records import Claim
 from llmopt_bench.engines.awq_weights import AWQCheckpointParams, awq_engine
-from llmopt_bench.engines.vllm_engine import VLLMEngine
+from llmopt_bench.engines.vllm_engine import PREFETCH, VLLMEngine
 from llmopt_bench.engines.vllm_params import VLLMEngineParams
 from llmopt_bench.scenarios.fixed import FixedParams, FixedWorkloadStage
 
@@ -26,6 +26,7 @@ class AWQStage(FixedWorkloadStage):
     description = "AWQ 4-bit weights (activation-aware, group-wise) on vLLM's INT4 kernels, one request at a time"
     changes = "weights in 4-bit AWQ (the careful INT4) on vLLM"
     requires = Requirements(imports={"vllm": "vllm"}, engine="vllm")
+    prefetch = PREFETCH
     Params = AWQParams
 
     def start_engine(self, model, params: AWQParams, ctx: StageContext):

@@ -7,7 +7,8 @@ docs/batching.md defines the figures and extra's keys."""
 from __future__ import annotations
 
 from llmopt_bench.core.contract import Requirements
-from llmopt_bench.engines.vllm_engine import VLLMEngine
+from llmopt_bench.engines import transformers as T
+from llmopt_bench.engines.vllm_engine import PREFETCH, VLLMEngine
 from llmopt_bench.engines.vllm_params import VLLMEngineParams, share_key
 from llmopt_bench.scenarios.arrivals import ArrivalsParams
 from llmopt_bench.scenarios.arrivals_record import BatchingExtra
@@ -24,6 +25,7 @@ class ContinuousBatchingStage(ArrivalsStage):
     description = "vLLM continuous batching under arrivals (closed loop or Poisson) vs the same arrivals statically batched in transformers"
     changes = "scheduling: requests join and leave the running batch every step instead of waiting for a static batch"
     requires = Requirements(imports={"vllm": "vllm", "transformers": "test", "torch": "test"}, engine="vllm")
+    prefetch = (*PREFETCH, *T.PREFETCH[1:])  # the vLLM side, then the transformers replay
     Params = BatchingParams
     Extra = BatchingExtra
 

@@ -11,7 +11,7 @@ from llmopt_bench.analysis.selectors import GB, reference
 from llmopt_bench.core.contract import Requirements, StageContext
 from llmopt_bench.core.fmt import num
 from llmopt_bench.core.records import Claim
-from llmopt_bench.engines.transformers import HFEngineParams, TransformersEngine
+from llmopt_bench.engines.transformers import PREFETCH, HFEngineParams, TransformersEngine
 from llmopt_bench.scenarios.fixed import FixedParams, FixedWorkloadStage
 
 BNB = Requirements(imports={"transformers": "test", "torch": "test", "bitsandbytes": "bnb"})
@@ -54,6 +54,7 @@ class NF4Params(BnbParams):
 
 class _BnbStage(FixedWorkloadStage):
     requires = BNB
+    prefetch = PREFETCH  # not bitsandbytes: its import asks every GPU's capability, which initializes CUDA
     Params = BnbParams
 
     def quantization_config(self, params: Any, dtype: str) -> Any:

@@ -22,6 +22,7 @@ from llmopt_bench.core.contract import Requirements, StageContext
 from llmopt_bench.core.records import LoadInfo
 from llmopt_bench.engines import hf
 from llmopt_bench.engines.hf_attention import DEFAULT_IMPLS, HFAttention, Impl, flash_attn_version
+from llmopt_bench.engines.transformers import PREFETCH
 from llmopt_bench.scenarios.context_sweep import ContextSweepExtra, ContextSweepParams, sweep_claims, sweep_contexts
 from llmopt_bench.scenarios.context_sweep_report import flash_claim
 from llmopt_bench.scenarios.context_sweep_run import ContextSweepStage, SweepPlan
@@ -39,6 +40,7 @@ class FlashAttnStage(ContextSweepStage):
     description = "attention implementations (eager, SDPA math/flash, flash_attention_2) by context length, prefill and decode apart"
     changes = "attention kernel only: same weights, dtype and generate(); each kernel forced and verified by the profiler"
     requires = Requirements(imports={"transformers": "test", "torch": "test"})
+    prefetch = PREFETCH
     Params = FlashAttnParams
 
     @classmethod

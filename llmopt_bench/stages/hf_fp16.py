@@ -4,7 +4,7 @@ generate() one request at a time. Its outputs are the run's quality reference.""
 from __future__ import annotations
 
 from llmopt_bench.core.contract import Requirements
-from llmopt_bench.engines.transformers import HFEngineParams, TransformersEngine
+from llmopt_bench.engines.transformers import PREFETCH, HFEngineParams, TransformersEngine
 from llmopt_bench.scenarios.fixed import FixedParams, FixedWorkloadStage
 
 TRANSFORMERS = Requirements(imports={"transformers": "test", "torch": "test"})
@@ -20,6 +20,7 @@ class HFFP16Stage(FixedWorkloadStage):
     changes = "the baseline: plain transformers generate"
     quality_reference = True
     requires = TRANSFORMERS
+    prefetch = PREFETCH
     Params = HFParams
 
     def start_engine(self, model, params, ctx):

@@ -16,6 +16,7 @@ from pydantic import Field
 from llmopt_bench.core.contract import Requirements, StageContext, StageSkipped
 from llmopt_bench.core.records import LoadInfo
 from llmopt_bench.engines.vllm_attention import CUDA_BACKENDS, VLLMAttention, plan_backends, within_positions
+from llmopt_bench.engines.vllm_engine import PREFETCH
 from llmopt_bench.engines.vllm_params import VLLMEngineParams, prepare_engine_env
 from llmopt_bench.scenarios.context_sweep import ContextSweepParams, sweep_contexts
 from llmopt_bench.scenarios.context_sweep_run import ContextSweepStage, SweepPlan
@@ -33,6 +34,7 @@ class VLLMAttnStage(ContextSweepStage):
     description = "vLLM attention backends (FLASH_ATTN, TRITON_ATTN, FLASHINFER) by context length, prefill and decode apart"
     changes = "attention backend only, inside vLLM: same weights, dtype and engine; each backend forced and verified"
     requires = Requirements(imports={"vllm": "vllm"}, engine="vllm")
+    prefetch = PREFETCH
     Params = VLLMAttnParams
 
     def start_sweep(self, model, params: VLLMAttnParams, ctx: StageContext) -> tuple[VLLMAttention, SweepPlan, LoadInfo]:

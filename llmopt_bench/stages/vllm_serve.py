@@ -56,6 +56,7 @@ class VLLMServeStage(Stage):
     changes = "the deployment: vLLM behind its HTTP API, requests arriving like users"
     own_workload = True
     requires = Requirements(imports={"vllm": "vllm"}, engine="vllm", child_in_engine=False)
+    prefetch = ("httpx", "transformers:AutoTokenizer")  # its own process: the client and the tokenizer, not vLLM
     Params = VLLMServeParams
     Extra = ServingExtra
 

@@ -9,7 +9,7 @@ from llmopt_bench.analysis.selectors import p50_of, ratio, reference
 from llmopt_bench.core.contract import Requirements
 from llmopt_bench.core.fmt import num, times
 from llmopt_bench.core.records import Claim
-from llmopt_bench.engines.vllm_engine import VLLMEngine
+from llmopt_bench.engines.vllm_engine import PREFETCH, VLLMEngine
 from llmopt_bench.engines.vllm_params import VLLMEngineParams, share_key
 from llmopt_bench.scenarios.fixed import FixedParams, FixedWorkloadStage
 
@@ -26,6 +26,7 @@ class VLLMStage(FixedWorkloadStage):
     description = "vLLM offline engine (PagedAttention, CUDA graphs), one request at a time"
     changes = "the engine: vLLM instead of transformers generate"
     requires = VLLM
+    prefetch = PREFETCH
     Params = VLLMParams
 
     def start_engine(self, model, params, ctx):

@@ -12,7 +12,7 @@ import os
 import textwrap
 
 import pytest
-from testkit import read_run, run_cli, write_plugin
+from testkit import PLUGIN_SAMPLES, read_run, run_cli, write_plugin
 
 PLUGIN = textwrap.dedent('''
     import os
@@ -20,17 +20,8 @@ PLUGIN = textwrap.dedent('''
     import time
     from pathlib import Path
 
-    from llmopt_bench.core.records import LoadInfo, RequestSample, StageRun
+    from llmopt_bench.core.records import LoadInfo, StageRun
     from llmopt_bench.core.contract import Stage
-
-
-    def samples(n=2, tokens=4):
-        out, t = [], time.perf_counter()
-        for i in range(n):
-            times = [t + 0.01 * (k + 1) for k in range(tokens)]
-            out.append(RequestSample(request_id=f"r{i}", prompt_id=f"p{i}", prompt_tokens=5, output_tokens=tokens,
-                                     t_submit=t, t_first=times[0], t_done=times[-1], token_times=times))
-        return out
 
 
     class Good(Stage):
@@ -64,7 +55,7 @@ PLUGIN = textwrap.dedent('''
         """A bug in a stage class that breaks llmopt itself when it records the result."""
         name = "o-bad"
         description = 123
-''')
+''') + PLUGIN_SAMPLES
 STAGES = {"o-good": "llmopt_outcomes:Good", "o-good2": "llmopt_outcomes:Good2", "o-killed": "llmopt_outcomes:KilledOnce",
           "o-bad": "llmopt_outcomes:BadDescription"}
 TINY = ("--model", "synthetic:tiny", "--num-prompts", "2", "--max-new-tokens", "4", "--repeats", "1", "--warmup", "0",

@@ -48,3 +48,46 @@ def test_the_pair_count_follows_the_time_budget_within_its_limits(model):
     inst = hf.instrumentation_overhead(m, pad, request, 2, "cpu", budget_s=0.0)
     assert inst["pairs"] == hf.OVERHEAD_MIN_PAIRS and len(inst["ratios_pct"]) == hf.OVERHEAD_MIN_PAIRS
     assert inst["ci_pct"] is not None and inst["verdict"] in ("under_budget", "below_noise", "inconclusive", "over_budget")
+
+
+PREFILL_S, TOKENS = 4.0, 16
+
+
+def test_per_token_is_a_decode_step_not_a_share_of_the_prefill(model, monkeypatch):
+    """Each side of a pair is timed per decode step: a prefill that costs 4 s (a real model whose
+    forward sleeps when it sees more than one position) stays out of the per-token time, which the
+    generation's whole time over its 16 tokens (until 2026-12-05) would have put at >= 0.25 s. (This
+    shared host wakes a sleeping process up to ~0.6 s late: 15 steps divide that.)"""
+    import functools
+
+    m, pad = model
+    plain = m.forward
+
+    @functools.wraps(plain)
+    def slow_prefill(*args, **kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and ids.shape[1] > 1:
+            time.sleep(PREFILL_S)
+        return plain(*args, **kwargs)
+
+    monkeypatch.setattr(m, "forward", slow_prefill)
+    inst = hf.instrumentation_overhead(m, pad, Request("r", "p", tuple(range(5, 21))), TOKENS, "cpu", pairs=3)
+    share = PREFILL_S / TOKENS  # the prefill's share alone, per token, under the old reading: 0.25 s
+    assert inst["per_token_s_without"] < 0.8 * share and inst["per_token_s_with"] < 0.8 * share, inst
+    assert inst["per_token"].startswith("decode steps")
+
+
+def test_the_engine_checks_its_clock_on_16_token_generations(model):
+    from llmopt_bench.core.contract import StageContext
+    from llmopt_bench.core.workload import WorkloadConfig
+    from llmopt_bench.engines.transformers import HFEngineParams, TransformersEngine
+
+    m, pad = model
+
+    class Tok:
+        pad_token_id = pad
+
+    engine = TransformersEngine(m, Tok(), "cpu", None, HFEngineParams())
+    ctx = StageContext(run_dir=None, stage_dir=None, device="cpu")
+    inst = engine.records([Request("r", "p", tuple(range(5, 21)))], WorkloadConfig(max_new_tokens=100), ctx)["instrumentation"]
+    assert inst["tokens"] == 16 and inst["pairs"] >= hf.OVERHEAD_MIN_PAIRS

@@ -116,3 +116,17 @@ def test_report_shows_the_tensor_parallel_scaling(vllm_run):
     one, two = run.stage("vllm").metrics.tpot_s.p50, run.stage("vllm-tp2").metrics.tpot_s.p50
     row = next(line for line in section.splitlines() if line.startswith("| vllm | vllm-tp2 | 2 | vllm (TP 1) |"))
     assert f"| {one / two:.2f}x |" in row and "not saturated" in section
+
+
+def test_the_probe_inspected_the_model_so_no_engine_start_did(vllm_run):
+    """The probe filled vLLM's model-inspection cache while it wrote the checkpoint (or found it
+    filled by an earlier run of this session): every engine start then skips the inspection
+    subprocess (21-26 s on a fresh H200), and its start phases come from its own log."""
+    run = read_run(vllm_run["out"])
+    assert run["env"]["vllm_model_inspection"]["status"] in ("filled", "cached"), run["env"]["vllm_model_inspection"]
+    for name in ("vllm", "vllm-tp2"):
+        phases = vllm_run["stages"][name]["load"]["phases_s"]
+        assert phases["inspection_s"] <= 1.0, (name, phases)  # the log's 1-second resolution
+        assert phases["engine_core_start_s"] > 0 and phases["cpu_warmup_s"] >= 0 and phases["engine_init_s"] > 0, phases
+    timing = vllm_run["stages"]["vllm"]["timing"]  # the worker's split of its time after the load
+    assert timing["measured_s"] > 0 and timing["run_s"] >= timing["measured_s"] and timing["warmup_s"] > 0

@@ -32,7 +32,8 @@ def test_a_computing_repeat_and_a_sleeping_one_read_apart():
         _spin(0.3)
     with ConditionsProbe() as idle:
         time.sleep(0.3)
-    assert busy.result.cpu_share > 0.5 > 0.2 > idle.result.cpu_share
+    # relative, not 0.5: on a shared host (load 13 on 2 cores) a spinning repeat got a third of a core
+    assert busy.result.cpu_share > max(0.1, 4 * idle.result.cpu_share) and idle.result.cpu_share < 0.2
     for c in (busy.result, idle.result):
         assert c.cpus == len(os.sched_getaffinity(0)) and c.involuntary_switches >= 0
         assert c.steal_s is not None and 0 <= c.steal_s < 1  # Linux counts it, a VM or not

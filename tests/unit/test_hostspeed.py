@@ -39,7 +39,9 @@ def test_the_index_falls_beside_a_real_noisy_neighbour():
     alone, beside = [], []
     for _ in range(3):
         alone.append(hostspeed.measure("cpu").kops)
-        procs = hogs(2 * len(os.sched_getaffinity(0)))
+        # 2 per core, and as many again as the host already runs (a loaded CI host: load 13 on 2
+        # cores left 4 hogs a 22% share of it, borderline for the 0.8 below)
+        procs = hogs(min(32, 2 * len(os.sched_getaffinity(0)) + round(os.getloadavg()[0])))
         try:
             beside.append(hostspeed.measure("cpu").kops)
         finally:

@@ -88,3 +88,13 @@ def test_oldest_blocks_without_a_range_are_unresolved():
 def test_summarize_refuses_unpaired_times():
     with pytest.raises(ValueError):
         ov.summarize([0.01, 0.01], [0.01], [1e-6])
+
+
+def test_per_decode_step_takes_out_the_median_one_token_generation():
+    from llmopt_bench.engines.hf import decode_per_token
+
+    # 16-token generations of 1.0 and 1.3 s, one-token generations of 0.2, 0.25 and 0.9 s (one
+    # stalled): the median 0.25 s is the prefill and first token, 15 steps share the rest
+    assert decode_per_token([1.0, 1.3], [0.2, 0.9, 0.25], 16) == [0.75 / 15, 1.05 / 15]
+    assert decode_per_token([0.5], [0.2], 1) == [0.5]  # one token: no decode step to isolate
+    assert decode_per_token([0.1], [0.3], 4) == [1e-9 / 3]  # noise above the decode: floored, never negative

