@@ -3,15 +3,17 @@ stages use to judge theirs (Stage.claims): verdicts, and when an "N x" claim hol
 
 from __future__ import annotations
 
+from llmopt_bench.analysis.hostbound import host_bound, index_mean
 from llmopt_bench.analysis.selectors import baseline, comparable_stages, p50_of, ratio
+from llmopt_bench.analysis.speedup_interval import claim_interval
 from llmopt_bench.core.fmt import num, times
-from llmopt_bench.core.records import Claim
-from llmopt_bench.core.results import RunResult
+from llmopt_bench.core.records import Claim, Verdict
+from llmopt_bench.core.results import RunResult, StageResult
 
 HELD_FRACTION = 0.8  # an "N x" claim holds when this run reaches 80% of N
 
 
-def verdict(ok: bool | None) -> str:
+def verdict(ok: bool | None) -> Verdict:
     return "not measured" if ok is None else "held" if ok else "not held"
 
 
@@ -33,12 +35,10 @@ def claim_overall(run: RunResult) -> Claim:
                  detail=detail + (f"; {note}" if note else ""))
 
 
-def with_interval(run: RunResult, stage, ref, what: str, target: float, held_fraction: float = HELD_FRACTION) -> tuple[str, str]:
+def with_interval(run: RunResult, stage: StageResult | None, ref: StageResult | None, what: str, target: float,
+                  held_fraction: float = HELD_FRACTION) -> tuple[str, str]:
     """A speedup claim's interval over the repeats and what it says of the verdict, and whether
     the ratio depends on this host's CPU (a host-bound baseline: analysis/speedup_interval.py)."""
-    from llmopt_bench.analysis.hostbound import host_bound, index_mean
-    from llmopt_bench.analysis.speedup_interval import claim_interval
-
     interval, note = claim_interval(stage, ref, what, target, held_fraction)
     if ref is not None and host_bound(ref, run).host_bound:
         kops = index_mean(ref)

@@ -9,7 +9,7 @@ Pure functions over RunResult/StageResult; numpy is imported inside the bootstra
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from llmopt_bench.analysis import host_verdict, noise
@@ -205,6 +205,7 @@ def compare_stage(base: StageResult | None, new: StageResult | None, thresholds:
                   history: Sequence[RunResult] = ()) -> StageDelta:
     if base is None or new is None:
         only = new if base is None else base
+        assert only is not None, "compare_stage takes a stage of either run"
         return StageDelta(only.name, "only in new" if base is None else "only in baseline",
                           None if base is None else base.status, None if new is None else new.status)
     out = StageDelta(base.name, "compared", base.status, new.status)
@@ -270,7 +271,7 @@ def run_summary(run: RunResult) -> dict:
 
 def compare_runs(base: RunResult, new: RunResult, thresholds: dict[str, float] | None = None, force: bool = False,
                  resamples: int = 2000, confidence: float = 0.95, seed: int = 0, history: Sequence[RunResult] = (),
-                 allowed: set[str] = frozenset(), host_rule: str = host_verdict.DEFAULT_RULE) -> Comparison:
+                 allowed: Collection[str] = frozenset(), host_rule: str = host_verdict.DEFAULT_RULE) -> Comparison:
     """`history`: earlier runs of the same device, model and workload (history.fingerprint_runs),
     the new run not among them; `allowed`: stages (or "run", "all") whose absence is accepted;
     `host_rule`: how a host-bound stage's verdict weighs the host (host_verdict.RULES)."""
@@ -283,14 +284,15 @@ def compare_runs(base: RunResult, new: RunResult, thresholds: dict[str, float] |
     accepted = check_comparable(base, new, force)
     history = [r for r in history if (r.run_id, r.created_at) != (new.run_id, new.created_at)]
     names = [s.name for s in base.stages] + [s.name for s in new.stages if base.stage(s.name) is None]
-    stages = [compare_stage(base.stage(n), new.stage(n), thresholds, resamples, confidence, seed, history) for n in names]
-    for s in stages:
+    pairs = [(base.stage(n), new.stage(n)) for n in names]
+    stages = [compare_stage(b, n, thresholds, resamples, confidence, seed, history) for b, n in pairs]
+    both = [(s, b, n) for s, (b, n) in zip(stages, pairs) if b is not None and n is not None]
+    for s, b, n in both:
         if s.state == "compared":
-            host_verdict.weigh_host(s, base.stage(s.stage), new.stage(s.stage), base, new, host_rule, resamples, confidence, seed)
+            host_verdict.weigh_host(s, b, n, base, new, host_rule, resamples, confidence, seed)
     effective = {k: threshold_for(k, thresholds) for k in METRICS}
-    conditions = {s.stage: {"baseline": conditions_summary(base.stage(s.stage).extra.get("conditions")),
-                            "new": conditions_summary(new.stage(s.stage).extra.get("conditions"))}
-                  for s in stages if s.regressions or s.host_inconclusive}
+    conditions = {s.stage: {"baseline": conditions_summary(b.extra.get("conditions")), "new": conditions_summary(n.extra.get("conditions"))}
+                  for s, b, n in both if s.regressions or s.host_inconclusive}
     found = gaps(base, new, allowed)
     return Comparison(run_summary(base), run_summary(new), stages, accepted, resamples, confidence, seed, effective,
                       [g.text for g in found], sorted(allowed), len(history), conditions, found, host_rule)

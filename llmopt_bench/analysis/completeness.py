@@ -61,7 +61,7 @@ def params_note(diff: list[str], shown: int = 3) -> str:
 
 def _stage_gap(name: str, b: StageResult | None, n: StageResult | None) -> Gap | None:
     if n is None:
-        return Gap(name, "missing", f"{name}: missing from the new run (ok in the baseline)") if b.status == "ok" else None
+        return Gap(name, "missing", f"{name}: missing from the new run (ok in the baseline)") if b is not None and b.status == "ok" else None
     if n.status != "ok" and (n.status != "skipped" or (b is not None and b.status == "ok")):
         why = f" ({n.reason})" if n.reason else ""
         kind = "rerun" if n.status in RESUMED_AGAIN else "skipped" if n.status == "skipped" else "failed"

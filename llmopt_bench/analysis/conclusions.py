@@ -3,50 +3,64 @@ stages judged), so that a report says nothing its run.json does not support."""
 
 from __future__ import annotations
 
-from llmopt_bench.analysis.selectors import GB, baseline, comparable_stages, ok_stages, p50_of, ratio
+from llmopt_bench.analysis.hostbound import busy_sentence
+from llmopt_bench.analysis.roofline import roofline
+from llmopt_bench.analysis.roofline_text import prefill_sentences, roofline_sentence
+from llmopt_bench.analysis.selectors import GB, baseline, comparable_stages, ok_stages, p50_of
+from llmopt_bench.analysis.speedup_interval import host_caveat, speedups_sentence
 from llmopt_bench.core.fmt import num, pct, times
 from llmopt_bench.core.records import Claim
-from llmopt_bench.core.results import RunResult
+from llmopt_bench.core.results import RunResult, StageResult
 
 
-def host_sentences(run: RunResult, base, ok: list) -> list[str]:
+def host_sentences(run: RunResult, base: StageResult | None, ok: list[StageResult]) -> list[str]:
     """The bottleneck by measurement (GPU busy per token), the speedups' intervals, and whether
     they depend on this host's CPU (issue 25)."""
-    from llmopt_bench.analysis.hostbound import busy_sentence
-    from llmopt_bench.analysis.speedup_interval import host_caveat, speedups_sentence
-
     out = [line for s in ok if (line := busy_sentence(s, run))]
     if base is not None:
         out += [line for line in (speedups_sentence(run, base, [s for s in ok if s is not base]), host_caveat(base, run)) if line]
     return out
 
 
+def fastest_decode(ok: list[StageResult], base: StageResult | None) -> list[str]:
+    """The stage with the lowest TPOT p50 against the baseline's."""
+    timed = [(s, v) for s in ok if s is not base and (v := p50_of(s, "tpot_s"))]
+    base_tpot = p50_of(base, "tpot_s")
+    if not timed or base is None or not base_tpot:
+        return []
+    f, f_tpot = min(timed, key=lambda sv: sv[1])
+    x = base_tpot / f_tpot
+    lead = "The fastest decode is" if x >= 1 else f"No stage decodes faster than the baseline ({base.name}); the fastest other is"
+    return [f"{lead} {f.name} at {num(f_tpot * 1e3)} ms/token, {times(x)} the baseline" + (f" ({base.name})." if x >= 1 else ".")]
+
+
+def best_throughput(ok: list[StageResult], base: StageResult | None) -> list[str]:
+    """The stage with the highest output tokens/s against the baseline's."""
+    tput = [(s, v) for s in ok if s is not base and s.metrics and (v := s.metrics.output_tok_s)]
+    base_tput = base.metrics.output_tok_s if base and base.metrics else None
+    if not tput or not base_tput:
+        return []
+    t, t_tput = max(tput, key=lambda sv: sv[1])
+    x = t_tput / base_tput
+    lead = "The highest output throughput is" if x >= 1 else "No stage beats the baseline's output throughput; the best other is"
+    return [f"{lead} {t.name} at {num(t_tput)} tok/s, {times(x)} the baseline."]
+
+
+def smallest_weights(ok: list[StageResult], base: StageResult | None) -> list[str]:
+    """The stage with the smallest weights, as a share of the baseline's (base is one of ok)."""
+    weighed = [(s, b) for s in ok if s.load and (b := s.load.weights_bytes)]
+    base_weights = base.load.weights_bytes if base and base.load else None
+    if len(weighed) < 2 or not base_weights:
+        return []
+    small, w_bytes = min(weighed, key=lambda sb: sb[1])
+    return [f"The smallest weights are {small.name}'s at {num(w_bytes / GB)} GB, {pct(w_bytes / base_weights)} of the baseline's."]
+
+
 def conclusions(run: RunResult, claims: list[Claim]) -> list[str]:
     """Sentences computed from the numbers: fastest decode, best throughput, smallest weights, the
     roofline's verdicts, quality regressions, noisy repeats, stages that stopped, the claims' tally."""
-    from llmopt_bench.analysis.roofline import roofline
-    from llmopt_bench.analysis.roofline_text import prefill_sentences, roofline_sentence
-
-    out: list[str] = []
     every, ok, base = ok_stages(run), comparable_stages(run), baseline(run)
-    timed = [s for s in ok if s is not base and p50_of(s, "tpot_s")]
-    if timed and base and p50_of(base, "tpot_s"):
-        f = min(timed, key=lambda s: p50_of(s, "tpot_s"))
-        x = ratio(p50_of(base, "tpot_s"), p50_of(f, "tpot_s"))
-        lead = "The fastest decode is" if x >= 1 else f"No stage decodes faster than the baseline ({base.name}); the fastest other is"
-        out.append(f"{lead} {f.name} at {num(p50_of(f, 'tpot_s') * 1e3)} ms/token, {times(x)} the baseline"
-                   + (f" ({base.name})." if x >= 1 else "."))
-    tput = [s for s in ok if s is not base and s.metrics.output_tok_s]
-    if tput and base and base.metrics.output_tok_s:
-        t = max(tput, key=lambda s: s.metrics.output_tok_s)
-        x = ratio(t.metrics.output_tok_s, base.metrics.output_tok_s)
-        lead = "The highest output throughput is" if x >= 1 else "No stage beats the baseline's output throughput; the best other is"
-        out.append(f"{lead} {t.name} at {num(t.metrics.output_tok_s)} tok/s, {times(x)} the baseline.")
-    weighed = [s for s in ok if s.load and s.load.weights_bytes]
-    if len(weighed) > 1 and base in weighed:
-        w = min(weighed, key=lambda s: s.load.weights_bytes)
-        out.append(f"The smallest weights are {w.name}'s at {num(w.load.weights_bytes / GB)} GB, "
-                   f"{pct(w.load.weights_bytes / base.load.weights_bytes)} of the baseline's.")
+    out = fastest_decode(ok, base) + best_throughput(ok, base) + smallest_weights(ok, base)
     out += host_sentences(run, base, ok)
     rows = roofline(run)
     out += [roofline_sentence(r) for r in rows if r.phase == "decode"]
@@ -54,7 +68,7 @@ def conclusions(run: RunResult, claims: list[Claim]) -> list[str]:
     for s in every:
         if s.quality and s.quality.quality_regression:
             out.append(f"{s.name} fails its quality gate ({s.quality.gate or 'see its quality block'}).")
-        reps = s.metrics.tpot_p50_repeats_s
+        reps = s.metrics.tpot_p50_repeats_s if s.metrics else []
         if len(reps) > 1 and min(reps) > 0 and max(reps) / min(reps) > 1.5:
             out.append(f"{s.name}'s TPOT p50 varies {max(reps) / min(reps):.1f}x between repeats: the machine was "
                        "noisy, read its numbers with care.")

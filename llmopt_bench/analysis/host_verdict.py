@@ -61,7 +61,7 @@ class HostChange:
         return self.state in ("slower", "faster")
 
     def text(self) -> str:
-        if self.state == "not recorded":
+        if self.state == "not recorded" or self.ratio is None:  # a state other than that comes with its ratio
             side = "either run" if not (self.baseline_kops or self.new_kops) else "the baseline" if not self.baseline_kops else "the new run"
             return f"host speed not recorded in {side}"
         how = (f"host {1 / self.ratio:.2f}x slower" if self.state == "slower" else f"host {self.ratio:.2f}x faster"
@@ -135,12 +135,12 @@ def normalised_inputs(stage: StageResult, key: str, index: list, reference: floa
     import numpy as np
 
     if key in SAMPLE_COLUMNS and stage.samples:
-        values = normalised(getattr(stage.samples, SAMPLE_COLUMNS[key]), stage.samples.repeat, index, reference, False)
-        known = [v for v in values or [] if v is not None and math.isfinite(v)]
+        values = normalised(getattr(stage.samples, SAMPLE_COLUMNS[key]), stage.samples.repeat, index, reference, False) or []
+        known = [v for v in values if v is not None and math.isfinite(v)]
         return (float(np.median(known)) if known else None), (noise.repeat_groups(values, stage.samples.repeat) if known else [])
     reps = stage.metrics.output_tok_s_repeats if key == "output_tok_s" and stage.metrics else []
-    values = normalised(reps, list(range(len(reps))), index, reference, True) if len(reps) == len(index) else None
-    known = [v for v in values or [] if v is not None and math.isfinite(v)]
+    scaled = normalised(reps, list(range(len(reps))), index, reference, True) if len(reps) == len(index) else None
+    known = [v for v in scaled or [] if v is not None and math.isfinite(v)]
     return (float(np.mean(known)) if known else None), [[v] for v in known]
 
 

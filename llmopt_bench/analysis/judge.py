@@ -97,7 +97,9 @@ def judge(key: str, b_val: float | None, n_val: float | None, b_groups: list[lis
     b_own, n_own = noise.fill_in(b_own, n_own, len(b_groups)), noise.fill_in(n_own, b_own, len(n_groups))
     past = noise.history_noise(history)
     b_noise, n_noise = noise.with_history(b_own, past, new_side=False), noise.with_history(n_own, past, new_side=True)
+    one_repeat_each = False
     if b_noise and n_noise and out.ratio > 0:
+        one_repeat_each = all("(1 repeat)" in side.source for side in (b_noise, n_noise))
         iv = noise.combine(out.ratio, b_noise, n_noise, confidence)
         out.ci, out.method = (iv.lo, iv.hi), _method(b_noise, n_noise)
         out.mde = noise.min_detectable(iv, threshold, m.higher_is_better)
@@ -105,7 +107,6 @@ def judge(key: str, b_val: float | None, n_val: float | None, b_groups: list[lis
     out.verdict = verdict(out.ratio, out.ci, threshold, m.higher_is_better)
     # without any between-run information the interval holds the requests' scatter only, and
     # a shift of a whole run passes for a change: report it, do not judge it
-    one_repeat_each = out.ci is not None and all("(1 repeat)" in side.source for side in (b_noise, n_noise))
     blind = (out.ci is None and m.needs_noise) or one_repeat_each
     if blind and out.verdict in ("regressed", "improved"):
         out.verdict = "inconclusive"

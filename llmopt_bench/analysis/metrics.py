@@ -44,7 +44,7 @@ def compute(samples: Iterable[RequestSample]) -> StageMetrics | None:
         if window > 0:
             tok_s.append(sum(s.output_tokens for s in group) / window)
             qps.append(len(group) / window)
-        d = Distribution.of([tpot(s) for s in group if tpot(s) is not None])
+        d = Distribution.of([t for s in group if (t := tpot(s)) is not None])
         if d:
             tpot_p50.append(d.p50)
     return StageMetrics(

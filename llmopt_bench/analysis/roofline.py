@@ -43,7 +43,7 @@ Pure functions; nothing here imports torch."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, TypedDict
 
 MEMORY_BOUND_AT = 0.5
 COMPUTE_BOUND_AT = 0.5
@@ -88,6 +88,15 @@ class RooflineRow:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class ComputeDtypes(TypedDict):
+    """What a stage's matmuls run in and whose measured ceiling stands for it: make_row's keywords."""
+
+    compute_dtype: str | None
+    compute_dtype_why: str
+    ceiling_dtype: str | None
+    ceiling_note: str
 
 
 def dtype_bytes(name: str | None, default: float = 2) -> float:
@@ -250,7 +259,7 @@ def stage_rows(stage: Any, run: Any) -> list[RooflineRow]:
         return []
     want, why = compute_dtype(stage, model)
     matmul, used, note = matmul_ceiling(run.env, want)
-    dtypes = {"compute_dtype": want, "compute_dtype_why": why, "ceiling_dtype": used, "ceiling_note": note}
+    dtypes: ComputeDtypes = {"compute_dtype": want, "compute_dtype_why": why, "ceiling_dtype": used, "ceiling_note": note}
     # KV bytes: the KV heads (GQA shares each among several query heads); FLOPs: the query heads
     layers, kv_heads, head_dim = model.num_layers or 0, model.num_kv_heads or model.num_heads or 0, model.head_dim or 0
     attn_dim = (model.num_heads or 0) * head_dim

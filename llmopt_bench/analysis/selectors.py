@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmopt_bench.analysis.speedup_interval import speedup_interval
 from llmopt_bench.core.results import RunResult, StageResult, peak_memory
 
 GB = 1e9
@@ -84,6 +85,8 @@ def stage_rows(run: RunResult) -> list[dict[str, Any]]:
 def speedup(stage: StageResult, ref: StageResult) -> dict[str, float | None]:
     """How many times better `stage` is than `ref`: latencies ref/stage, throughput stage/ref."""
     a, b = stage.metrics, ref.metrics
+    if a is None or b is None:  # a stage without metrics is no comparable stage
+        return dict.fromkeys(("tpot", "ttft", "e2e", "output_tok_s"))
     return {"tpot": ratio(p(b.tpot_s, "p50"), p(a.tpot_s, "p50")),
             "ttft": ratio(p(b.ttft_s, "p50"), p(a.ttft_s, "p50")),
             "e2e": ratio(p(b.e2e_s, "p50"), p(a.e2e_s, "p50")),
@@ -93,8 +96,6 @@ def speedup(stage: StageResult, ref: StageResult) -> dict[str, float | None]:
 def speedup_rows(run: RunResult) -> list[dict[str, Any]]:
     """Each comparable stage against the baseline and the previous one; against the baseline
     also the 95% interval over the repeats (analysis/speedup_interval.py), [low, high]."""
-    from llmopt_bench.analysis.speedup_interval import speedup_interval
-
     ok = comparable_stages(run)
     rows = []
     for i, s in enumerate(ok):

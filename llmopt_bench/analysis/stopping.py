@@ -18,6 +18,8 @@ from typing import Literal, Sequence
 
 from pydantic import Field
 
+from llmopt_bench.analysis.metrics import e2e, tpot
+from llmopt_bench.analysis.noise import t_quantile
 from llmopt_bench.core.records import RequestSample, StrictModel
 
 CONFIDENCE = 0.95
@@ -40,8 +42,6 @@ class StoppingRecord(StrictModel):
 def halfwidth_pct(values: Sequence[float | None], confidence: float = CONFIDENCE) -> float | None:
     """The half-width of the mean's t interval of log(values), in % of the value; None below two
     positive values (one repeat shows no between-repeat noise)."""
-    from llmopt_bench.analysis.noise import t_quantile
-
     logs = [math.log(v) for v in values if v is not None and v > 0]
     if len(logs) < 2:
         return None
@@ -51,8 +51,6 @@ def halfwidth_pct(values: Sequence[float | None], confidence: float = CONFIDENCE
 
 def repeat_value(samples: Sequence[RequestSample], metric: str) -> float | None:
     """One repeat's headline: the median of its ok requests' TPOT (or E2E)."""
-    from llmopt_bench.analysis.metrics import e2e, tpot
-
     of = tpot if metric == "tpot_p50" else e2e
     values = [v for v in (of(s) for s in samples if s.ok) if v is not None]
     return statistics.median(values) if values else None

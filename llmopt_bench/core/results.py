@@ -23,7 +23,7 @@ from llmopt_bench.core.workload import WorkloadConfig
 
 SCHEMA_VERSION = 2  # 2: quality, facts, memory and energy typed; stage extras validated by their Extra model
 Status = Literal["ok", "skipped", "oom", "timeout", "error", "interrupted", "killed"]
-FAILED = ("oom", "timeout", "error", "killed")
+FAILED: tuple[Status, ...] = ("oom", "timeout", "error", "killed")
 T = TypeVar("T", bound=BaseModel)
 
 

@@ -25,7 +25,7 @@ from llmopt_bench.engines.variants import CellParams, Measured, Opened, Timed, V
 from llmopt_bench.measure.timing import make_sync, now
 
 Impl = Literal["eager", "sdpa-math", "sdpa-flash", "sdpa-efficient", "flash_attention_2"]
-DEFAULT_IMPLS: list[str] = ["eager", "sdpa-math", "sdpa-flash", "flash_attention_2"]
+DEFAULT_IMPLS: list[Impl] = ["eager", "sdpa-math", "sdpa-flash", "flash_attention_2"]
 ATTN_IMPL = {"eager": "eager", "sdpa-math": "sdpa", "sdpa-flash": "sdpa", "sdpa-efficient": "sdpa",
              "flash_attention_2": "flash_attention_2"}
 SDPA_BACKEND = {"sdpa-math": "MATH", "sdpa-flash": "FLASH_ATTENTION", "sdpa-efficient": "EFFICIENT_ATTENTION"}
@@ -113,7 +113,7 @@ class HFAttention:
         self.shortest, self.agree_batch, self.baseline, self.verify = shortest, agree_batch, baseline, verify
         self.progress = progress
         self.model: Any = None
-        self.pad_id: int | None = None
+        self.pad_id = 0  # open() sets the loaded tokenizer's (hf.load_model gives each one a pad token)
         self.kernels: list[dict[str, Any]] = []  # per implementation: loaded as, effective, ops the profiler saw
         self.ref: dict[str, tuple[Any, list[int]]] = {}  # impl -> (last logits, greedy tokens) at the shortest context
         t0 = now()

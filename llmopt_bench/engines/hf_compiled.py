@@ -23,6 +23,7 @@ from typing import Any, Literal, Sequence
 
 from pydantic import Field
 
+from llmopt_bench.analysis import quality
 from llmopt_bench.core.contract import StageContext, StageSkipped
 from llmopt_bench.core.errors import describe
 from llmopt_bench.core.records import LoadInfo, StrictModel
@@ -64,22 +65,28 @@ def compile_generation(model: Any, mode: str, device: str) -> None:
 
     config = CompileConfig(mode=mode)
     if not device.startswith("cuda"):
-        config._compile_all_devices = True  # transformers compiles on CUDA-like devices only unless told
+        # transformers compiles on CUDA-like devices only unless told
+        config._compile_all_devices = True  # type: ignore[assignment]  # a bool flag, declared `= None` in transformers
     model.generation_config.cache_implementation = "static"
     model.generation_config.compile_config = config
 
 
 class CompiledTransformersEngine(TransformersEngine):
+    mode: str  # torch.compile's, resolved for the device
+    record: CompileRecord
+
     @classmethod
-    def start(cls, model_info: Any, params: CompiledEngineParams, ctx: StageContext,
+    def start(cls, model_info: Any, params: HFEngineParams, ctx: StageContext,
               quantization_config: Any = None) -> tuple["CompiledTransformersEngine", LoadInfo]:
         engine, info = super().start(model_info, params, ctx, quantization_config)
-        engine.mode = resolve_mode(params.compile_mode, ctx.device)
+        assert isinstance(engine, cls), "TransformersEngine.start builds an instance of cls"
+        # the base's signature takes any HFEngineParams: those without compile_mode get "auto"
+        engine.mode = resolve_mode(params.compile_mode if isinstance(params, CompiledEngineParams) else "auto", ctx.device)
         compile_generation(engine.model, engine.mode, ctx.device)
         info.implementation.update(cache_implementation="static", compile=f"torch.compile (inductor, mode {engine.mode}) "
                                    "of the decode step, by generate()")
         engine.record = CompileRecord(mode=engine.mode)
-        return engine, info  # type: ignore[return-value]
+        return engine, info
 
     def compile_for(self, requests: Sequence[Request], workload: WorkloadConfig, ctx: StageContext) -> None:
         """One untimed pass over the timed requests, batch by batch: every shape compiled before timing."""
@@ -98,8 +105,6 @@ class CompiledTransformersEngine(TransformersEngine):
                                "use hf-fp16 for this model")
 
     def decode_agreement(self, ctx: StageContext) -> DecodeAgreement:
-        from llmopt_bench.analysis import quality
-
         if ctx.reference_file is None or not ctx.reference_file.is_file():
             return DecodeAgreement(note=quality.NO_REFERENCE)
         items = quality.load_reference(ctx.reference_file)["items"]

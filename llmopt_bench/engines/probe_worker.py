@@ -31,6 +31,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from llmopt_bench.engines.static_batching import PROBES, failure, load_for_probes, reset_peaks, write_answer
 from llmopt_bench.measure.timing import now
 from llmopt_bench.procs import spawn
 
@@ -67,17 +68,17 @@ class ProbeWorker:
         name = f"{self.probes + 1:03d}-{probe}"
         job_path, out_path = self.workdir / f"{name}.job.json", self.workdir / f"{name}.out.json"
         job_path.write_text(json.dumps(job))
-        if self.proc is None or self.proc.poll() is not None:
-            self.start()
+        proc = self.proc if self.proc is not None and self.proc.poll() is None else self.start()
         before = spawn.oom_kills()
         t0, deadline = now(), time.monotonic() + timeout_s
         try:
-            self.proc.stdin.write((json.dumps({"kind": probe, "job": str(job_path), "out": str(out_path)}) + "\n").encode())
-            self.proc.stdin.flush()
+            assert proc.stdin is not None  # started with stdin=PIPE
+            proc.stdin.write((json.dumps({"kind": probe, "job": str(job_path), "out": str(out_path)}) + "\n").encode())
+            proc.stdin.flush()
         except OSError:  # the worker is gone: its exit is the answer, below
             pass
         try:
-            while (event := self.next_event(deadline)) not in (None, TIMEOUT):
+            while isinstance(event := self.next_event(deadline), dict):  # else None (gone) or TIMEOUT
                 if event["event"] == "loading":
                     self.loads += 1
                 elif event["event"] == "answer":
@@ -102,11 +103,11 @@ class ProbeWorker:
         answer["exit_code"] = None if went_on else self.stop(grace_s=30.0)  # None: the worker went on
         return answer
 
-    def start(self) -> None:
+    def start(self) -> subprocess.Popen:
         self.stop()
         read, write = os.pipe()
         try:
-            self.proc = spawn.start([sys.executable, "-m", "llmopt_bench.engines.probe_worker", str(write)],
+            proc = self.proc = spawn.start([sys.executable, "-m", "llmopt_bench.engines.probe_worker", str(write)],
                                     own_session=False, pass_fds=(write,), stdin=subprocess.PIPE)
         except BaseException:
             os.close(read)
@@ -115,14 +116,18 @@ class ProbeWorker:
             os.close(write)
         self.fd, self.buf = read, b""
         self.workers += 1
+        return proc
 
     def next_event(self, deadline: float) -> dict[str, Any] | str | None:
         """The worker's next line on its pipe; None at its end (the worker is gone), TIMEOUT past deadline."""
+        fd = self.fd
+        if fd is None:  # stopped: no worker to hear from
+            return None
         while b"\n" not in self.buf:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
                 return TIMEOUT
-            chunk = os.read(self.fd, 65536)
+            chunk = os.read(fd, 65536)
             if not chunk:
                 return None
             self.buf += chunk
@@ -139,7 +144,8 @@ class ProbeWorker:
         if proc is None:
             return None
         try:
-            proc.stdin.close()
+            if proc.stdin is not None:
+                proc.stdin.close()
         except OSError:
             pass
         if grace_s > 0:
@@ -201,15 +207,13 @@ def after_probe(m: Any) -> dict[str, Any]:
 
 def serve(tell: Any) -> None:
     """Take jobs from stdin until it closes, or until a probe leaves the process unfit."""
-    from llmopt_bench.engines.static_batching import PROBES, failure, load_for_probes, reset_peaks, write_answer
-
     loaded, key, loads = None, None, 0
     for line in sys.stdin:
         req = json.loads(line)
         job = json.loads(Path(req["job"]).read_text())
         info: dict[str, Any] = {"pid": os.getpid()}
         try:
-            if load_key(job) != key:
+            if loaded is None or load_key(job) != key:
                 loaded = key = None  # the previous model goes before the next one loads
                 tell({"event": "loading"})
                 t0 = now()

@@ -104,10 +104,11 @@ class ConditionsProbe:
             self.result.involuntary_switches = sum(n - before.get(pid, (0.0, 0))[1] for pid, (_, n) in after.items())
         self.result.pinned_cpu = self.pinned_cpu
         speed1 = hostspeed.measure(self.device) if self.device else None
-        rounds = [r for sp in (self.speed0, speed1) if sp for r in sp.rounds]
+        measured = [sp for sp in (self.speed0, speed1) if sp]
+        rounds = [r for sp in measured for r in sp.rounds]
         if rounds:
             self.result.host_kops = round(statistics.median(rounds), 2)
-            self.result.host_device = (speed1 or self.speed0).device
+            self.result.host_device = measured[-1].device  # the one after the repeat, if it was measured
 
 
 # The report explains the repeats when their headlines differ by more than this (max / min - 1):

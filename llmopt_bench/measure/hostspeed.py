@@ -23,8 +23,12 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    import torch
 
 ROUNDS = 9
 CALLS = 20
@@ -43,7 +47,9 @@ class HostSpeed(BaseModel):
     rounds: list[float] = Field(default_factory=list, description="each round's kop/s")
 
 
-def _layer_class(torch):
+def _layer_class() -> type[torch.nn.Module]:
+    import torch  # imported by measure() already: here for the class's base and its ops
+
     functional = torch.nn.functional
 
     class Layer(torch.nn.Module):
@@ -81,7 +87,7 @@ def measure(device: str = "cpu", rounds: int = ROUNDS, calls: int = CALLS) -> Ho
     gen = torch.Generator().manual_seed(0)
     weight = (torch.randn(WIDTH, WIDTH, generator=gen) * 0.05).to(where)
     x0 = torch.randn(4, WIDTH, generator=gen).to(where)
-    layers = torch.nn.ModuleList([_layer_class(torch)(weight) for _ in range(LAYERS)])
+    layers = torch.nn.ModuleList([_layer_class()(weight) for _ in range(LAYERS)])
 
     def one_round(n: int) -> float:
         sync()

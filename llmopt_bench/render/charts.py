@@ -6,33 +6,35 @@ stage's hook (Stage.charts), drawn by write_stage_charts."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
+from llmopt_bench.analysis.roofline import ceilings, roofline
 from llmopt_bench.analysis.selectors import GB, comparable_stages, peak_memory
 from llmopt_bench.core.fmt import pct
 from llmopt_bench.core.plotting import ALT, BASE, BEST, DOWN, UP, legend
 from llmopt_bench.core.plotting import plt as _plt
 from llmopt_bench.core.plotting import save as _save
 from llmopt_bench.core.plotting import xlabels as _xlabels
-from llmopt_bench.core.results import RunResult
+from llmopt_bench.core.results import RunResult, StageResult
+from llmopt_bench.render.hooks import stage_charts
 
 
-def _tpot_ms(s: Any) -> float | None:
+def _tpot_ms(s: StageResult) -> float | None:
     return s.metrics.tpot_s.p50 * 1e3 if s.metrics and s.metrics.tpot_s else None
 
 
 def latency_waterfall(run: RunResult, path: Path) -> Path | None:
     """TPOT p50 per stage in journey order: each bar floats from the previous stage's value."""
-    stages = [s for s in comparable_stages(run) if _tpot_ms(s)]
-    if not stages:
+    timed = [(s, v) for s in comparable_stages(run) if (v := _tpot_ms(s))]
+    if not timed:
         return None
     plt = _plt()
-    values = [_tpot_ms(s) for s in stages]
-    best = min(range(len(values)), key=values.__getitem__)
+    stages, values = [s for s, _ in timed], [v for _, v in timed]
+    best = min(range(len(values)), key=lambda i: values[i])
     show_best = best != 0  # the best bar repeats nothing when the baseline is the best (or the only) stage
     names = [s.name for s in stages] + ([f"best: {stages[best].name}"] if show_best else [])
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(names)), 4.5))
-    prev = None
+    prev: float | None = None
     for i, v in enumerate(values):
         lo, hi = (0, v) if prev is None else (min(prev, v), max(prev, v))
         color = BASE if prev is None else DOWN if v <= prev else UP
@@ -52,24 +54,25 @@ def latency_waterfall(run: RunResult, path: Path) -> Path | None:
 
 
 def throughput(run: RunResult, path: Path) -> Path | None:
-    stages = [s for s in comparable_stages(run) if s.metrics.output_tok_s]
-    if not stages:
+    measured = [(s.name, v, m.output_tok_s_repeats or [v]) for s in comparable_stages(run) if (m := s.metrics) and (v := m.output_tok_s)]
+    if not measured:
         return None
     plt = _plt()
-    vals = [s.metrics.output_tok_s for s in stages]
-    lo = [v - min(s.metrics.output_tok_s_repeats or [v]) for s, v in zip(stages, vals)]
-    hi = [max(s.metrics.output_tok_s_repeats or [v]) - v for s, v in zip(stages, vals)]
+    vals = [v for _, v, _ in measured]
+    lo = [v - min(reps) for _, v, reps in measured]
+    hi = [max(reps) - v for _, v, reps in measured]
+    stages = [name for name, _, _ in measured]
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(stages)), 4.5))
     ax.bar(range(len(vals)), vals, yerr=[lo, hi], capsize=4, color=BEST)
     for i, v in enumerate(vals):
         ax.annotate(f"{v:.3g}", (i, v), ha="center", va="bottom", fontsize=8, xytext=(8, 2), textcoords="offset points")
-    _xlabels(ax, [s.name for s in stages])
+    _xlabels(ax, stages)
     ax.set_ylabel("output tokens / s (mean of repeats; bars: min-max)")
     ax.set_title("Output throughput per stage")
     return _save(fig, path)
 
 
-def memory_parts(s: Any) -> tuple[float, float, float] | None:
+def memory_parts(s: StageResult) -> tuple[float, float, float] | None:
     """(weights, KV cache, other) in GB: the weights and KV cache the load recorded, the rest of the peak."""
     weights = (s.load.weights_bytes or 0) if s.load else 0
     kv = (s.load.kv_cache_bytes or 0) if s.load else 0
@@ -130,20 +133,20 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
             if not any((x2 <= x and y2 >= y) and (x2 < x or y2 > y) for j, (x2, y2) in enumerate(points) if j != i)]
 
 
-def agreement_point(s: Any) -> float | None:
+def agreement_point(s: StageResult) -> float | None:
     """A stage's token match with the reference as measured; the reference's own is its match
     with its own re-run (97.7% where the engine is not deterministic), not a 100% by definition.
     Only a reference that did not measure it (schema-1 runs) stands at 100%."""
-    if s.quality.token_match_rate is not None:
+    if s.quality is not None and s.quality.token_match_rate is not None:
         return s.quality.token_match_rate
     return 1.0 if s.quality_reference else None
 
 
 def quality_speed(run: RunResult, path: Path) -> Path | None:
     """TPOT against token match with the reference: the trade-off each stage makes."""
-    pts = [(s.name + (" (reference, vs its own re-run)" if s.quality_reference else ""), _tpot_ms(s), agreement_point(s))
-           for s in comparable_stages(run) if s.quality is not None]
-    pts = [(n, x, y) for n, x, y in pts if x is not None and y is not None]
+    named = [(s.name + (" (reference, vs its own re-run)" if s.quality_reference else ""), _tpot_ms(s), agreement_point(s))
+             for s in comparable_stages(run) if s.quality is not None]
+    pts = [(n, x, y) for n, x, y in named if x is not None and y is not None]
     if len(pts) < 2:  # one point is no trade-off
         return None
     plt = _plt()
@@ -163,11 +166,10 @@ def quality_speed(run: RunResult, path: Path) -> Path | None:
 
 
 def roofline_chart(run: RunResult, path: Path) -> Path | None:
-    from llmopt_bench.analysis.roofline import ceilings, roofline
-
     rows = roofline(run)
     decode = [r for r in rows if r.phase == "decode"]
-    if not decode:
+    bw, peak = ceilings(run.env)
+    if not decode or not bw:  # no row without the measured bandwidth
         return None
     plt = _plt()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, max(4.5, 0.6 * len(decode) + 2)))
@@ -186,7 +188,6 @@ def roofline_chart(run: RunResult, path: Path) -> Path | None:
     # two lines, at the suptitle's size: one line is wider than the axes and was cut at the figure's edge
     ax.set_title("Decode: measured vs the memory ceiling\n(bytes / measured copy bandwidth)", fontsize=10)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)  # below: bars and labels fill the axes
-    bw, peak = ceilings(run.env)
     xs = [r.intensity for r in rows if r.intensity > 0]
     lo, hi = min(xs + [0.1]) / 4, max(xs + [(peak or 0) / bw * 4 if peak else 10])
     grid = [lo * (hi / lo) ** (i / 100) for i in range(101)]
@@ -222,6 +223,4 @@ def write_charts(run: RunResult, out_dir: Path) -> list[Path]:
 
 def write_stage_charts(run: RunResult, out_dir: Path) -> dict[str, list[Path]]:
     """Each ok stage's own charts (Stage.charts), by result name."""
-    from llmopt_bench.render.hooks import stage_charts
-
     return {s.name: paths for s in run.stages if s.status == "ok" and (paths := stage_charts(s, run, Path(out_dir)))}

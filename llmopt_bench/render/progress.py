@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from llmopt_bench.core.results import StageResult
+
+if TYPE_CHECKING:
+    from rich.status import Status
 
 
 def _took(result: StageResult) -> str:
@@ -21,8 +25,8 @@ def _took(result: StageResult) -> str:
 
 
 def _fmt(result: StageResult) -> str:
-    if result.status == "ok" and result.metrics and result.metrics.tpot_s:
-        m = result.metrics
+    m = result.metrics if result.status == "ok" else None
+    if m and m.tpot_s:
         return f"ok: TPOT p50 {m.tpot_s.p50 * 1000:.2f} ms, {m.output_tok_s or 0:.1f} tok/s{_took(result)}"
     return f"{result.status}: {result.reason or ''}" + (f" (fix: {result.fix})" if result.fix else "")
 
@@ -70,7 +74,7 @@ class RichReporter(PlainReporter):
 
         super().__init__(every_s=0.0)
         self.console = Console(stderr=True)
-        self._status = None
+        self._status: Status | None = None
 
     def _say(self, text: str) -> None:
         self.console.print(f"[{clock(time.monotonic() - self._began)}] {text}", highlight=False, markup=False)

@@ -203,12 +203,16 @@ def trend(db: Path, metric: str = "tpot_p50", stage: str | None = None, threshol
     the comparable runs before that one giving the baseline's noise."""
     key = metric_name(metric)
     threshold = compare.threshold_for(key, thresholds)
-    points, seen, parsed = [], {}, {}
+    points: list[TrendPoint] = []
+    seen: dict[str, list[Row]] = {}  # each stage's ok rows so far
+    parsed: dict[str, RunResult] = {}
 
     def stage_of(row: Row) -> StageResult:
         if row.run_json not in parsed:
             parsed[row.run_json] = parse_run(json.loads(row.run_json), "the history database")
-        return parsed[row.run_json].stage(row.stage)
+        found = parsed[row.run_json].stage(row.stage)
+        assert found is not None, "a row of the history is a stage of the run.json stored beside it"
+        return found
 
     for row in stage_rows(db, metric, stage):
         p = TrendPoint(row.stage, row.run_id, row.created_at, row.commit, row.status, row.value)
@@ -221,13 +225,15 @@ def trend(db: Path, metric: str = "tpot_p50", stage: str | None = None, threshol
         elif last.fingerprint != row.fingerprint:
             p.verdict, p.method = "not comparable", "device, model, workload or stage params differ"
         elif key in compare.METRICS:
-            past = [r.value for r in earlier if r.fingerprint == row.fingerprint][-NOISE_RUNS:]
+            past = [v for r in earlier if r.fingerprint == row.fingerprint and (v := r.value) is not None][-NOISE_RUNS:]
             d = compare.compare_metric(key, stage_of(last), stage_of(row), threshold, resamples, seed=seed, history=past)
             p.change, p.ci, p.verdict, p.method = d.change, d.ci, d.verdict, d.method
-        else:
+        elif row.value is not None and last.value:  # an ok row has its value; a ratio needs a previous one above 0
             ratio = row.value / last.value
             p.change, p.method = ratio - 1, "relative change"
             p.verdict = compare.verdict(ratio, None, threshold, higher_is_better(key))
+        else:
+            p.verdict, p.method = "-", "no relative change from a previous value of 0"
         if row.ok:
             earlier.append(row)
         points.append(p)
@@ -303,7 +309,8 @@ def check(db: Path, metrics: list[str], stage: str | None = None, thresholds: di
             rows = [r for r in rows if r.fingerprint == rows[-1].fingerprint]  # the current configuration
             rows = rows[-window:]
             series.append((name, key, len(rows)))
-            found = changepoint.level_shifts([r.value for r in rows], higher_is_better(key),
+            values = [v for r in rows if (v := r.value) is not None]  # all of them: an ok row has its value
+            found = changepoint.level_shifts(values, higher_is_better(key),
                                              compare.threshold_for(key, thresholds), min_size=min_size,
                                              significance=significance, permutations=permutations, seed=seed)
             for s in found:
@@ -329,10 +336,10 @@ def chart(points: list[TrendPoint], metric: str, path: Path) -> Path:
         scale, unit = 1000, "ms"
     fig, ax = plt.subplots(figsize=(max(6, len(order) * 0.6 + 3), 4))
     for name in sorted({p.stage for p in points}):
-        pts = [p for p in points if p.stage == name and p.value is not None and p.status == "ok"]
-        xs, ys = [index[(p.created_at, p.run_id)] for p in pts], [p.value * scale for p in pts]
+        pts = [(p, v) for p in points if p.stage == name and (v := p.value) is not None and p.status == "ok"]
+        xs, ys = [index[(p.created_at, p.run_id)] for p, _ in pts], [v * scale for _, v in pts]
         ax.plot(xs, ys, marker="o", label=name)
-        for p, x, y in zip(pts, xs, ys):
+        for (p, _), x, y in zip(pts, xs, ys):
             if p.verdict in ("regressed", "improved"):
                 ax.scatter([x], [y], s=140, facecolors="none", edgecolors="red" if p.verdict == "regressed" else "green", linewidths=2, zorder=3)
     ax.set_xticks(range(len(order)), [rid for _, rid in order], rotation=30, ha="right", fontsize=8)

@@ -18,7 +18,7 @@ from llmopt_bench.core.contract import Stage
 from llmopt_bench.core.errors import first_line
 from llmopt_bench.core.models import ModelInfo
 from llmopt_bench.core.records import StageRun
-from llmopt_bench.core.results import FAILED, EnergyRecord, MemoryRecord, RunResult, StageResult, StageTiming, utc_at
+from llmopt_bench.core.results import FAILED, EnergyRecord, MemoryRecord, RunResult, StageResult, StageTiming, Status, utc_at
 from llmopt_bench.measure.memory import MemorySampler
 from llmopt_bench.procs import spawn
 from llmopt_bench.procs.events import FD_ENV, start_reader
@@ -105,7 +105,8 @@ def follow(proc: subprocess.Popen, events: "queue.Queue", plan: StagePlan, timeo
     """The child's events until its result, its death or the timeout; on_load() at its load event;
     each progress message starts a phase of the timeline (where the stage's time went)."""
     timeline = timeline or Timeline(time.time())
-    seen, final = Followed(), None
+    seen = Followed()
+    final: dict[str, Any] | None = None  # the event that ended the stage, or one made up for a timeout or a death
     deadline = time.monotonic() + timeout
     while final is None:
         try:
@@ -254,7 +255,8 @@ def outcome(plan: StagePlan, cls: type[Stage], final: dict, common: dict, rd: Ru
     if kind == "skipped":
         return skipped(plan, cls, "skipped", final["reason"], final.get("fix"), **common)
     if kind != "result":
-        status = kind if kind in FAILED + ("interrupted",) else "error"
+        ended: tuple[Status, ...] = (*FAILED, "interrupted")
+        status: Status = next((s for s in ended if s == kind), "error")
         return skipped(plan, cls, status, final.get("reason", kind), FIXES.get(status, f"see {rd.log(plan.name)}"),
                        partial=rd.read_partial(plan.name, spawned), **common)
     stage_run = StageRun(**final["run"])

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from llmopt_bench.analysis.claims import HELD_FRACTION
 from llmopt_bench.core.fmt import gb, ms, num, spread, times
-from llmopt_bench.core.records import Block, Claim
+from llmopt_bench.core.plotting import legend, log2_axis, plt, save  # matplotlib itself loads inside plt()
+from llmopt_bench.core.records import Block, Claim, Verdict
 from llmopt_bench.scenarios.context_sweep import ContextSweepExtra, SweepSpeedup
 
 
@@ -51,7 +52,7 @@ def flash_claim(x: ContextSweepExtra | None) -> Claim:
         v, phase = best_at(x.speedups if x else [], context)
         oks.append(None if v is None else v >= want * HELD_FRACTION)
         parts.append(f"{context // 1024}K: " + (f"{v:.2f}x ({phase})" if v is not None else "not measured"))
-    verdict = "not held" if False in oks else "not measured" if None in oks else "held"
+    verdict: Verdict = "not held" if False in oks else "not measured" if None in oks else "held"
     return Claim(key="flash-attention", claim="FlashAttention: 2x at 2K context, 4x at 8K",
                  target=f"2x at 2K and 4x at 8K vs {x.baseline if x and x.baseline else 'eager'} (held at 80%), either phase",
                  measured="; ".join(parts), verdict=verdict,
@@ -59,8 +60,6 @@ def flash_claim(x: ContextSweepExtra | None) -> Claim:
 
 
 def speedup_chart(name: str, x: ContextSweepExtra, path: Path) -> Path | None:
-    from llmopt_bench.core.plotting import legend, log2_axis, plt, save
-
     if not x.speedups:
         return None
     fig, ax = plt().subplots(figsize=(7, 4.5))

@@ -220,6 +220,9 @@ class ContextSweepStage(SweepPresentation, Stage):
     def start_sweep(self, model: Any, params: Any, ctx: StageContext) -> tuple[SweepEngine, SweepPlan, LoadInfo]:
         raise NotImplementedError
 
+    engine: SweepEngine | None  # None until load() starts one, and after teardown()
+    plan: SweepPlan
+
     def load(self, model, params, ctx: StageContext) -> LoadInfo:
         self.engine = None
         self.engine, self.plan, info = self.start_sweep(model, params, ctx)
@@ -228,6 +231,7 @@ class ContextSweepStage(SweepPresentation, Stage):
     # warm-up is per cell inside run(): each variant is its own model load or engine
 
     def run(self, workload: WorkloadConfig, ctx: StageContext) -> StageRun:
+        assert self.engine is not None, "load() starts the engine before run()"
         out = run_sweep(self.engine, self.plan, workload, ctx)
         # exclude_unset: a stage's extra holds the records it wrote, as before the types
         return StageRun(samples=out.samples, extra=out.extra.model_dump(mode="json", exclude_unset=True),

@@ -11,6 +11,7 @@ from llmopt_bench.analysis.selectors import GB, reference
 from llmopt_bench.core.contract import Requirements, StageContext
 from llmopt_bench.core.fmt import num
 from llmopt_bench.core.records import Claim
+from llmopt_bench.engines.hf import resolve_dtype
 from llmopt_bench.engines.transformers import PREFETCH, HFEngineParams, TransformersEngine
 from llmopt_bench.scenarios.fixed import FixedParams, FixedWorkloadStage
 
@@ -61,8 +62,6 @@ class _BnbStage(FixedWorkloadStage):
         raise NotImplementedError
 
     def start_engine(self, model, params, ctx: StageContext):
-        from llmopt_bench.engines.hf import resolve_dtype
-
         logging.getLogger("bitsandbytes.autograd._functions").addFilter(_Once())
         engine, info = TransformersEngine.start(model, params, ctx, self.quantization_config(params, resolve_dtype(params.dtype, ctx.device)))
         import bitsandbytes
@@ -86,13 +85,15 @@ class BnbInt8Stage(_BnbStage):
     def claims(cls, result, run) -> list[Claim]:
         """The story's "INT8 halves the memory": this stage's weights against the reference's."""
         ref = reference(run)
-        w = [s.load.weights_bytes if s and s.load else None for s in (ref, result)]
-        value = w[1] / w[0] if w[0] and w[1] else None
-        if value is None or ref is None:
+        ref_bytes = ref.load.weights_bytes if ref and ref.load else None
+        own_bytes = result.load.weights_bytes if result and result.load else None
+        value: float | None = None
+        if ref is None or not (ref_bytes and own_bytes):
             detail = "needs the quality reference (FP16) and this stage, ok, with their weights' size"
         else:
+            value = own_bytes / ref_bytes
             dtype = (ref.load.implementation or {}).get("dtype") if ref.load else None
-            detail = f"weights {num(w[1] / GB)} GB vs {num(w[0] / GB)} GB ({ref.name}, {dtype or '?'})"
+            detail = f"weights {num(own_bytes / GB)} GB vs {num(ref_bytes / GB)} GB ({ref.name}, {dtype or '?'})"
             if dtype == "float32":
                 detail += "; the reference holds FP32 here, so INT8 is compared with FP32"
         return [Claim(key="int8-memory", claim="INT8 halves the memory", target=f"INT8 / FP16 weights <= {INT8_HALVES_AT}",

@@ -53,7 +53,7 @@ class FlashAttnStage(ContextSweepStage):
 
         dtype = hf.resolve_dtype(params.dtype, ctx.device)
         contexts, notes = sweep_contexts(params, model.max_position_embeddings, ctx.device)
-        impls = list(dict.fromkeys(params.implementations))
+        impls: list[str] = list(dict.fromkeys(params.implementations))  # the sweep names variants by any str
         baseline = "eager" if "eager" in impls else impls[0]
         if baseline != "eager":
             notes.append(f"eager not requested: speedups and agreement are against {baseline}")

@@ -30,6 +30,7 @@ class HFCompiledStage(FixedWorkloadStage):
     requires = Requirements(imports={"transformers": "test", "torch": "test"})
     Params = HFCompiledParams
     Extra = CompiledExtra
+    engine: CompiledTransformersEngine
 
     def start_engine(self, model, params, ctx):
         return CompiledTransformersEngine.start(model, params, ctx)
