@@ -74,15 +74,15 @@ class RepeatConditions(BaseModel):
     pinned_cpu: int | None = Field(None, description="the core the stage's main thread was pinned to (--pin-cpu), else None")
 
 
-class ConditionsProbe:
-    """with ConditionsProbe(device) as probe: <one repeat>; then probe.result. With a device, the
+class ConditionsRecorder:
+    """with ConditionsRecorder(device) as recorder: <one repeat>; then recorder.result. With a device, the
     host-speed index is measured before the repeat starts and after it ends (outside the wall
     time the CPU share is taken over); without one (None), it is not measured."""
 
     def __init__(self, device: str | None = None, pinned_cpu: int | None = None) -> None:
         self.device, self.pinned_cpu = device, pinned_cpu
 
-    def __enter__(self) -> "ConditionsProbe":
+    def __enter__(self) -> "ConditionsRecorder":
         self.speed0 = hostspeed.measure(self.device) if self.device else None
         self.t0, self.usage0, self.steal0 = time.perf_counter(), _tree_usage(), _steal()
         self.result = RepeatConditions()  # filled in when the repeat ends

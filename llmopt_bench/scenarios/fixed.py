@@ -23,7 +23,7 @@ from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests
 from llmopt_bench.engines.vllm_kv import KVCacheRecord, kv_line
 from llmopt_bench.measure import gpu_busy, pinning
 from llmopt_bench.measure.conditions import (
-    ConditionsProbe,
+    ConditionsRecorder,
     RepeatConditions,
     conditions_sentence,
     host_speed_text,
@@ -113,12 +113,12 @@ def measure(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext, ru
 
             if core is not None:
                 pinning.warm()
-            with ConditionsProbe(ctx.device, core) as probe, ctx.meter.window("main") as window:
+            with ConditionsRecorder(ctx.device, core) as recorder, ctx.meter.window("main") as window:
                 got = engine.serve(reqs, workload.max_new_tokens, batch_size=workload.batch_size, repeat=rep,
                                    tokens_out=tokens if rep == 0 else None, progress=done)
                 window.tokens = sum(s.output_tokens for s in got if s.ok)
             if conditions is not None:
-                conditions.append(probe.result)
+                conditions.append(recorder.result)
             samples += got
             if rule.add(got):
                 break

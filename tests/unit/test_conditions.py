@@ -13,7 +13,7 @@ from llmopt_bench.analysis.compare import compare_runs
 from llmopt_bench.cli.compare import to_markdown
 from llmopt_bench.core.results import RunResult
 from llmopt_bench.measure.conditions import (
-    ConditionsProbe,
+    ConditionsRecorder,
     RepeatConditions,
     conditions_sentence,
     conditions_summary,
@@ -28,9 +28,9 @@ def _spin(seconds: float) -> None:
 
 
 def test_a_computing_repeat_and_a_sleeping_one_read_apart():
-    with ConditionsProbe() as busy:
+    with ConditionsRecorder() as busy:
         _spin(0.3)
-    with ConditionsProbe() as idle:
+    with ConditionsRecorder() as idle:
         time.sleep(0.3)
     # relative, not 0.5: on a shared host (load 13 on 2 cores) a spinning repeat got a third of a core
     assert busy.result.cpu_share > max(0.1, 4 * idle.result.cpu_share) and idle.result.cpu_share < 0.2
@@ -42,7 +42,7 @@ def test_a_computing_repeat_and_a_sleeping_one_read_apart():
 
 def test_no_gpu_clock_without_nvml(monkeypatch):
     monkeypatch.setattr("llmopt_bench.measure.nvml.device_indices", lambda: [])
-    with ConditionsProbe() as probe:
+    with ConditionsRecorder() as probe:
         pass
     assert probe.result.gpu_sm_mhz is None
 
@@ -111,7 +111,7 @@ def test_the_stage_s_child_processes_count(tmp_path):
     try:
         time.sleep(0.5)  # the child's start-up is over before the repeat begins
         t0 = time.perf_counter()
-        with ConditionsProbe() as probe:
+        with ConditionsRecorder() as probe:
             go.touch()
             deadline = time.time() + 30
             while not spun.exists() and time.time() < deadline:

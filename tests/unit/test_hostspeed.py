@@ -15,7 +15,7 @@ from gatekit import BASELINE
 from llmopt_bench.analysis.hostbound import busy_sentence, host_bound
 from llmopt_bench.core.results import load_run
 from llmopt_bench.measure import gpu_busy, hostspeed
-from llmopt_bench.measure.conditions import ConditionsProbe, RepeatConditions, conditions_sentence, conditions_summary
+from llmopt_bench.measure.conditions import ConditionsRecorder, RepeatConditions, conditions_sentence, conditions_summary
 
 
 def at_nice_0() -> None:
@@ -59,10 +59,10 @@ def test_the_index_is_fixed_work_on_the_device_asked_for():
 
 
 def test_each_repeat_records_the_index_before_and_after_it():
-    with ConditionsProbe("cpu") as probe:
+    with ConditionsRecorder("cpu") as probe:
         pass
     assert probe.result.host_kops > 0 and probe.result.host_device == "cpu"
-    with ConditionsProbe() as probe:  # no device: not measured (a stage that is not a fixed workload)
+    with ConditionsRecorder() as probe:  # no device: not measured (a stage that is not a fixed workload)
         pass
     assert probe.result.host_kops is None
 
