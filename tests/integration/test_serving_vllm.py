@@ -18,20 +18,24 @@ from llmopt_bench.analysis.slo import judge, parse_slo
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.workload import WorkloadConfig, build_requests
 from llmopt_bench.engines import vllm as V
+from llmopt_bench.engines.http_load import HTTPLoad
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient, error_kind
 from llmopt_bench.engines.vllm_server import (
     VLLMServer,
     free_port,
     vllm_cli_works,
 )
+from llmopt_bench.load.arrivals import arrival_offsets as arrival_times
+from llmopt_bench.load.dispatchers import cycled
+from llmopt_bench.load.engine import run_point
+from llmopt_bench.load.point import LoadPoint
+from llmopt_bench.load.search import Trial, find_capacity
 from llmopt_bench.procs.tree import members
-from llmopt_bench.scenarios.load import LoadPoint, arrival_times, run_point
 from llmopt_bench.scenarios.peer import (
     bench_serve_argv,
     bench_serve_command,
     export_custom_dataset,
 )
-from llmopt_bench.scenarios.slo_search import Probe, find_capacity
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -81,8 +85,10 @@ def with_client(ep: Endpoint, fn):
     return asyncio.run(go())
 
 
-def sender(client, max_tokens=N):
-    return lambda r: client.complete(r.id, r.prompt_id, r.token_ids, max_tokens, prompt_tokens=len(r.token_ids))
+def load(server, point: LoadPoint, requests, max_tokens=N):
+    """One load point on the server through the load machine's HTTP engine: its result and the client's tally."""
+    engine = HTTPLoad(endpoint(server))
+    return run_point(engine, point, cycled(requests), max_tokens, expected_tokens=max_tokens), engine.tally
 
 
 def test_the_server_started_and_says_how(served):
@@ -174,7 +180,7 @@ def test_a_short_concurrency_sweep(served, requests):
     server, _ = served
     for c in (1, 2, 4):
         point = LoadPoint(concurrency=c, num_requests=4 * c + 2, warmup_requests=2)
-        res, _ = with_client(endpoint(server), lambda client, point=point: run_point(point, requests, sender(client)))
+        res, _ = load(server, point, requests)
         assert res.sent == 4 * c and res.failed == 0 and res.warmup_excluded == 2
         assert all(s.output_tokens == N for s in res.samples)
         assert res.metrics.requests == 4 * c and res.metrics.output_tokens == 4 * c * N
@@ -191,7 +197,7 @@ def test_a_short_concurrency_sweep(served, requests):
 def test_a_short_open_loop_poisson_point(served, requests):
     server, _ = served
     point = LoadPoint(rate=6.0, duration_s=2.0, warmup_s=0.5, seed=11)
-    res, tally = with_client(endpoint(server), lambda client: run_point(point, requests, sender(client)))
+    res, tally = load(server, point, requests)
     schedule = arrival_times(6.0, None, 1.0, 11, until_s=2.0)
     assert res.sent == sum(1 for t in schedule if t >= 0.5)
     assert res.warmup_excluded == len(schedule) - res.sent
@@ -206,19 +212,19 @@ def test_a_short_capacity_search_against_the_server(served, requests):
     server, _ = served
     slo = parse_slo("ttft_p90=250ms,tpot_p90=50ms")
 
-    def measure(rate: float) -> Probe:
+    def measure(rate: float) -> Trial:
         point = LoadPoint(rate=rate, num_requests=10, warmup_requests=2, seed=int(rate * 1000))
-        res, _ = with_client(endpoint(server), lambda client: run_point(point, requests, sender(client)))
+        res, _ = load(server, point, requests)
         v = judge(slo, res.samples, res.window_s)
         ttft = next(t.value_s for t in v.targets if t.target == "ttft_p90")
-        return Probe(rate=rate, ok=v.ok, latency_s=ttft, detail={"reason": v.reason, "goodput": v.goodput_rps})
+        return Trial(rate=rate, ok=v.ok, latency_s=ttft, detail={"reason": v.reason, "goodput": v.goodput_rps})
 
     cap = find_capacity(measure, start_rate=4.0, precision=0.25, min_rate=1.0, max_rate=64.0, max_probes=7)
-    rates = [p.rate for p in cap.probes]
+    rates = [p.rate for p in cap.trials]
     assert 1 <= len(rates) <= 7 and len(set(rates)) == len(rates)
     assert all(1.0 <= r <= 64.0 for r in rates)
-    passed = [p.rate for p in cap.probes if p.ok]
-    failed = [p.rate for p in cap.probes if not p.ok]
+    passed = [p.rate for p in cap.trials if p.ok]
+    failed = [p.rate for p in cap.trials if not p.ok]
     assert cap.capacity_rps == (max(passed) if passed else None)
     assert cap.failing_rps == (min(failed) if failed else None)
     if passed and failed:
