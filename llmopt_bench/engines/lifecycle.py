@@ -8,9 +8,8 @@ import os
 import time
 from typing import Any
 
+from llmopt_bench.procs.gpu import GIB, used_by_device, wait_gpu_free
 from llmopt_bench.procs.tree import cmdline, descendants
-
-GIB = 1024**3
 
 
 def release_cached_memory() -> None:
@@ -41,12 +40,11 @@ def rss(pids: list[int]) -> int:
 def device_memory(use_torch: bool) -> dict[str, Any]:
     """Device memory now: NVML (never initializes CUDA here, so vLLM may still fork) and,
     once CUDA is up in this process, torch.cuda.mem_get_info."""
-    from llmopt_bench.measure import nvml
-
     out: dict[str, Any] = {}
-    idx = nvml.device_indices()
-    if idx:
-        out["nvml_used_bytes"] = sum(nvml.used_bytes(i) or 0 for i in idx)
+    by_device = used_by_device()
+    if by_device:
+        out["nvml_used_bytes"] = sum(by_device.values())
+        out["nvml_used_by_device"] = {str(i): b for i, b in by_device.items()}
     if use_torch:
         import torch
 
@@ -58,18 +56,10 @@ def device_memory(use_torch: bool) -> dict[str, Any]:
 
 def wait_freed(before: dict[str, Any], use_torch: bool, limit_s: float = 60.0) -> dict[str, Any]:
     """Wait until the engine's processes are gone and the device is back near `before`
-    (device_memory() taken before the engine started)."""
-    base = before.get("nvml_used_bytes")
-    t0 = time.perf_counter()
-    while True:
-        procs = descendants()
-        now_mem = device_memory(use_torch=use_torch)
-        used = now_mem.get("nvml_used_bytes")
-        # this process keeps its CUDA context (~0.5 GiB): within 1 GiB of the baseline is free
-        mem_ok = used is None or base is None or used <= base + GIB
-        if (not procs and mem_ok) or time.perf_counter() - t0 > limit_s:
-            break
-        time.sleep(0.5)
-    return {"after_shutdown": now_mem, "processes_after_shutdown": len(procs), "t_freed": time.perf_counter(),
-            "left_after_shutdown": [cmdline(pid)[:120] for pid in procs],
-            "freed": not procs and mem_ok, "wait_s": round(time.perf_counter() - t0, 3)}
+    (device_memory() taken before the engine started); this process keeps its CUDA context
+    (~0.5 GiB), so within 1 GiB of the baseline is free."""
+    baseline = {int(i): b for i, b in before.get("nvml_used_by_device", {}).items()}
+    seen = wait_gpu_free(baseline, alive=descendants, tolerance=GIB, limit_s=limit_s, poll_s=0.5)
+    return {"after_shutdown": device_memory(use_torch=use_torch), "processes_after_shutdown": len(seen.processes_left),
+            "t_freed": time.perf_counter(), "left_after_shutdown": [cmdline(pid)[:120] for pid in seen.processes_left],
+            "freed": seen.free, "wait_s": seen.waited_s}

@@ -13,7 +13,6 @@ import shlex
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,9 @@ from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
 from llmopt_bench.core.records import LoadInfo
 from llmopt_bench.engines import lifecycle
 from llmopt_bench.engines import vllm as V
+from llmopt_bench.procs import spawn
+from llmopt_bench.procs.gpu import GIB, wait_gpu_free
+from llmopt_bench.procs.interpreters import engine_python, look
 from llmopt_bench.procs.tree import PGRP, SESSION, cmdline, members
 
 CLI_ENTRY = ["-m", "vllm.entrypoints.cli.main", "serve"]
@@ -38,14 +40,12 @@ class ServerError(LlmoptError):
 
 
 def vllm_python() -> str:
-    return os.environ.get("LLMOPT_VLLM_PYTHON") or sys.executable
+    return engine_python("vllm")
 
 
 def vllm_cli_works(python: str) -> bool:
     """Whether `python -m vllm.entrypoints.cli.main` can start: it needs a 'vllm' distribution."""
-    probe = subprocess.run([python, "-c", "import importlib.metadata as m; m.version('vllm')"],
-                           capture_output=True, timeout=60, check=False)
-    return probe.returncode == 0
+    return "vllm" in look(python).packages
 
 
 def server_entry(python: str) -> tuple[list[str], str | None]:
@@ -186,13 +186,16 @@ class VLLMServer:
             log.flush()
             # its own session (or process group): one signal reaches the API server, the engine
             # core and its workers
-            self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=self.environment(), start_new_session=self.own_session,
-                                         process_group=None if self.own_session else 0)
+            self.proc = spawn.start(self.command(), log=log, env=self.environment(), own_session=self.own_session,
+                                    own_group=True, stdin=subprocess.DEVNULL)
 
     def members(self, pid: int) -> list[int]:
         """The live processes of the server started as `pid`: its session, or its group."""
-        return members(pid, SESSION if self.own_session else PGRP)
+        return members(pid, self.scope)
+
+    @property
+    def scope(self) -> int:
+        return SESSION if self.own_session else PGRP
 
     def _wait_healthy(self, t0: float, timeout_s: float, poll_s: float) -> None:
         import httpx
@@ -239,7 +242,7 @@ class VLLMServer:
         sid = proc.pid
         t0 = time.perf_counter()
         rss = sum(peak_rss(pid) for pid in self.members(sid))  # before they go: each process's own peak
-        _signal_session(sid, signal.SIGTERM, self.members)
+        spawn.signal_all(sid, signal.SIGTERM, self.scope)
         try:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
@@ -248,7 +251,7 @@ class VLLMServer:
             time.sleep(0.2)  # the engine core and workers exit after the API server
         killed = bool(self.members(sid))
         if killed:
-            _signal_session(sid, signal.SIGKILL, self.members)
+            spawn.signal_all(sid, signal.SIGKILL, self.scope)
         proc.wait()
         while self.members(sid) and time.perf_counter() - t0 < grace_s + 10:
             time.sleep(0.1)
@@ -267,29 +270,9 @@ class VLLMServer:
 
 
 def wait_device_memory(before: dict[str, Any], limit_s: float) -> dict[str, Any]:
-    """Wait until the GPUs' used memory is back within 1 GiB of `before` (NVML; nothing to wait
-    for without a GPU). Only the memory: the server's processes are checked by session."""
-    base = before.get("nvml_used_bytes")
-    t0 = time.perf_counter()
-    now_mem = lifecycle.device_memory(use_torch=False)
-    while base is not None and (now_mem.get("nvml_used_bytes") or 0) > base + lifecycle.GIB \
-            and time.perf_counter() - t0 < limit_s:
-        time.sleep(0.5)
-        now_mem = lifecycle.device_memory(use_torch=False)
-    used = now_mem.get("nvml_used_bytes")
-    return {"after_shutdown": now_mem, "memory_freed": base is None or used is None or used <= base + lifecycle.GIB,
-            "memory_wait_s": round(time.perf_counter() - t0, 3)}
-
-
-def _signal_session(sid: int, sig: int, members: Any = members) -> None:
-    """Signal every process of the session (or group): its process group first (the usual
-    case), then any member that set up a group of its own."""
-    try:
-        os.killpg(sid, sig)
-    except ProcessLookupError:
-        pass
-    for pid in members(sid):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
+    """Wait until the GPUs' used memory is back within 1 GiB of `before` (nothing to wait for
+    without a GPU). Only the memory: the server's processes are checked by session."""
+    baseline = {int(i): b for i, b in before.get("nvml_used_by_device", {}).items()}
+    seen = wait_gpu_free(baseline, tolerance=GIB, limit_s=limit_s, poll_s=0.5)
+    return {"after_shutdown": lifecycle.device_memory(use_torch=False), "memory_freed": seen.memory_free,
+            "memory_wait_s": seen.waited_s}

@@ -5,11 +5,10 @@ check that the card is free again before the next stage starts."""
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmopt_bench.measure import nvml
-from llmopt_bench.procs.tree import session_pids
 
 GIB = 1024**3
 
@@ -55,10 +54,11 @@ class MemoryPeaks:
 
 
 class MemorySampler:
-    """Samples device memory and the stage's processes' memory every `interval` seconds."""
+    """Samples device memory and the stage's processes' memory every `interval` seconds; `pids()`
+    lists the stage's processes (its session's members: procs.tree.session_pids)."""
 
-    def __init__(self, sid: int, interval: float = 0.1, enabled: bool = True):
-        self.sid = sid
+    def __init__(self, pids: Callable[[], set[int]], interval: float = 0.1, enabled: bool = True):
+        self.pids = pids
         self.interval = interval
         self.devices = nvml.device_indices() if enabled else []
         self.error: str | None = None
@@ -83,7 +83,7 @@ class MemorySampler:
     def _loop(self) -> None:
         try:
             while not self._stop.wait(self.interval):
-                pids = session_pids(self.sid)
+                pids = self.pids()
                 self.peaks.update({i: nvml.used_bytes(i) for i in self.devices},
                                   {i: nvml.process_bytes(i) for i in self.devices}, pids)
         except Exception as e:  # noqa: BLE001 - said, not swallowed: the peaks stop where the sampler died
@@ -91,21 +91,3 @@ class MemorySampler:
 
             self.error = f"the NVML sampler stopped: {type(e).__name__}: {e}"
             print(f"warning: {self.error}; the stage's peak memory is what it saw until then", file=sys.stderr)
-
-
-def wait_until_free(sid: int, baseline: dict[int, int], timeout: float = 120.0,
-                    tolerance: int = GIB // 2) -> dict:
-    """Block until the stage's processes are gone and each GPU is back near its baseline.
-    Returns what was seen, so the run records whether the next stage started on a free card."""
-    start = time.monotonic()
-    while True:
-        alive = session_pids(sid)
-        used = {i: nvml.used_bytes(i) or 0 for i in baseline}
-        busy = {i: u for i, u in used.items() if u > baseline[i] + tolerance}
-        waited = time.monotonic() - start
-        if not alive and not busy:
-            return {"free": True, "waited_s": round(waited, 2)}
-        if waited > timeout:
-            return {"free": False, "waited_s": round(waited, 2), "processes_left": sorted(alive),
-                    "used_bytes": {str(i): u for i, u in used.items()}}
-        time.sleep(0.25)

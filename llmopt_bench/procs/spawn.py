@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Sequence
 
-from llmopt_bench.procs.tree import session_pids
+from llmopt_bench.procs.tree import SESSION, members
 
 CGROUP_EVENTS = Path("/sys/fs/cgroup/memory.events")  # cgroup v2: counts the OOM killer's kills
 
@@ -69,28 +69,37 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def start(argv: Sequence[str], *, log: IO[Any] | None = None, env: dict[str, str] | None = None,
-          cwd: Path | None = None, own_session: bool = True, pass_fds: Sequence[int] = (),
+          cwd: Path | None = None, own_session: bool = True, own_group: bool = False, pass_fds: Sequence[int] = (),
           stdin: int | None = None) -> subprocess.Popen:
-    """Start a child: stdout and stderr to `log` (else inherited), in a session of its own.
-    stdin=subprocess.PIPE gives a child that takes work line by line (the probe worker)."""
+    """Start a child: stdout and stderr to `log` (else inherited), in a session of its own, or
+    (own_session=False, own_group=True) in a process group of its own inside the caller's session
+    (a server a stage starts: one signal reaches it and everything it starts, and it still ends
+    with the stage's session). stdin=subprocess.PIPE gives a child that takes work line by line."""
     if log is None:
         sys.stdout.flush()
         sys.stderr.flush()
     return subprocess.Popen(list(argv), stdin=stdin, stdout=log, stderr=subprocess.STDOUT if log is not None else None,
-                            env=env, cwd=cwd, start_new_session=own_session, pass_fds=tuple(pass_fds))
+                            env=env, cwd=cwd, start_new_session=own_session,
+                            process_group=0 if own_group and not own_session else None, pass_fds=tuple(pass_fds))
+
+
+def signal_all(leader: int, sig: int, scope: int = SESSION) -> None:
+    """Signal the leader's process group, then every member of its session (scope=SESSION) or
+    group (scope=PGRP) that set up a group of its own."""
+    try:
+        os.killpg(leader, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in members(leader, scope):
+        try:
+            os.kill(p, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def kill_session(pid: int) -> None:
     """SIGKILL the child's process group and every process that kept its session."""
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for p in session_pids(pid):
-        try:
-            os.kill(p, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    signal_all(pid, signal.SIGKILL, SESSION)
 
 
 def stop(proc: subprocess.Popen, own_session: bool = True) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -21,6 +20,7 @@ from pydantic import ValidationError
 from llmopt_bench.core.contract import Stage
 from llmopt_bench.core.errors import UsageError, extra_fix
 from llmopt_bench.measure import nvml
+from llmopt_bench.procs.interpreters import engine_python, has_modules
 
 GROUP = "llmopt.stages"
 JOURNEY_DIR = Path(__file__).resolve().parents[1] / "journeys"
@@ -215,25 +215,6 @@ def resolve_stages(arg: str) -> tuple[list[StagePlan], bool]:
 
 # --- can this stage run here? (never imports torch) -------------------------------------------
 
-def engine_python(engine: str | None) -> str:
-    """The interpreter a stage's child runs in: LLMOPT_<ENGINE>_PYTHON, else this one."""
-    if engine:
-        override = os.environ.get(f"LLMOPT_{engine.upper()}_PYTHON")
-        if override:
-            return override
-    return sys.executable
-
-
-@lru_cache(maxsize=32)
-def _find_in(python: str, modules: tuple[str, ...]) -> frozenset[str]:
-    code = "import importlib.util as u,sys\nfor m in sys.argv[1:]:\n  print(m if u.find_spec(m) else '')"
-    try:
-        out = subprocess.run([python, "-c", code, *modules], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return frozenset()
-    return frozenset(line for line in out.stdout.split() if line)
-
-
 def cuda_devices() -> list[dict[str, Any]]:
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
         return []
@@ -257,11 +238,8 @@ def unavailable(cls: type[Stage]) -> tuple[str, str] | None:
                 return (f"needs compute capability {want}+ ({gpus[0]['name']} is {gpus[0]['compute_capability']})",
                         "run on a newer GPU (Hopper or Ada for FP8)")
     python = engine_python(req.engine)
-    if python == sys.executable:
-        missing = req.missing_imports()
-    else:
-        found = _find_in(python, tuple(req.imports))
-        missing = req.missing_imports(lambda m: m if m in found else None)
+    found = has_modules(python, tuple(req.imports))
+    missing = req.missing_imports(lambda m: m if m in found else None)
     if not missing:
         return None
     reason, fix = missing[0]

@@ -18,11 +18,14 @@ from llmopt_bench.core.errors import first_line
 from llmopt_bench.core.models import ModelInfo
 from llmopt_bench.core.records import StageRun
 from llmopt_bench.core.results import FAILED, EnergyRecord, MemoryRecord, RunResult, StageResult, utcnow
-from llmopt_bench.measure.memory import MemorySampler, wait_until_free
+from llmopt_bench.measure.memory import MemorySampler
 from llmopt_bench.procs import spawn
 from llmopt_bench.procs.events import FD_ENV, start_reader
+from llmopt_bench.procs.gpu import wait_gpu_free
+from llmopt_bench.procs.interpreters import engine_python
+from llmopt_bench.procs.tree import session_pids
 from llmopt_bench.run.outcomes import Reference, Reporter, skipped, stage_result
-from llmopt_bench.run.registry import StagePlan, engine_python, entry_value
+from llmopt_bench.run.registry import StagePlan, entry_value
 from llmopt_bench.run.rundir import RunDir
 
 FIXES = {"oom": "lower --batch-size, --input-len or the stage's max_model_len, or use a smaller model",
@@ -100,7 +103,7 @@ def supervise_group(plans: list[StagePlan], classes: list[type[Stage]], keys: li
         for i, (plan, cls) in enumerate(zip(plans, classes)):
             begin(plan)
             started = spawned if i == 0 else time.time()
-            with MemorySampler(proc.pid, enabled=cls.owns_device) as sampler:
+            with MemorySampler(lambda: session_pids(proc.pid), enabled=cls.owns_device) as sampler:
                 # the card before the group's engine started: the later stages' peaks and the
                 # group's final check count from there, not from a card the engine already holds
                 baseline = baseline if i else dict(sampler.peaks.device_baseline_bytes)
@@ -135,7 +138,13 @@ def _end_group(proc: subprocess.Popen, final: dict, nvml: bool, baseline: dict[i
         pass
     spawn.kill_session(proc.pid)
     proc.wait()
-    return wait_until_free(proc.pid, baseline) if nvml else None
+    if not nvml:
+        return None
+    seen = wait_gpu_free(baseline, alive=lambda: session_pids(proc.pid))
+    if seen.free:
+        return {"free": True, "waited_s": round(seen.waited_s, 2)}
+    return {"free": False, "waited_s": round(seen.waited_s, 2), "processes_left": seen.processes_left,
+            "used_bytes": {str(i): u for i, u in seen.used_bytes.items()}}
 
 
 def memory_of(load_evt: dict | None, final: dict, sampler: MemorySampler) -> MemoryRecord:
