@@ -225,12 +225,14 @@ def _g(v) -> str:
 
 def markdown(args: argparse.Namespace, summary: dict) -> str:
     lo, v = summary.get("llmopt") or {}, summary["vllm"]
-    held = "held" if lo.get("held") else "NOT held"
+    held = (f"held {_g(lo.get('hold_s'))} s" if lo.get("held") else
+            f"not held (its holds of {_g(lo.get('hold_s'))} s failed)" if lo.get("held") is False else "not held (no hold)")
+    interval = ", ".join(_g(x) for x in lo.get("interval") or [])
     lines = [f"# Capacity check on one server: `{summary['server']}`", "",
              f"Random tokens, {args.input_len} in / {args.output_len} out (forced), SLO {args.slo}, prefix caching off, "
              f"vLLM's default scheduler limits, max_model_len {args.max_model_len}. Command: `{summary['command']}`.", "",
-             f"llmopt: capacity **{_g(lo.get('capacity_rps'))} req/s**, {held} {_g(lo.get('hold_s'))} s, known within "
-             f"{lo.get('interval')}, {lo.get('trials')} trials; highest completion rate measured {_g(lo.get('saturation_rps'))} req/s.",
+             f"llmopt: capacity **{_g(lo.get('capacity_rps'))} req/s**, {held}; the search's answer known within [{interval}], "
+             f"{lo.get('trials')} trials and holds; highest completion rate measured {_g(lo.get('saturation_rps'))} req/s.",
              "", "| vllm bench serve | rate req/s | prompts | p99 TTFT ms | p99 TPOT ms | completed | req/s | verdict |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for label, r in v.items():

@@ -84,9 +84,12 @@ def _result(search: Search, holds: list[Trial], rate: float | None, hold_s: floa
 def _hold_notes(holds: list[Trial], hold_s: float, cap: Capacity) -> list[str]:
     if hold_s <= 0:
         return ["not held: hold_s = 0 (the answer of short trials only; hold it, e.g. --hold 60, to deploy on it)"]
-    out = [f"the hold at {t.rate:g} req/s for {hold_s:g} s failed ({t.detail.get('reason') or 'missed'}): the search "
-           "went on below it" for t in holds if not t.ok and not t.invalid]
+    out = [f"the hold at {t.rate:g} req/s for {hold_s:g} s failed ({t.detail.get('reason') or 'missed'})"
+           for t in holds if not t.ok and not t.invalid]
     out += [f"the hold at {t.rate:g} req/s could not be judged: {t.invalid}" for t in holds if t.invalid]
-    if cap.held is False and cap.capacity_rps is not None:
-        out.append(f"{len(holds)} holds failed: ~{cap.capacity_rps:g} req/s, below them, is not held")
+    failed = sum(1 for t in holds if not t.ok and not t.invalid)
+    if cap.held and failed:
+        out.append(f"the search went on below the failed hold(s): {cap.capacity_rps:g} req/s held")
+    elif cap.held is False and cap.capacity_rps is not None:
+        out.append(f"{failed} hold(s) failed: ~{cap.capacity_rps:g} req/s, below them, is not held")
     return out

@@ -19,6 +19,7 @@ NUM_PROMPTS = 32
 SWEEP = [1, 4, 16]
 CAP = 256
 CONTEXT = 2048
+LIGHT, FLOOD = 2.0, 500.0  # req/s
 
 WORDS = ("the shipment left the warehouse on monday and the carrier scanned it twice before it reached "
          "the regional hub where a delay in sorting held every parcel for two days while the team "
@@ -57,6 +58,23 @@ contexts = [{CONTEXT}]
 mixed = "on"
 mixed_batch = 32
 cap_context = {CAP}
+
+# the same engine (a stage group: no second start), Poisson arrivals at a light rate and at one
+# no engine on two cores keeps up with: the load machine's steady-state judgement on vLLM offline
+[[stage]]
+name = "continuous-batching"
+label = "continuous-batching-poisson"
+timeout_s = 900
+[stage.params]
+mode = "poisson"
+rates = [{LIGHT}, {FLOOD}]
+main_rate = {LIGHT}
+poisson_requests = 48
+max_requests = 48
+throughput_point = false
+static_replay = false
+capacity = false
+mixed = "off"
 """
 
 
@@ -78,10 +96,11 @@ def batching_run(tmp_path_factory):
         ((out / "logs" / "continuous-batching.log").read_text()[-6000:] if (out / "logs" / "continuous-batching.log").is_file() else "")
     run = read_run(out)
     stage = next(s for s in run["stages"] if s["name"] == "continuous-batching")
+    poisson = next(s for s in run["stages"] if s["name"] == "continuous-batching-poisson")
     samples = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
     samples = [s for s in samples if s["stage"] == "continuous-batching"]
     return {"run": run, "stage": stage, "extra": stage["extra"], "samples": samples, "seconds": time.time() - t0,
-            "out": out}
+            "out": out, "poisson": poisson}
 
 
 @pytest.mark.vllm
@@ -299,3 +318,21 @@ def test_partial_results_kept_on_disk(batching_run):
     assert {r["mode"] for r in part["curve"]} == {"continuous", "static"}
     assert part["kv_cache"] == batching_run["extra"]["kv_cache"]
     assert part["throughput_point"]["continuous"] == batching_run["extra"]["throughput_point"]["continuous"]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_poisson_points_on_the_offline_engine_are_judged_in_steady_state(batching_run):
+    """The load machine's judgement on vLLM offline: 48 arrivals at 500 req/s (all within 0.1 s)
+    are a miss, the engine's answers far behind its arrivals; at 2 req/s it keeps up."""
+    p = batching_run["poisson"]
+    assert p["status"] == "ok", p.get("reason")
+    assert p["load"]["implementation"].get("engine_shared_with") == "continuous-batching"  # one engine start
+    rows = {r["rate_rps"]: r for r in p["extra"]["curve"]}
+    assert sorted(rows) == [LIGHT, FLOOD] and all(r["mode"] == "continuous" for r in rows.values())
+    flood, light = rows[FLOOD], rows[LIGHT]
+    assert flood["completed"] == flood["requests"] == 48  # every answer awaited, the drain included
+    assert flood["steady"] is False and flood["steady_reason"].startswith("not steady: completions ")
+    assert flood["completion_rps"] < 0.95 * flood["achieved_rate"]
+    assert not (light["steady_reason"] or "").startswith("not steady: completions")
+    assert light["achieved_rate"] == pytest.approx(47 / light["window_s"])  # 48 arrivals, 47 gaps

@@ -29,6 +29,7 @@ from llmopt_bench.load.arrivals import arrival_offsets as arrival_times
 from llmopt_bench.load.dispatchers import cycled
 from llmopt_bench.load.engine import run_point
 from llmopt_bench.load.point import LoadPoint
+from llmopt_bench.load.record import verdict
 from llmopt_bench.load.search import Trial, find_capacity
 from llmopt_bench.procs.tree import members
 from llmopt_bench.scenarios.peer import (
@@ -206,6 +207,40 @@ def test_a_short_open_loop_poisson_point(served, requests):
     assert tally.usage_agreed == len(schedule) and not tally.usage_mismatch
     verdict = judge(parse_slo("ttft_p99=60s,tpot_p99=10s"), res.samples, res.window_s)
     assert verdict.ok and verdict.good_requests == res.sent
+
+
+def test_a_point_the_server_cannot_keep_up_with_is_not_steady_where_the_slo_alone_met_it(served, requests):
+    """Four times what the server completes at concurrency 8, for 6 s: an SLO loose enough that
+    the requests that finished meet it (today's verdict), and the load machine's steady-state
+    judgement that calls it a miss: completions short of arrivals, the backlog past Little's law."""
+    server, _ = served
+    closed, _ = load(server, LoadPoint(concurrency=8, num_requests=32, warmup_requests=8), requests)
+    rate = 4 * closed.qps
+    res, _ = load(server, LoadPoint(rate=rate, duration_s=7.0, warmup_s=1.0, seed=5), requests)
+    loose = parse_slo("ttft_p99=600s,tpot_p99=600s")
+    assert judge(loose, res.samples, res.window_s).ok  # every request came back, slowly
+    v = verdict(loose, res, 0.01)
+    st = res.steady
+    assert not v.ok and st.ok is False and v.reason.startswith("not steady: completions ")
+    assert st.completion_rps < 0.95 * st.arrival_rps
+    assert any("in flight or queued at the window's end" in r for r in st.reasons)
+    assert res.samples and all(s.output_tokens == N for s in res.samples)  # the drain was awaited
+
+
+def test_a_light_point_keeps_up(served, requests):
+    server, _ = served
+    res, _ = load(server, LoadPoint(rate=4.0, duration_s=10.0, warmup_s=1.0, seed=6), requests)
+    st = res.steady
+    assert st is not None and not any(r.startswith("completions") or "Little" in r for r in st.reasons), st.reasons
+    assert st.backlog_at_end <= 4  # a handful in flight at 4 req/s, not a queue
+
+
+def test_a_window_shorter_than_five_times_in_system_is_not_a_verdict_of_steady(served, requests):
+    """300 tokens an answer (over a second on two cores) judged on a one-second window."""
+    server, _ = served
+    res, _ = load(server, LoadPoint(rate=2.0, duration_s=1.5, warmup_s=0.5, seed=7), requests, max_tokens=300)
+    assert res.steady.ok is False
+    assert any("too short to see a queue form" in r for r in res.steady.reasons), res.steady.reasons
 
 
 def test_a_short_capacity_search_against_the_server(served, requests):

@@ -55,7 +55,8 @@ def test_a_failed_hold_backs_off_then_bisects_between_holds():
     assert holds[:3] == [first, pytest.approx(0.9 * first), pytest.approx(0.8 * 0.9 * first)]
     assert holds[3] == pytest.approx((holds[1] + holds[2]) / 2) and len(holds) == 4
     assert cap.held is True and cap.capacity_rps == max(r for r in holds if r <= 45.0) == holds[2]
-    assert any(f"the hold at {holds[0]:g} req/s for 60 s failed (not steady: completions)" in n for n in cap.notes)
+    assert f"the hold at {holds[0]:g} req/s for 60 s failed (not steady: completions)" in cap.notes
+    assert f"the search went on below the failed hold(s): {holds[2]:g} req/s held" in cap.notes
     assert cap.failing_rps == min(r for r in holds if r > 45.0)  # a failed hold bounds the search's interval
 
 
@@ -77,7 +78,7 @@ def test_when_every_hold_fails_the_answer_below_them_is_not_held():
     holds = [r for k, r in calls if k == "hold"]
     assert len(holds) == 2 and cap.held is False
     assert cap.capacity_rps is not None and cap.capacity_rps < min(holds)
-    assert any("2 holds failed" in n and "not held" in n for n in cap.notes)
+    assert f"2 hold(s) failed: ~{cap.capacity_rps:g} req/s, below them, is not held" in cap.notes
     assert "~" in capacity_line(cap, "ttft_p99=2s") and "not held" in capacity_line(cap, "ttft_p99=2s")
 
 
