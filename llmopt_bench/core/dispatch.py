@@ -19,6 +19,7 @@ sent the request (its own lateness is then the send delay the load machine measu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -47,8 +48,11 @@ class Dispatcher(Protocol):
         """When the next request falls due; None: none before an answer comes (or none at all)."""
         ...
 
-    def done(self, send: Send, sample: RequestSample, t: float | None = None) -> None:
-        """`send` was answered (t: when, default now); its sample, failed ones included."""
+    def done(self, send: Send, sample: RequestSample, t: float | None = None,
+             answer_ids: Sequence[int] | None = None) -> None:
+        """`send` was answered (t: when, default now); its sample, failed ones included, and the
+        answer's token ids where the engine has them (a conversation's next turn is built on
+        them; None: the engine does not keep them)."""
         ...
 
     def finished(self) -> bool:

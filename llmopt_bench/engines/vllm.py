@@ -200,7 +200,7 @@ class _InOrder:
     def wake_at(self) -> float | None:
         return None
 
-    def done(self, send: Send, sample: RequestSample, t: float | None = None) -> None:
+    def done(self, send: Send, sample: RequestSample, t: float | None = None, answer_ids: Sequence[int] | None = None) -> None:
         self.live -= 1
 
     def finished(self) -> bool:
@@ -265,7 +265,7 @@ def _step(engine: Any, live: dict[str, _Live], dispatcher: Dispatcher, tokens_ou
             sample = state.sample(t)
             if tokens_out is not None:
                 tokens_out[state.send.id] = state.tokens
-            dispatcher.done(state.send, sample, t)
+            dispatcher.done(state.send, sample, t, answer_ids=state.tokens)
             if on_answer:
                 on_answer(state.send, sample)
 

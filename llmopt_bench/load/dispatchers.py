@@ -71,7 +71,10 @@ class _Loop:
         self._live[r.id] = tl
         return Send(r.id, r.prompt_id, r.token_ids, self.output_len, arrival, self.repeat)
 
-    def done(self, send: Send, sample: RequestSample, t: float | None = None) -> None:
+    def done(self, send: Send, sample: RequestSample, t: float | None = None,
+             answer_ids: Sequence[int] | None = None) -> None:
+        """An answer: its time, its sample; answer_ids are for a dispatcher whose next request
+        depends on this one's answer (a conversation's next turn): these loops' do not."""
         tl = self._live.pop(send.id)
         tl.answered = clock() if t is None else t
         tl.sample = sample

@@ -10,9 +10,10 @@
    trials are too hopeful here, and the search goes on with holds, below the failed one: first
    backing off (by 2x the precision, doubling at each failure) until one holds, then bisecting
    between the highest that held and the lowest that failed, up to `attempts` holds. The
-   capacity is the highest rate that held. A capacity whose hold did not pass, or that was
-   never held (hold_s = 0: a journey that keeps its serving entry short), is reported as
-   "~N req/s, not held", never as the deployable figure."""
+   capacity is the highest rate that held; when none did, the highest short trial that met the
+   SLO below every failed hold (a rate measured, never one only planned), not held. A capacity
+   whose hold did not pass, or that was never held (hold_s = 0: a journey that keeps its
+   serving entry short), is reported as "~N req/s, not held", never as the deployable figure."""
 
 from __future__ import annotations
 
@@ -73,7 +74,10 @@ def _result(search: Search, holds: list[Trial], rate: float | None, hold_s: floa
             notes: list[str]) -> Capacity:
     cap = search.result()
     held = [h.rate for h in holds if h.ok and not h.invalid]
-    cap.capacity_rps = max(held) if held else rate
+    below = search.passing()  # after failed holds: the highest short trial that met the SLO below them
+    failed = any(not h.ok and not h.invalid for h in holds)
+    cap.capacity_rps = max(held) if held else (_clip(below, saturation, notes) if failed and below is not None else
+                                               None if failed else rate)
     cap.hold_s = hold_s if hold_s > 0 else None
     cap.held = True if held else (None if not holds or holds[-1].invalid else False)
     cap.saturation_rps, cap.saturation_how = saturation()
@@ -91,5 +95,6 @@ def _hold_notes(holds: list[Trial], hold_s: float, cap: Capacity) -> list[str]:
     if cap.held and failed:
         out.append(f"the search went on below the failed hold(s): {cap.capacity_rps:g} req/s held")
     elif cap.held is False and cap.capacity_rps is not None:
-        out.append(f"{failed} hold(s) failed: ~{cap.capacity_rps:g} req/s, below them, is not held")
+        out.append(f"{failed} hold(s) failed: ~{cap.capacity_rps:g} req/s, the highest short trial that met the SLO below "
+                   "them, is not held")
     return out

@@ -55,16 +55,19 @@ def capacity_line(c: Capacity, slo: str) -> str:
     """The capacity with its hold and its saturation check, as the report states it."""
     if c.capacity_rps is None:
         return f"Capacity under the SLO {slo}: none; {'; '.join(n.rstrip('.') for n in c.notes)}."
+    judged = any(t.detail.get("steady") is not None for t in c.trials)  # runs from before the steady-state rules: none
     cap = num(c.capacity_rps)
     held = (f"**{cap} req/s**, held {num(c.hold_s)} s" if c.held else
-            f"**~{cap} req/s, not held**" + (f" (hold {num(c.hold_s)} s)" if c.hold_s else " (no hold)"))
+            f"**~{cap} req/s, not held**" + (f" (holds of {num(c.hold_s)} s)" if c.hold_s else
+                                             " (no hold)" if judged else " (a run from before holds)"))
     hi = f"{num(c.failing_rps)} req/s" if c.failing_rps else "not found (it held at every rate tried)"
     sat = (f" Saturation check: the highest completion rate measured is {num(c.saturation_rps)} req/s ({c.saturation_how})."
            if c.saturation_rps else "")
     probes = [t for t in c.trials if t.kind == "probe"]
+    how = "each judged in steady state" if judged else "judged by the SLO alone, before the steady-state rules"
     return (f"Capacity under the SLO {slo}: {held}; the search's answer is known within [{num(c.passing_rps)}, {hi}] "
             f"({'converged to' if c.converged else 'not converged to'} {pct(c.precision)}; {len(probes)} trials, "
-            f"bracket then bisect, each judged in steady state; {len(c.holds)} holds).{sat} Knee of the latency curve: "
+            f"bracket then bisect, {how}; {len(c.holds)} holds).{sat} Knee of the latency curve: "
             f"{num(c.knee_rps) + ' req/s' if c.knee_rps else 'none found'}." + "".join(f" {n.rstrip('.')}." for n in c.notes))
 
 

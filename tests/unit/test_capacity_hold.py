@@ -26,12 +26,12 @@ def server(short_ok_below: float, held_ok_below: float, calls: list[tuple[str, f
     """Trials pass up to one rate, holds (longer) only up to a lower one."""
     def probe(rate: float) -> Trial:
         calls.append(("probe", rate))
-        return Trial(rate=rate, ok=rate <= short_ok_below, detail={"reason": None if rate <= short_ok_below else "ttft"})
+        return Trial(rate=rate, ok=rate <= short_ok_below, detail={"reason": None if rate <= short_ok_below else "ttft", "steady": True})
 
     def hold(rate: float) -> Trial:
         calls.append(("hold", rate))
         ok = rate <= held_ok_below
-        return Trial(rate=rate, ok=ok, kind="hold", detail={"reason": None if ok else "not steady: completions"})
+        return Trial(rate=rate, ok=ok, kind="hold", detail={"reason": None if ok else "not steady: completions", "steady": ok})
     return probe, hold
 
 
@@ -77,8 +77,11 @@ def test_when_every_hold_fails_the_answer_below_them_is_not_held():
     cap = search_and_hold(Search(10.0, precision=0.05), probe, hold, hold_s=60.0, attempts=2)
     holds = [r for k, r in calls if k == "hold"]
     assert len(holds) == 2 and cap.held is False
-    assert cap.capacity_rps is not None and cap.capacity_rps < min(holds)
-    assert f"2 hold(s) failed: ~{cap.capacity_rps:g} req/s, below them, is not held" in cap.notes
+    # the capacity: a rate measured, the highest short trial that met the SLO below the failed holds
+    below = [r for k, r in calls if k == "probe" and r <= 60.0 and r < min(holds)]
+    assert cap.capacity_rps == max(below) < min(holds)
+    assert (f"2 hold(s) failed: ~{cap.capacity_rps:g} req/s, the highest short trial that met the SLO below them, "
+            "is not held") in cap.notes
     assert "~" in capacity_line(cap, "ttft_p99=2s") and "not held" in capacity_line(cap, "ttft_p99=2s")
 
 
@@ -91,6 +94,9 @@ def test_no_hold_leaves_the_answer_not_held_and_says_so():
     assert any("not held: hold_s = 0" in n for n in cap.notes)
     line = capacity_line(cap, "ttft_p99=2s")
     assert f"**~{cap.capacity_rps:.4g}".rstrip("0") in line.replace(",", "") and "not held** (no hold)" in line
+    assert "each judged in steady state; 0 holds" in line
+    old = cap.model_copy(update={"trials": [t.model_copy(update={"detail": {}}) for t in cap.trials]})  # a run from before
+    assert "not held** (a run from before holds)" in capacity_line(old, "ttft_p99=2s")
 
 
 def test_the_capacity_never_exceeds_the_highest_completion_rate_measured():

@@ -89,6 +89,23 @@ def test_the_wait_for_a_first_token_may_not_rise_across_the_window():
     assert S.trend(with_first_tokens(waits), 0.0, 9.0)[2] is None
 
 
+def test_the_wait_counts_from_arrival_not_from_the_send():
+    """A client queue (max_concurrency) that grows: each request sent later after its arrival,
+    its TTFT from the send flat at 50 ms; from arrival the wait rises from 50 ms to 1.05 s."""
+    out = []
+    for i in range(9):
+        a = i * 1.0
+        sent = a + 0.125 * i
+        first = sent + 0.05
+        t = tl(i, a, sent + 1.0, first=first)
+        t.sent, t.sample = sent, t.sample.model_copy(update={"t_submit": sent})
+        out.append(t)
+    first, last, why = S.trend(out, 0.0, 9.0)
+    # first third [0, 3]: waits 0.05, 0.175, 0.3, 0.425; last [6, 9]: 0.8, 0.925, 1.05
+    assert (first, last) == (pytest.approx(0.2375), pytest.approx(0.925))
+    assert why == "TTFT from arrival rose from 237 ms to 925 ms across the window"  # 237.49999... ms
+
+
 def test_too_few_requests_in_a_third_is_no_trend_verdict():
     assert S.trend(with_first_tokens([0.1, 0.1, 5.0, 5.0, 5.0]), 0.0, 9.0) == (None, None, None)
 
