@@ -66,6 +66,15 @@ def test_little_s_law_bounds_the_backlog_at_the_window_s_end():
     assert why == "18 in flight or queued at the window's end, 3.6x the 5 Little's law gives (10.0/s x 0.50 s)"
 
 
+def test_little_s_law_takes_the_mean_time_in_system():
+    # first third: 0.1, 0.1, 0.1 and 1.3 s in system (mean 0.4 s, median 0.1 s) at 10/s: L = 4,
+    # the bound 2 x 4 + 3 sqrt(4) + 1 = 15; 10 at the end is within it (on the median: 6, not)
+    first = [tl(i, i * 0.5, i * 0.5 + w) for i, w in enumerate([0.1, 0.1, 0.1, 1.3])]
+    stuck = [tl(100 + i, 8.0 + i * 0.01, 20.0) for i in range(10)]
+    at_end, expected, why = S.little(first + stuck, 0.0, 9.0, 10.0)
+    assert (at_end, expected, why) == (10, pytest.approx(4.0), None)
+
+
 # --- 3. latency does not trend ----------------------------------------------------------------
 
 def with_first_tokens(waits: list[float], span: float = 9.0) -> list[Timeline]:
