@@ -47,8 +47,9 @@ def closed_point(concurrency: int, requests: int) -> LoadPoint:
 
 class ServingRun:
     """Runs the scenario's points on one engine; run() returns the samples, extra and facts.
-    expected_tokens: the forced output length an answer must reach (None: the engine does not
-    force it, any answer counts)."""
+    expected_tokens: whether an answer short of the forced output length is a failed request
+    (the length is forced and the tokens counted exactly: token ids in the stream); else any
+    answer counts, and the client's tally keeps the short ones."""
 
     def __init__(self, engine: LoadEngine, target: dict[str, Any], params: ServingParams, requests: Sequence[Request],
                  max_tokens: int, throughput_requests: Sequence[Request], ctx: StageContext, run_seed: int = 0,

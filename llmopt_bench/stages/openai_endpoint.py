@@ -102,7 +102,7 @@ class OpenAIEndpointStage(Stage):
         target = {"kind": "OpenAI-compatible endpoint (not started by llmopt)", "url": p.endpoint, "model": p.model,
                   "api_key_env": p.api_key_env}
         samples, extra, facts = ServingRun(client, target, p, requests, workload.max_new_tokens, tp_requests, ctx, workload.seed,
-                                           expected_tokens=p.force_length).run()
+                                           expected_tokens=p.force_length and p.return_token_ids).run()
         extra.owns_device = False
         quality = QualityRecord(perplexity_meaningful=False, perplexity_note=NO_QUALITY, agreement_note=NO_QUALITY,
                                 engine="openai-endpoint")

@@ -210,13 +210,15 @@ def test_a_short_open_loop_poisson_point(served, requests):
 
 
 def test_a_point_the_server_cannot_keep_up_with_is_not_steady_where_the_slo_alone_met_it(served, requests):
-    """Four times what the server completes at concurrency 8, for 6 s: an SLO loose enough that
+    """Six times what the server completes at concurrency 8, for 5 s: an SLO loose enough that
     the requests that finished meet it (today's verdict), and the load machine's steady-state
-    judgement that calls it a miss: completions short of arrivals, the backlog past Little's law."""
+    judgement that calls it a miss: completions short of arrivals, the backlog past Little's law.
+    (At 4x for 6 s the completions' shortfall stayed within the backlog's allowed jitter on this
+    host, and the window and the trend criteria said "not steady" instead.)"""
     server, _ = served
     closed, _ = load(server, LoadPoint(concurrency=8, num_requests=32, warmup_requests=8), requests)
-    rate = 4 * closed.qps
-    res, _ = load(server, LoadPoint(rate=rate, duration_s=7.0, warmup_s=1.0, seed=5), requests)
+    rate = 6 * closed.qps
+    res, _ = load(server, LoadPoint(rate=rate, duration_s=5.0, warmup_s=1.0, seed=5), requests)
     loose = parse_slo("ttft_p99=600s,tpot_p99=600s")
     assert judge(loose, res.samples, res.window_s).ok  # every request came back, slowly
     v = verdict(loose, res, 0.01)
