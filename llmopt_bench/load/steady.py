@@ -8,7 +8,11 @@ each threshold is what it is; in short, a point is steady when:
    jitters by about sqrt(2 L) between two instants (L = rate x mean time in system, Little's
    law), so NOISE_SIGMAS (3) of that are allowed below the 95%: a short window at a modest rate
    is noise, not a verdict (on the simulated server of tests/simserver.py, 8-s windows at 80% of
-   capacity: 0 of 40 seeds judged unsteady; at 110%: 27 of 40, at 120%: 40 of 40);
+   capacity: 0 of 40 seeds judged unsteady by the four criteria; at 110%: 27 of 40, at 120%: 40
+   of 40). The allowance grows with the time in system, queueing included, so in a short window
+   under heavy overload this criterion alone is lenient (on the same server, 6-s windows at 130%:
+   3 of 30): there the trend and the window's length say it, and over a hold's window (60 s) the
+   shortfall, growing with the window, outgrows the allowance;
 2. the backlog is what Little's law gives: the requests in flight (or queued on the client) when
    the window closes are at most LITTLE_FACTOR (2) x rate x the mean time in system of the
    window's first third, plus LITTLE_SIGMAS of its jitter. A queue that grew before the

@@ -210,22 +210,21 @@ def test_a_short_open_loop_poisson_point(served, requests):
 
 
 def test_a_point_the_server_cannot_keep_up_with_is_not_steady_where_the_slo_alone_met_it(served, requests):
-    """Six times what the server completes at concurrency 8, for 5 s: an SLO loose enough that
+    """Six times what the server completes at concurrency 8, for 9 s: an SLO loose enough that
     the requests that finished meet it (today's verdict), and the load machine's steady-state
-    judgement that calls it a miss: completions short of arrivals, the backlog past Little's law.
-    (At 4x for 6 s the completions' shortfall stayed within the backlog's allowed jitter on this
-    host, and the window and the trend criteria said "not steady" instead.)"""
+    judgement that calls it a miss, completions short of arrivals first. (In 4-5 s windows the
+    shortfall can stay within the backlog's allowed jitter, which grows with the time in system:
+    the window and trend criteria said "not steady" there instead; over 8 s it does not.)"""
     server, _ = served
     closed, _ = load(server, LoadPoint(concurrency=8, num_requests=32, warmup_requests=8), requests)
     rate = 6 * closed.qps
-    res, _ = load(server, LoadPoint(rate=rate, duration_s=5.0, warmup_s=1.0, seed=5), requests)
+    res, _ = load(server, LoadPoint(rate=rate, duration_s=9.0, warmup_s=1.0, seed=5), requests)
     loose = parse_slo("ttft_p99=600s,tpot_p99=600s")
     assert judge(loose, res.samples, res.window_s).ok  # every request came back, slowly
     v = verdict(loose, res, 0.01)
     st = res.steady
-    assert not v.ok and st.ok is False and v.reason.startswith("not steady: completions ")
+    assert not v.ok and st.ok is False and v.reason.startswith("not steady: completions "), st
     assert st.completion_rps < 0.95 * st.arrival_rps
-    assert any("in flight or queued at the window's end" in r for r in st.reasons)
     assert res.samples and all(s.output_tokens == N for s in res.samples)  # the drain was awaited
 
 
