@@ -228,6 +228,28 @@ def test_a_point_the_server_cannot_keep_up_with_is_not_steady_where_the_slo_alon
     assert res.samples and all(s.output_tokens == N for s in res.samples)  # the drain was awaited
 
 
+def test_a_queue_that_builds_after_a_quiet_start_breaks_little_s_law(served, requests):
+    """A schedule given as a list (the dispatcher's input, as a trace would be): 3 s at half
+    what the server completes at concurrency 8, then 6 s at six times it. The first third's
+    time in system is the quiet one; the backlog at the window's end is far past what Little's
+    law gives for it."""
+    from llmopt_bench.load.dispatchers import OpenLoop
+
+    server, _ = served
+    closed, _ = load(server, LoadPoint(concurrency=8, num_requests=32, warmup_requests=8), requests)
+    quiet = arrival_times(0.5 * closed.qps, None, 1.0, 8, until_s=3.0)
+    busy = [3.0 + t for t in arrival_times(6 * closed.qps, None, 1.0, 9, until_s=6.0)]
+    src = cycled(requests)
+    schedule = OpenLoop.of([(t, src(i)) for i, t in enumerate(quiet + busy)], N)
+    point = LoadPoint(rate=len(schedule.offsets) / 9.0, duration_s=9.0)
+    engine = HTTPLoad(endpoint(server))
+    res = run_point(engine, point, src, N, expected_tokens=N, dispatcher=schedule)
+    assert res.sent == len(quiet) + len(busy) and res.failed == 0
+    st = res.steady
+    assert st.ok is False and any("Little's law gives" in r for r in st.reasons), st
+    assert st.backlog_at_end > 2 * st.little_in_flight
+
+
 def test_a_light_point_keeps_up(served, requests):
     server, _ = served
     res, _ = load(server, LoadPoint(rate=4.0, duration_s=10.0, warmup_s=1.0, seed=6), requests)
