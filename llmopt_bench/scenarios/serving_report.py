@@ -57,8 +57,8 @@ def capacity_line(c: Capacity, slo: str) -> str:
         return f"Capacity under the SLO {slo}: none; {'; '.join(n.rstrip('.') for n in c.notes)}."
     judged = any(t.detail.get("steady") is not None for t in c.trials)  # runs from before the steady-state rules: none
     cap = num(c.capacity_rps)
-    held = (f"**{cap} req/s**, held {num(c.hold_s)} s" if c.held else
-            f"**~{cap} req/s, not held**" + (f" (holds of {num(c.hold_s)} s)" if c.hold_s else
+    held = (f"**{cap} req/s**, held {c.hold_s:g} s" if c.held and c.hold_s else
+            f"**~{cap} req/s, not held**" + (f" (holds of {c.hold_s:g} s)" if c.hold_s else
                                              " (no hold)" if judged else " (a run from before holds)"))
     hi = f"{num(c.failing_rps)} req/s" if c.failing_rps else "not found (it held at every rate tried)"
     sat = (f" Saturation check: the highest completion rate measured is {num(c.saturation_rps)} req/s ({c.saturation_how})."

@@ -143,6 +143,9 @@ def test_the_capacity_holds_on_a_server_whose_short_trials_pass_above_it(held_ru
     assert facts.slo_capacity_rps == cap.capacity_rps <= sim.rate_for(20) == 45.0
     assert cap.capacity_rps >= 0.8 * 45.0
     assert facts.saturation_rps >= cap.capacity_rps
+    line = capacity_line(cap, "ttft_p99=2s,tpot_p99=100ms")
+    assert line.startswith(f"Capacity under the SLO ttft_p99=2s,tpot_p99=100ms: **{cap.capacity_rps:.3g} req/s**, held 60 s; ")
+    assert f"Saturation check: the highest completion rate measured is {facts.saturation_rps:.3g} req/s" in line
     # the hold at the capacity is the headline: a 60 s window of it
     hold = next(r for r in extra.curve if r.phase == "hold" and r.rate_rps == cap.capacity_rps)
     assert extra.main_point == f"hold: {cap.capacity_rps:g} req/s" and hold.steady and hold.window_s == pytest.approx(60.0)
