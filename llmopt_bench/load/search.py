@@ -9,10 +9,11 @@ within. A trial whose pass cannot be trusted (`Trial.invalid`: the client fell b
 schedule, so the server saw less load than asked) is neither a pass nor a fail: nothing above
 its rate can be told, so the search bisects below it and the capacity is a lower bound.
 
-The search keeps its trials and can go on (`Search.run` again) after a trial added from outside
-fails: load/hold.py holds the answer for longer and, when the hold fails, the search resumes
-below it. Each trial is a whole load point, so it costs its duration in machine time: about
-log2(answer / start) + log2(1 / precision) + 1 trials, 9 or so for a start within 8x.
+The search keeps its trials, and a trial added from outside counts like its own: load/hold.py
+holds the answer for longer and adds each hold, so a failed hold is a failing bound and
+`passing()` then answers below it. Each trial is a whole load point, so it costs its duration
+in machine time: about log2(answer / start) + log2(1 / precision) + 1 trials, 9 or so for a
+start within 8x.
 
 The knee of the latency curve is found on the tried points with Kneedle (Satopaa et al.,
 "Finding a 'Kneedle' in a Haystack", 2011) for an increasing convex curve: both axes are scaled
@@ -32,7 +33,6 @@ from llmopt_bench.core.records import StrictModel
 
 KNEE_METHOD = ("Kneedle on the tried points: the rate farthest below the chord from the lowest to the highest "
                "rate tried, both axes scaled to [0, 1]")
-RESUME_TRIALS = 4  # trials a search may add after each failed hold (bisecting below it)
 
 
 class Trial(StrictModel):
@@ -145,12 +145,6 @@ class Search:
                 self.out_of_budget = True
                 return
             self.trials.append(measure(rate))
-
-    def resume(self, measure: Callable[[float], Trial]) -> None:
-        """Go on after a failed hold: a few more trials below it."""
-        self.budget = max(self.budget, sum(1 for t in self.trials if t.kind == "probe")) + RESUME_TRIALS
-        self.out_of_budget = False
-        self.run(measure)
 
     def result(self) -> Capacity:
         lo, hi, ceiling = self.passing(), self.failing(), self.ceiling()
