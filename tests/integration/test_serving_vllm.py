@@ -209,22 +209,25 @@ def test_a_short_open_loop_poisson_point(served, requests):
     assert verdict.ok and verdict.good_requests == res.sent
 
 
+LONG = 64  # output tokens of the overload tests: a server on two cores then completes tens of requests a second, not hundreds
+
+
 def saturated(server, requests) -> float:
-    """What the server completes a second with 32 requests in flight."""
-    res, _ = load(server, LoadPoint(concurrency=32, num_requests=96, warmup_requests=32), requests)
+    """What the server completes a second with 128 requests of LONG tokens in flight."""
+    res, _ = load(server, LoadPoint(concurrency=128, num_requests=384, warmup_requests=128), requests, max_tokens=LONG)
     return res.qps
 
 
 def test_a_point_the_server_cannot_keep_up_with_is_not_steady_where_the_slo_alone_met_it(served, requests):
-    """Three times what the server completes with 32 in flight (at most 200 req/s: the host's
+    """2.5 times what the server completes with 128 in flight (at most 200 req/s: the host's
     client and server share two cores), for 9 s: an SLO loose enough that the requests that
     finished meet it (today's verdict), and the load machine's steady-state judgement that calls
     it a miss, completions short of arrivals first. (In 4-5 s windows the shortfall can stay
     within the backlog's allowed jitter, which grows with the time in system: the window and
     trend criteria said "not steady" there instead; over 8 s it does not.)"""
     server, _ = served
-    rate = min(3 * saturated(server, requests), 200.0)
-    res, _ = load(server, LoadPoint(rate=rate, duration_s=9.0, warmup_s=1.0, seed=5), requests)
+    rate = min(2.5 * saturated(server, requests), 200.0)
+    res, _ = load(server, LoadPoint(rate=rate, duration_s=9.0, warmup_s=1.0, seed=5), requests, max_tokens=LONG)
     loose = parse_slo("ttft_p99=600s,tpot_p99=600s")
     assert judge(loose, res.samples, res.window_s).ok  # the requests that came back came back (slowly), 99% of them
     v = verdict(loose, res, 0.01)
@@ -236,7 +239,7 @@ def test_a_point_the_server_cannot_keep_up_with_is_not_steady_where_the_slo_alon
 
 def test_a_queue_that_builds_after_a_quiet_start_breaks_little_s_law(served, requests):
     """A schedule given as a list (the dispatcher's input, as a trace would be): 3 s at a quarter
-    of what the server completes with 32 in flight, then 6 s at three times it. The first third's
+    of what the server completes with 128 in flight, then 6 s at 2.5 times it. The first third's
     time in system is the quiet one; the backlog at the window's end is far past what Little's
     law gives for it."""
     from llmopt_bench.load.dispatchers import OpenLoop
@@ -244,12 +247,12 @@ def test_a_queue_that_builds_after_a_quiet_start_breaks_little_s_law(served, req
     server, _ = served
     sat = saturated(server, requests)
     quiet = arrival_times(0.25 * sat, None, 1.0, 8, until_s=3.0)
-    busy = [3.0 + t for t in arrival_times(min(3 * sat, 200.0), None, 1.0, 9, until_s=6.0)]
+    busy = [3.0 + t for t in arrival_times(min(2.5 * sat, 200.0), None, 1.0, 9, until_s=6.0)]
     src = cycled(requests)
-    schedule = OpenLoop.of([(t, src(i)) for i, t in enumerate(quiet + busy)], N)
+    schedule = OpenLoop.of([(t, src(i)) for i, t in enumerate(quiet + busy)], LONG)
     point = LoadPoint(rate=len(schedule.offsets) / 9.0, duration_s=9.0)
     engine = HTTPLoad(endpoint(server))
-    res = run_point(engine, point, src, N, expected_tokens=N, dispatcher=schedule)
+    res = run_point(engine, point, src, LONG, expected_tokens=LONG, dispatcher=schedule)
     assert res.sent == len(quiet) + len(busy) and res.failure_rate <= 0.01
     st = res.steady
     assert st.ok is False and any("Little's law gives" in r for r in st.reasons), st
