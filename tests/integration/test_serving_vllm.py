@@ -31,6 +31,7 @@ from llmopt_bench.load.engine import run_point
 from llmopt_bench.load.point import LoadPoint
 from llmopt_bench.load.record import verdict
 from llmopt_bench.load.search import Trial, find_capacity
+from llmopt_bench.load.steady import TREND_RATIO
 from llmopt_bench.procs.tree import members
 from llmopt_bench.scenarios.peer import (
     bench_serve_argv,
@@ -237,11 +238,12 @@ def test_a_point_the_server_cannot_keep_up_with_is_not_steady_where_the_slo_alon
     assert len(res.samples) == res.sent  # every measured request awaited, the drain included
 
 
-def test_a_queue_that_builds_after_a_quiet_start_breaks_little_s_law(served, requests):
+def test_a_queue_that_builds_after_a_quiet_start_breaks_little_s_law_and_the_wait_rises(served, requests):
     """A schedule given as a list (the dispatcher's input, as a trace would be): 3 s at a quarter
     of what the server completes with 128 in flight, then 6 s at 2.5 times it. The first third's
     time in system is the quiet one; the backlog at the window's end is far past what Little's
-    law gives for it."""
+    law gives for it, and the last third's wait from arrival to first token (the queue's) is
+    far above the first third's: the trend criterion on a real server."""
     from llmopt_bench.load.dispatchers import OpenLoop
 
     server, _ = served
@@ -257,6 +259,8 @@ def test_a_queue_that_builds_after_a_quiet_start_breaks_little_s_law(served, req
     st = res.steady
     assert st.ok is False and any("Little's law gives" in r for r in st.reasons), st
     assert st.backlog_at_end > 2 * st.little_in_flight
+    assert any(r.startswith("TTFT from arrival rose") for r in st.reasons), st
+    assert st.first_token_last_s > TREND_RATIO * st.first_token_first_s
 
 
 def test_a_light_point_keeps_up(served, requests):
