@@ -22,7 +22,6 @@ Exit 0 when every figure is within --tolerance, 1 when one is not, 2 on a usage 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
@@ -37,10 +36,13 @@ from llmopt_bench.checkpoints.prepare import prepare
 from llmopt_bench.core.models import parse_model
 from llmopt_bench.core.workload import WorkloadConfig, build_requests
 from llmopt_bench.engines import vllm as V
-from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient
+from llmopt_bench.engines.http_load import HTTPLoad
+from llmopt_bench.engines.openai_http import Endpoint
 from llmopt_bench.engines.vllm_server import VLLMServer, vllm_cli_works, vllm_python
+from llmopt_bench.load.dispatchers import cycled
+from llmopt_bench.load.engine import run_point
+from llmopt_bench.load.point import LoadPoint
 from llmopt_bench.scenarios import peer
-from llmopt_bench.scenarios.load import LoadPoint, run_point
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -70,24 +72,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def run_llmopt(endpoint: Endpoint, texts: list[str], requests: list, args: argparse.Namespace, out: Path, seed: int) -> dict:
-    """llmopt's client: warm-up requests, then one open-loop point over the same prompt texts."""
+    """llmopt's client: warm-up requests one at a time, then one open-loop point over the same
+    prompt texts, on the load machine's HTTP engine."""
     by_id = {r.id: t for r, t in zip(requests, texts)}
-
-    async def go():
-        async with OpenAIClient(endpoint) as client:
-            def send(r):
-                return client.complete(r.id, r.prompt_id, by_id[r.id], args.output_len)
-            for r in requests[:args.warmups]:
-                await send(r)
-            point = (LoadPoint(concurrency=args.concurrency, num_requests=args.num_prompts) if math.isinf(args.rate) else
-                     LoadPoint(rate=args.rate, max_concurrency=args.concurrency, num_requests=args.num_prompts, seed=seed))
-            return await run_point(point, requests, send), client.tally
-
-    res, tally = asyncio.run(go())
+    engine = HTTPLoad(endpoint, prompt_of=lambda s: by_id[s.id.split(".")[0]])
+    source = cycled(requests)
+    if args.warmups:
+        run_point(engine, LoadPoint(concurrency=1, num_requests=args.warmups), source, args.output_len)
+    point = (LoadPoint(concurrency=args.concurrency, num_requests=args.num_prompts) if math.isinf(args.rate) else
+             LoadPoint(rate=args.rate, max_concurrency=args.concurrency, num_requests=args.num_prompts, seed=seed))
+    res = run_point(engine, point, source, args.output_len)
     out.mkdir(parents=True, exist_ok=True)  # llmopt's own output: the point without per-token times
     (out / "point.json").write_text(res.model_copy(update={"samples": [s.model_copy(update={"token_times": []})
                                                                        for s in res.samples]}).model_dump_json(indent=1))
-    return {**peer.llmopt_figures(res), "errors": res.errors, "tally": tally.as_dict(),
+    return {**peer.llmopt_figures(res), "errors": res.errors, "tally": engine.tally.as_dict(),
             "send_delay_p99_ms": res.send_delay_s.p99 * 1e3 if res.send_delay_s else None}
 
 

@@ -44,6 +44,7 @@ PRIORITIES = ("throughput", "latency", "memory", "cost")
 class Candidate:
     name: str
     capacity_rps: float | None = None
+    held: bool | None = None  # the capacity held for a longer window (load/hold.py); else "~N, not held"
     interval: list[float | None] | None = None
     goodput_rps: float | None = None
     meets: bool = False  # some measured rate met the SLO
@@ -130,8 +131,9 @@ def candidate(s: StageResult, batch_size: int, rejudge_with: Any = None) -> Cand
     judged = rejudge(f.slo_points, rejudge_with or parse_slo(f.slo), mfr)
     if rejudge_with is None and f.slo_capacity_rps is not None:  # the stage's own search: its interval is the tighter one
         c.capacity_rps, c.interval, c.goodput_rps = f.slo_capacity_rps, f.slo_capacity_interval, f.goodput_rps
+        c.held = f.slo_capacity_held
     else:
-        c.capacity_rps, c.interval, c.goodput_rps = judged.capacity_rps, judged.interval, judged.goodput_rps
+        c.capacity_rps, c.interval, c.goodput_rps, c.held = judged.capacity_rps, judged.interval, judged.goodput_rps, judged.held
         c.notes += judged.notes
     c.meets = c.capacity_rps is not None
     near = judged.closest_miss()
@@ -201,10 +203,27 @@ def recommend(run: RunResult, priority: str = "throughput", slo: str | None = No
     rec.ruled_out = [f"{c.name}: fails the quality gate" for c in cands if c.quality == "regression"]
     ok = [c for c in cands if c.quality != "regression" and (c.meets or not served) and _has_figure(c, priority, bool(served))]
     ok.sort(key=lambda c: _rank(c, priority, bool(served)))
+    ok = held_first(ok) if served else ok
     rec.winner, rec.runner_up = (ok[0] if ok else None), (ok[1] if len(ok) > 1 else None)
     rec.distinct = not (priority == "throughput" and rec.runner_up is not None and overlap(rec.winner, rec.runner_up))
     _explain(rec, cands, ok)
+    rec.caveats += held_caveats(ok) if served else []
     return rec
+
+
+def held_first(ranked: list[Candidate]) -> list[Candidate]:
+    """A capacity that held for a longer window (load/hold.py) outranks one from short trials
+    only, whatever the figures: the order among each kind is kept."""
+    return [c for c in ranked if c.held] + [c for c in ranked if not c.held]
+
+
+def held_caveats(ranked: list[Candidate]) -> list[str]:
+    """Said when the recommendation rests on capacities that were not held."""
+    if not ranked or any(c.held for c in ranked):
+        return [f"{c.name}'s capacity was not held (~{num(c.capacity_rps)} req/s from short trials): not a figure to size a "
+                "deployment by" for c in ranked[:2] if not c.held and c.capacity_rps]
+    return ["No capacity in this run was held (hold_s = 0, a failed hold, or a run from before holds): each is the answer of "
+            "short trials, ~N req/s; run the serving stage with --hold 60 (or more) before sizing a deployment by it."]
 
 
 def _slo_note(served: list[StageResult], rejudging: bool, run_slos: list[str]) -> str:

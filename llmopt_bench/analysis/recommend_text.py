@@ -37,7 +37,9 @@ def _capacity(c: Any) -> str:
     if c.capacity_rps is None:
         return "none"
     hi = c.interval[1] if c.interval and len(c.interval) > 1 else None
-    return f"{num(c.capacity_rps)} req/s (within [{num(c.capacity_rps)}, {num(hi) if hi else 'not found'}])"
+    held = "" if getattr(c, "held", None) else "~"  # a capacity that was not held is never the deployable figure
+    return (f"{held}{num(c.capacity_rps)} req/s{', not held' if held else ''} "
+            f"(within [{num(c.capacity_rps)}, {num(hi) if hi else 'not found'}])")
 
 
 def _why(rec: Any) -> str:

@@ -8,7 +8,9 @@ The capacity is then the highest measured rate whose point meets the SLO, known 
 [that rate, the lowest measured rate above it that fails]: the precision is the spacing of the
 rates the search happened to probe, not one the search aimed for. A point that meets the SLO
 while its client fell behind (analysis/slo.client_late) is not judged: its server saw less load
-than the point asked for."""
+than the point asked for. A point whose server did not keep up (steady false: load/steady.py)
+misses any SLO. The capacity is held when the point it rests on is a hold (load/hold.py), or a
+hold at the same rate met the SLO too; runs from before holds have none."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class PointVerdict:
     worst: float | None  # the largest value / limit over the targets (and failures / their limit): > 1 misses
     reason: str
     goodput_rps: float | None
+    hold: bool = False
 
 
 @dataclass
@@ -36,6 +39,7 @@ class Rejudged:
     goodput_rps: float | None
     points: list[PointVerdict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    held: bool | None = None  # the capacity rests on a hold that met the SLO; None: no hold at all
 
     def closest_miss(self) -> PointVerdict | None:
         """The point nearest to meeting the SLO: the smallest worst ratio."""
@@ -81,21 +85,29 @@ def judge_point(point: SLOPoint, slo: SLO, max_failure_rate: float) -> PointVerd
         reasons.append(f"{point.failed} of {point.requests} requests failed")
         ratios.append(rate / max_failure_rate if max_failure_rate else float("inf"))
     goodput = _good(point, slo) / point.window_s if point.window_s > 0 else None
+    worst = max(ratios, default=None)
+    if point.steady is False:  # the server fell behind: a miss whatever its latencies
+        return PointVerdict(point.rate_rps, False, worst if reasons else None,
+                            "; ".join([point.steady_reason or "not steady", *reasons]), goodput, point.hold)
     if unknown and not reasons:
-        return PointVerdict(point.rate_rps, None, max(ratios, default=None), f"cannot judge {', '.join(unknown)} here", goodput)
+        return PointVerdict(point.rate_rps, None, worst, f"cannot judge {', '.join(unknown)} here", goodput, point.hold)
     # a pass needs the load the point asked for; a miss under less load than asked is still a miss
     late = None if reasons else client_late(point.queued_at_end, point.requests)
     if late:
-        return PointVerdict(point.rate_rps, None, max(ratios, default=None), f"cannot judge: {late}", goodput)
-    return PointVerdict(point.rate_rps, not reasons, max(ratios, default=None), "; ".join(reasons) or "met", goodput)
+        return PointVerdict(point.rate_rps, None, worst, f"cannot judge: {late}", goodput, point.hold)
+    return PointVerdict(point.rate_rps, not reasons, worst, "; ".join(reasons) or "met", goodput, point.hold)
 
 
 def rejudge(points: Sequence[SLOPoint], slo: SLO, max_failure_rate: float = 0.01) -> Rejudged:
     verdicts = sorted((judge_point(p, slo, max_failure_rate) for p in points), key=lambda v: v.rate_rps)
-    passing = [v for v in verdicts if v.ok]
+    # a hold that failed outweighs the short trials at its rate and above it
+    failed_hold = min((v.rate_rps for v in verdicts if v.hold and v.ok is False), default=None)
+    passing = [v for v in verdicts if v.ok and (failed_hold is None or v.rate_rps < failed_hold)]
     notes = []
     if any(v.ok is None for v in verdicts):
         notes.append("some points could not be judged: " + "; ".join(sorted({v.reason for v in verdicts if v.ok is None})))
+    if failed_hold is not None and any(v.ok and v.rate_rps >= failed_hold for v in verdicts):
+        notes.append(f"the hold at {failed_hold:g} req/s missed: the short trials that met it at that rate or above do not count")
     if not passing:
         return Rejudged(None, [None, min((v.rate_rps for v in verdicts if v.ok is False), default=None)], None, verdicts, notes)
     best = max(passing, key=lambda v: v.rate_rps)
@@ -104,4 +116,6 @@ def rejudge(points: Sequence[SLOPoint], slo: SLO, max_failure_rate: float = 0.01
         notes.append("a lower rate missed the SLO where a higher one met it: the measurements are noisy near the limit")
     if not above:
         notes.append(f"every measured rate up to {best.rate_rps:g} req/s meets it: the capacity is at least that")
-    return Rejudged(best.rate_rps, [best.rate_rps, min(above) if above else None], best.goodput_rps, verdicts, notes)
+    holds = [v for v in verdicts if v.hold]
+    held = any(v.ok and v.rate_rps == best.rate_rps for v in holds) if holds else None
+    return Rejudged(best.rate_rps, [best.rate_rps, min(above) if above else None], best.goodput_rps, verdicts, notes, held)

@@ -139,6 +139,7 @@ def bench_cmd(
     api_key_env: str | None = typer.Option(None, "--api-key-env", help="With --endpoint: the NAME of the environment variable that holds the API key (the key is never written anywhere)."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="With --endpoint: the served model's tokenizer (a directory or hub id) to build and count prompts."),
     slo: str | None = typer.Option(None, "--slo", help="The serving stages' latency targets, like ttft_p99=2s,tpot_p99=100ms (default: MLPerf's Server limits for Llama-3.1-8B): the capacity is the highest request rate that meets them. Sets the slo of every serving stage in the journey."),
+    hold: float | None = typer.Option(None, "--hold", help="Seconds the serving stages hold the capacity they found, judged again (default: each stage's hold_s, 60 s; 600 for an MLPerf-like check; 0: no hold, the capacity is reported as not held). Sets the hold_s of every serving stage in the journey."),
     min_quality: str | None = typer.Option(None, "--min-quality", help="Quality gate: a stage whose perplexity exceeds FP16's by more than 1 - Q is flagged as a quality regression (0.99 or 99%: within 1%; default: 0.99)."),
     pin_cpu: bool = typer.Option(False, "--pin-cpu", callback=pin_stages, help="Pin each fixed-workload stage's main thread to one core during its repeats, that core kept busy 0.2 s before each (sets LLMOPT_PIN_CPU=1; recorded in each repeat's conditions; docs/regression.md)."),
 ) -> None:
@@ -153,9 +154,8 @@ def bench_cmd(
     given.check()
     gate, timeout = parse_min_quality(min_quality), check_timeout(timeout)
     check_preset_use(preset, stages=stages, endpoint=endpoint, resume=resume)
-    previous = load_run(resume) if resume is not None else None
-    cuda = bool(cuda_devices())
-    plans, named, model, cfg = plans_and_workload(preset, given, previous, cuda, stages, model, endpoint, api_key_env, tokenizer, slo)
+    previous, cuda = (load_run(resume) if resume is not None else None), bool(cuda_devices())
+    plans, named, model, cfg = plans_and_workload(preset, given, previous, cuda, stages, model, endpoint, api_key_env, tokenizer, slo, hold)
     spec = parse_model(model or (previous.model.source if previous and previous.model else default_model(cuda)))
     out = run_directory(output, resume)
     opts = RunOptions(out_dir=out, model=spec, workload=cfg, plans=plans, fail_fast=fail_fast, timeout_s=timeout,
@@ -195,20 +195,24 @@ def check_preset_use(preset: str | None, *, stages: str | None, endpoint: str | 
 
 def plans_and_workload(preset: str | None, given: WorkloadOptions, previous, cuda: bool, stages: str | None,
                        model: str | None, endpoint: str | None, api_key_env: str | None, tokenizer: str | None,
-                       slo: str | None) -> tuple[list, bool, str | None, object]:
+                       slo: str | None, hold: float | None = None) -> tuple[list, bool, str | None, object]:
     """The stages to run, whether the user named them, the run's model and its workload: the
-    preset's, or those of --stages (or --endpoint) at the default workload."""
+    preset's, or those of --stages (or --endpoint) at the default workload; --slo and --hold set."""
     from llmopt_bench.core.workload import resolve_workload
 
     if preset is not None:
         plans, cfg = preset_run(preset, given)
         if slo is not None:
             with_slo(plans, slo)
-        return plans, False, model, cfg
-    plans, named, model = journey_plans(stages, previous, model, endpoint, api_key_env, tokenizer, slo)
-    # the lighter CPU defaults are for work this machine does; an endpoint's server does it elsewhere
-    device = "cuda" if cuda or endpoint is not None else "cpu"
-    return plans, named, model, resolve_workload(given, previous.workload if previous else None, device)
+        named = False
+    else:
+        plans, named, model = journey_plans(stages, previous, model, endpoint, api_key_env, tokenizer, slo)
+        # the lighter CPU defaults are for work this machine does; an endpoint's server does it elsewhere
+        device = "cuda" if cuda or endpoint is not None else "cpu"
+        cfg = resolve_workload(given, previous.workload if previous else None, device)
+    if hold is not None:
+        with_hold(plans, hold)
+    return plans, named, model, cfg
 
 
 def preset_run(name: str, given: WorkloadOptions) -> tuple[list, object]:
@@ -271,6 +275,20 @@ def with_slo(plans: list, text: str) -> None:
                          "add one (--stages vllm-serve, or --endpoint URL --model NAME), or drop --slo")
     for plan in serving:
         plan.params = {**plan.params, "slo": text.strip()}
+
+
+def with_hold(plans: list, seconds: float) -> None:
+    """--hold: the hold_s param of every serving stage of the journey, checked before anything starts."""
+    from llmopt_bench.run.registry import load_stage
+
+    if not seconds >= 0:
+        raise UsageError(f"--hold {seconds:g}: the hold is a number of seconds, 0 or more", "pass --hold 60 (or 0 for no hold)")
+    serving = [p for p in plans if "hold_s" in load_stage(p.stage).Params.model_fields]
+    if not serving:
+        raise UsageError("--hold sets how long the serving stages hold their capacity, and this journey has no serving stage",
+                         "add one (--stages vllm-serve, or --endpoint URL --model NAME), or drop --hold")
+    for plan in serving:
+        plan.params = {**plan.params, "hold_s": seconds}
 
 
 def choose_plans(stages: str | None, previous) -> tuple[list, bool]:

@@ -99,6 +99,9 @@ class SLOPoint(StrictModel):
     slo_ok: bool | None = None  # the stage's own verdict under its SLO (StageFacts.slo)
     goodput_rps: float | None = None
     queued_at_end: int | None = None  # due, not yet sent, when the window closed: a client that fell behind (analysis/slo.client_late)
+    steady: bool | None = None  # the steady-state judgement (load/steady.py): False misses any SLO; None: not judged (older runs)
+    steady_reason: str | None = None
+    hold: bool = False  # the hold of a capacity (load/hold.py), not a search's short trial
 
 
 class StageFacts(StrictModel):
@@ -121,6 +124,9 @@ class StageFacts(StrictModel):
     slo_capacity_rps: float | None = None
     slo_capacity_interval: list[float | None] | None = None
     slo_capacity_converged: bool | None = None
+    slo_capacity_held: bool | None = None  # the capacity held for slo_hold_s (load/hold.py); None: not held (no hold, older runs)
+    slo_hold_s: float | None = None
+    saturation_rps: float | None = None  # the highest completion rate the stage measured: the capacity never exceeds it
     goodput_rps: float | None = None
     knee_rps: float | None = None
     slo_points: list[SLOPoint] = Field(default_factory=list)

@@ -287,13 +287,3 @@ def build_requests(cfg: WorkloadConfig, encode, count: int | None = None, tag: s
             ids = ids[-cfg.max_prompt_len:]  # keep the instruction, which ends the long documents
         out.append(Request(id=f"{tag}{i:04d}", prompt_id=p.id, token_ids=tuple(ids)))
     return out
-
-
-def poisson_arrivals(rate: float, n: int, seed: int = 0) -> list[float]:
-    """Arrival offsets in seconds of n requests of a Poisson process at `rate` requests/s."""
-    rng = random.Random(seed)
-    t, out = 0.0, []
-    for _ in range(n):
-        out.append(t)
-        t += rng.expovariate(rate)
-    return out

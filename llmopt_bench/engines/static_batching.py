@@ -1,9 +1,10 @@
 """Static batching over transformers generate, and the probes of transformers (capacity, mixed lengths).
 
-static_serve() replays the arrivals a continuous-batching run saw against a static batcher: a
-batch forms when N requests wait or the oldest waiting one has waited `timeout_s`; it is
-left-padded to its longest prompt and generated to completion while later arrivals queue.
-t_submit is each request's arrival, so TTFT includes the wait behind a running batch.
+static_drive() replays the load a continuous-batching run saw (the same dispatcher: the same
+arrivals, or the same closed loop) against a static batcher: a batch forms when N requests wait
+or the oldest waiting one has waited `timeout_s`; it is left-padded to its longest prompt and
+generated to completion while later arrivals queue. t_submit is each request's arrival, so TTFT
+includes the wait behind a running batch.
 
 The probes (a capacity probe, a mixed-length configuration: PROBES) take a loaded model. The
 stage runs them through engines/probe_worker.ProbeWorker, one process that loads the model once;
@@ -27,69 +28,49 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from llmopt_bench.core.dispatch import Dispatcher, Send
 from llmopt_bench.core.errors import describe, is_oom
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Request
 from llmopt_bench.measure.timing import now
 from llmopt_bench.procs import spawn
 
-GenFn = Callable[[Sequence[Request], int], list[RequestSample]]
+GenFn = Callable[[Sequence[Send], int], list[RequestSample]]
 
 
 # --- static batching ----------------------------------------------------------------------------
 
-def static_serve(gen: GenFn, requests: Sequence[Request], *, batch_size: int, timeout_s: float = 0.05,
-                 arrivals: Sequence[float] | None = None, concurrency: int | None = None,
-                 on_batch: Callable[[int], None] | None = None) -> list[RequestSample]:
-    """Serve requests in order with a static batcher.
-
-    arrivals (offsets in s, sorted): open loop, the same offsets a continuous run replayed.
-    Otherwise closed loop: `concurrency` clients each submit their next request the moment
-    their previous one is answered (with a static batcher that is when its whole batch ends).
-    gen(batch, batch_index) generates one padded batch to completion."""
-    n = len(requests)
-    t0 = now()
-    arrive: list[float | None] = [None] * n
-    if arrivals is not None:
-        arrive = [t0 + a for a in arrivals]
-    else:
-        for i in range(min(concurrency or batch_size, n)):
-            arrive[i] = t0
-    out: list[RequestSample] = []
-    nxt = 0  # first request not yet batched (served first come, first served)
-    batch_no = 0
-    while nxt < n:
-        first = arrive[nxt]
-        if first is None:  # cannot happen: a completion assigns the next arrivals
-            raise RuntimeError("closed loop lost track of its clients")
-        t = now()
-        if first > t:
-            time.sleep(first - t)
+def static_drive(gen: GenFn, dispatcher: Dispatcher, *, batch_size: int, timeout_s: float = 0.05,
+                 on_batch: Callable[[int], None] | None = None) -> None:
+    """A static batcher under a dispatcher (core/dispatch.py): requests queue as they are
+    released, first come first served; a batch runs when batch_size wait, when the oldest has
+    waited timeout_s, or when no other request can come before it runs (a closed loop's users
+    wait for this batch). gen(batch, batch_index) generates one padded batch to completion; each
+    sample counts from its request's arrival, so TTFT includes the wait behind a running batch."""
+    queue: list[Send] = []
+    batch_no = answered = 0
+    while not dispatcher.finished():
+        queue += dispatcher.due(now())
+        if not queue:
+            _sleep_until(dispatcher.wake_at())
             continue
-        waiting = [i for i in range(nxt, min(n, nxt + batch_size)) if arrive[i] is not None and arrive[i] <= t]
-        full = len(waiting) == batch_size
-        expired = t - first >= timeout_s
-        later = [arrive[i] for i in range(nxt + len(waiting), n) if arrive[i] is not None]
-        # closed loop: every client that can submit before this batch runs already has
-        no_more = arrivals is None or not later
-        if not (full or expired or no_more):
-            wake = min(first + timeout_s, later[0])
-            time.sleep(max(0.0, min(wake - now(), 0.05)))
+        t, wake = now(), dispatcher.wake_at()
+        full, expired = len(queue) >= batch_size, t - queue[0].arrival >= timeout_s
+        if not (full or expired or wake is None):
+            _sleep_until(min(queue[0].arrival + timeout_s, wake))
             continue
-        batch = [requests[i] for i in waiting]
+        batch, queue = queue[:batch_size], queue[batch_size:]
         samples = gen(batch, batch_no)
-        for i, s in zip(waiting, samples):
-            out.append(s.model_copy(update={"t_submit": arrive[i], "batch": batch_no}))
-        if arrivals is None:  # the clients of this batch submit again, at its end
-            done_t = max(s.t_done for s in samples) if samples else now()
-            j = next((k for k in range(nxt + len(waiting), n) if arrive[k] is None), n)
-            for k in range(j, min(n, j + len(waiting))):
-                arrive[k] = done_t
-        nxt += len(waiting)
-        batch_no += 1
+        done_t = max((s.t_done for s in samples), default=now())
+        for send, s in zip(batch, samples):
+            dispatcher.done(send, s.model_copy(update={"t_submit": send.arrival, "batch": batch_no}), done_t)
+        batch_no, answered = batch_no + 1, answered + len(batch)
         if on_batch:
-            on_batch(len(out))
-    return out
+            on_batch(answered)
+
+
+def _sleep_until(t: float | None) -> None:
+    time.sleep(max(0.0, min((t if t is not None else now()) - now(), 0.05)))
 
 
 def pow2_bucket(length: int) -> int:

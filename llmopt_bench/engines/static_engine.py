@@ -1,17 +1,34 @@
 """transformers behind a static batcher, as an engine: the side of a load scenario that
-cannot add a request to a running batch. Requests are served with the arrivals (or the closed
-loop) a continuous engine saw (static_batching.static_serve); each batch is one padded
-generate() to completion (engines/hf.generate_batch), with a timestamp per token."""
+cannot add a request to a running batch. Requests are served under the same dispatcher (the
+arrivals, or the closed loop) a continuous engine saw (static_batching.static_drive); each batch
+is one padded generate() to completion (engines/hf.generate_batch), with a timestamp per token."""
 
 from __future__ import annotations
 
 import gc
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from llmopt_bench.core.dispatch import Dispatcher, Send
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Request
 from llmopt_bench.engines import hf
-from llmopt_bench.engines.static_batching import load_model, static_serve
+from llmopt_bench.engines.static_batching import load_model, static_drive
+
+
+@dataclass
+class StaticBatcher:
+    """The load machine's engine (load/engine.LoadEngine) for the static side: a batch forms
+    when batch_size requests wait or the oldest waited timeout_s (static_batching.static_drive)."""
+
+    engine: StaticEngine
+    batch_size: int
+    timeout_s: float
+    progress: Callable[[int], None] | None = None
+
+    def drive(self, dispatcher: Dispatcher) -> None:
+        static_drive(self.engine.generate, dispatcher, batch_size=self.batch_size, timeout_s=self.timeout_s,
+                     on_batch=self.progress)
 
 
 class StaticEngine:
@@ -29,16 +46,16 @@ class StaticEngine:
         warm = [Request("w0", "w", (1, 2, 3, 4)), Request("w1", "w", (5, 6))]
         hf.generate_batch(self.model, self.pad_id, warm, 4, self.device, streamer=True)
 
-    def serve(self, requests: Sequence[Request], max_new_tokens: int, *, batch_size: int, timeout_s: float,
-              arrivals: Sequence[float] | None, concurrency: int | None,
-              progress: Callable[[int], None] | None = None) -> list[RequestSample]:
-        """A batch forms when batch_size requests wait or the oldest has waited timeout_s.
-        Raises what generate() raises (a CUDA OOM at a large batch: the caller records it)."""
-        def gen(batch: Sequence[Request], b: int) -> list[RequestSample]:
-            return hf.generate_batch(self.model, self.pad_id, batch, max_new_tokens, self.device, batch=b)
+    def batcher(self, batch_size: int, timeout_s: float, progress: Callable[[int], None] | None = None) -> StaticBatcher:
+        """This model behind a static batcher of batch_size: an engine the load machine drives."""
+        return StaticBatcher(self, batch_size, timeout_s, progress)
 
-        return static_serve(gen, requests, batch_size=batch_size, timeout_s=timeout_s, arrivals=arrivals,
-                            concurrency=concurrency, on_batch=progress)
+    def generate(self, batch: Sequence[Send], b: int) -> list[RequestSample]:
+        """One padded batch to completion, to the longest output length it holds. Raises what
+        generate() raises (a CUDA OOM at a large batch: the caller records it)."""
+        reqs = [Request(s.id, s.prompt_id, s.token_ids) for s in batch]
+        samples = hf.generate_batch(self.model, self.pad_id, reqs, max(s.output_len for s in batch), self.device, batch=b)
+        return [x.model_copy(update={"repeat": s.repeat}) for s, x in zip(batch, samples)]
 
     def release_cache(self) -> None:
         """After an OOM: the failed step's tensors went with the exception; hand their blocks back."""

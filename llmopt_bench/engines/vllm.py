@@ -1,7 +1,8 @@
 """vLLM: build the offline engine, and drive it step by step with a timestamp per token.
 
-One loop serves every traffic shape: requests join the engine when their arrival time comes
-(Poisson), when a slot frees (closed loop at a concurrency), or one after another (batch 1).
+One step loop serves every traffic shape (drive): requests join the engine when the dispatcher
+releases them (core/dispatch.py: an open loop's arrival times, a closed loop's free users; the
+load machine in load/), or in order at most N at a time (serve: the fixed workload, batch 1).
 Each engine.step() returns the tokens of that step; the clock is read when they arrive, which
 is what a client of the engine sees."""
 
@@ -9,10 +10,11 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from llmopt_bench.core.dispatch import Dispatcher, Send
 from llmopt_bench.core.records import LoadInfo, RequestSample
 from llmopt_bench.core.workload import Request
 from llmopt_bench.engines.lifecycle import release_cached_memory
@@ -165,71 +167,105 @@ def sampling(max_new_tokens: int) -> Any:
 
 @dataclass
 class _Live:
-    request: Request
-    repeat: int
+    send: Send
     t_submit: float
     times: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
 
+    def sample(self, t: float) -> RequestSample:
+        s = self.send
+        return RequestSample(request_id=s.id, prompt_id=s.prompt_id, repeat=s.repeat, prompt_tokens=len(s.token_ids),
+                             output_tokens=len(self.times), t_submit=self.t_submit,
+                             t_first=self.times[0] if self.times else t, t_done=self.times[-1] if self.times else t,
+                             token_times=self.times, ok=bool(self.times))
 
-def serve(llm: Any, requests: Sequence[Request], max_new_tokens: int, *, arrivals: Sequence[float] | None = None,
-          concurrency: int | None = None, repeat: int = 0, on_done: Callable[[int], None] | None = None,
-          tokens_out: dict[str, list[int]] | None = None) -> list[RequestSample]:
-    """Run requests through the engine. arrivals: offsets in s (open loop); concurrency: at
-    most this many in flight (closed loop; 1 = one request at a time). Returns one sample each;
-    tokens_out, when given, receives each request's generated token ids."""
+
+class _InOrder:
+    """The fixed workload's dispatcher: the requests in order, at most `limit` in flight, each
+    submitted when a slot frees (core/dispatch.py; the load machine's loops live in load/)."""
+
+    def __init__(self, requests: Sequence[Request], output_len: int, limit: int, repeat: int):
+        self.pending = [Send(r.id, r.prompt_id, tuple(r.token_ids), output_len, 0.0, repeat) for r in requests]
+        self.limit, self.live = limit, 0
+
+    def due(self, now: float) -> list[Send]:
+        out = []
+        while self.pending and self.live < self.limit:
+            out.append(replace(self.pending.pop(0), arrival=now))
+            self.live += 1
+        return out
+
+    def wake_at(self) -> float | None:
+        return None
+
+    def done(self, send: Send, sample: RequestSample, t: float | None = None, answer_ids: Sequence[int] | None = None) -> None:
+        self.live -= 1
+
+    def finished(self) -> bool:
+        return not self.pending and not self.live
+
+
+def serve(llm: Any, requests: Sequence[Request], max_new_tokens: int, *, concurrency: int | None = None, repeat: int = 0,
+          on_done: Callable[[int], None] | None = None, tokens_out: dict[str, list[int]] | None = None) -> list[RequestSample]:
+    """Run requests through the engine in order, at most `concurrency` in flight (1 = one at a
+    time; None: all at once). Returns one sample each, in the order they finished; tokens_out,
+    when given, receives each request's generated token ids."""
+    done: list[RequestSample] = []
+
+    def keep(send: Send, sample: RequestSample) -> None:
+        done.append(sample)
+        if on_done:
+            on_done(len(done))
+    drive(llm, _InOrder(requests, max_new_tokens, concurrency or len(requests), repeat), tokens_out=tokens_out, on_answer=keep)
+    return done
+
+
+def drive(llm: Any, dispatcher: Dispatcher, *, tokens_out: dict[str, list[int]] | None = None,
+          on_answer: Callable[[Send, RequestSample], None] | None = None) -> None:
+    """The engine's step loop under a dispatcher (core/dispatch.py): each released request is
+    added at once and counts from its arrival (a wait for the running step is the engine's);
+    the clock is read as each step's tokens arrive. tokens_out receives each request's ids."""
+    engine = llm.llm_engine
+    params: dict[int, Any] = {}  # one SamplingParams per output length
+    live: dict[str, _Live] = {}
+    while not dispatcher.finished():
+        for s in dispatcher.due(now()):
+            key = f"{s.id}-{s.repeat}"
+            live[key] = _Live(s, s.arrival)
+            engine.add_request(key, _prompt(s), params.setdefault(s.output_len, sampling(s.output_len)))
+        if not live:
+            wake = dispatcher.wake_at()
+            time.sleep(min(0.01, max(0.0, wake - now())) if wake is not None else 0.001)
+            continue
+        _step(engine, live, dispatcher, tokens_out, on_answer)
+
+
+def _prompt(s: Send) -> Any:
     from vllm.inputs import TokensPrompt
 
-    engine = llm.llm_engine
-    params = sampling(max_new_tokens)
-    pending = list(range(len(requests)))
-    live: dict[str, _Live] = {}
-    done: list[RequestSample] = []
-    t0 = now()
-    limit = concurrency or len(requests)
+    return TokensPrompt(prompt_token_ids=list(s.token_ids))
 
-    def admit() -> None:
-        while pending and len(live) < limit:
-            i = pending[0]
-            if arrivals is not None and now() - t0 < arrivals[i]:
-                return
-            pending.pop(0)
-            r = requests[i]
-            rid = f"{r.id}-{repeat}"
-            # open loop: the request was submitted when it arrived, even if a step delayed its admission
-            live[rid] = _Live(r, repeat, t0 + arrivals[i] if arrivals is not None else now())
-            engine.add_request(rid, TokensPrompt(prompt_token_ids=list(r.token_ids)), params)
 
-    while pending or live:
-        admit()
-        if not live:
-            time.sleep(max(0.0, min(0.01, arrivals[pending[0]] - (now() - t0))) if arrivals else 0)
+def _step(engine: Any, live: dict[str, _Live], dispatcher: Dispatcher, tokens_out: dict[str, list[int]] | None,
+          on_answer: Callable[[Send, RequestSample], None] | None) -> None:
+    outputs = engine.step()
+    t = now()
+    for out in outputs:
+        key = out.request_id if out.request_id in live else next((k for k in live if out.request_id.startswith(k)), None)
+        if key is None:  # some versions suffix the id
             continue
-        outputs = engine.step()
-        t = now()
-        for out in outputs:
-            state = live.get(out.request_id)
-            if state is None:  # some versions suffix the id
-                state = next((v for k, v in live.items() if out.request_id.startswith(k)), None)
-                if state is None:
-                    continue
-            new = list(out.outputs[0].token_ids) if out.outputs else []
-            state.times.extend([t] * len(new))
-            state.tokens.extend(new)
-            if out.finished:
-                key = next(k for k, v in live.items() if v is state)
-                del live[key]
-                s = RequestSample(request_id=state.request.id, prompt_id=state.request.prompt_id, repeat=state.repeat,
-                                  prompt_tokens=len(state.request.token_ids), output_tokens=len(state.times),
-                                  t_submit=state.t_submit, t_first=state.times[0] if state.times else t,
-                                  t_done=state.times[-1] if state.times else t, token_times=state.times,
-                                  ok=bool(state.times))
-                if tokens_out is not None:
-                    tokens_out[state.request.id] = state.tokens
-                done.append(s)
-                if on_done:
-                    on_done(len(done))
-    return done
+        state = live[key]
+        new = list(out.outputs[0].token_ids) if out.outputs else []
+        state.times.extend([t] * len(new))
+        state.tokens.extend(new)
+        if out.finished:
+            del live[key]
+            sample = state.sample(t)
+            if tokens_out is not None:
+                tokens_out[state.send.id] = state.tokens
+            dispatcher.done(state.send, sample, t, answer_ids=state.tokens)
+            if on_answer:
+                on_answer(state.send, sample)
 
 
 def shutdown(llm: Any) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from llmopt_bench.core.contract import StageContext
+from llmopt_bench.core.dispatch import Dispatcher
 from llmopt_bench.core.records import LoadInfo, QualityRecord, RequestSample
 from llmopt_bench.core.workload import Request, WorkloadConfig
 from llmopt_bench.engines import vllm as V
@@ -89,13 +90,10 @@ class VLLMEngine:
     def max_model_len(self) -> int:
         return self.llm.llm_engine.vllm_config.model_config.max_model_len
 
-    def serve_load(self, requests: Sequence[Request], max_new_tokens: int, *, arrivals: Sequence[float] | None,
-                   concurrency: int | None, repeat: int = 0,
-                   progress: Callable[[int], None] | None = None) -> list[RequestSample]:
-        """Requests joining the running batch as they arrive (arrivals: offsets in s, open loop)
-        or as slots free (closed loop at a concurrency)."""
-        return V.serve(self.llm, requests, max_new_tokens, arrivals=arrivals, concurrency=concurrency, repeat=repeat,
-                       on_done=progress)
+    def drive(self, dispatcher: Dispatcher) -> None:
+        """The load machine's engine (load/engine.LoadEngine): requests join the running batch
+        as the dispatcher releases them."""
+        V.drive(self.llm, dispatcher)
 
     def kv_cache(self, max_num_seqs: int | None = None, log_path: Path | None = None) -> KVCacheRecord | None:
         """The KV cache; with the engine's log, also the concurrency vLLM said it holds (the log of

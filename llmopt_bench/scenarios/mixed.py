@@ -12,8 +12,9 @@ from typing import Any, Callable
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Request, WorkloadConfig, fit_length, load_prompts
 from llmopt_bench.engines.static_batching import run_isolated
-from llmopt_bench.scenarios.arrivals import ArrivalsParams, LoadPoint, RequestSource
-from llmopt_bench.scenarios.arrivals_record import CurveRow, MixedRow
+from llmopt_bench.load.point import LoadPoint
+from llmopt_bench.scenarios.batching import CurveParams, CurvePoint, EngineRequests
+from llmopt_bench.scenarios.batching_record import CurveRow, MixedRow
 
 CONFIGS = ("static-mixed", "cap-context", "bucketed")  # one probe each
 ORDER = [*CONFIGS, "continuous"]
@@ -21,17 +22,17 @@ CONTINUOUS_NOTE = "vLLM: paged KV cache preallocated at start-up, no padding; pe
 CPU_NOTE = "mixed lengths on CPU: the configurations ran (peak RSS recorded); the OOM of static-mixed needs the GPU"
 
 
-def mixed_on(p: ArrivalsParams, workload: WorkloadConfig, device: str) -> bool:
+def mixed_on(p: CurveParams, workload: WorkloadConfig, device: str) -> bool:
     return p.mixed == "on" or (p.mixed == "auto" and (workload.kind == "mixed" or device == "cuda"))
 
 
-def long_len(p: ArrivalsParams, device: str) -> int | None:
+def long_len(p: CurveParams, device: str) -> int | None:
     """The long documents' forced length: on CUDA 3584 by default, so the OOM does not depend on the prompt file."""
     return (3584 if device == "cuda" else None) if p.long_len == "auto" else p.long_len
 
 
-def mixed_point(p: ArrivalsParams, workload: WorkloadConfig, source: RequestSource, new: int,
-                device: str) -> tuple[LoadPoint, int]:
+def mixed_point(p: CurveParams, workload: WorkloadConfig, source: EngineRequests, new: int,
+                device: str) -> tuple[CurvePoint, int]:
     """The set as a closed-loop point at concurrency mixed_batch, and how many are long. Long
     documents are forced to long_len first, then the set is fitted to the engine."""
     wl = workload.model_copy(update={"kind": "mixed", "input_len": None, "num_prompts": p.mixed_batch})
@@ -45,12 +46,12 @@ def mixed_point(p: ArrivalsParams, workload: WorkloadConfig, source: RequestSour
     if n:
         reqs = [Request(r.id, r.prompt_id, tuple(fit_length(list(r.token_ids), n))) if r.id in long_ids else r
                 for r in reqs]
-    point = LoadPoint(requests=source.fit(reqs, new), new=new, concurrency=p.mixed_batch, static_batch=p.mixed_batch,
-                      name="mixed")
+    point = CurvePoint(load=LoadPoint(concurrency=p.mixed_batch, num_requests=len(reqs)), requests=source.fit(reqs, new),
+                       new=new, static_batch=p.mixed_batch, name="mixed")
     return point, len(long_ids)
 
 
-def continuous_row(point: LoadPoint, n_long: int, samples: list[RequestSample], seconds: float, row: CurveRow) -> MixedRow:
+def continuous_row(point: CurvePoint, n_long: int, samples: list[RequestSample], seconds: float, row: CurveRow) -> MixedRow:
     """The set through the continuous engine; its peak is the engine's footprint, known once
     the engine's memory is measured (the stage sets peak_bytes then)."""
     reqs = point.requests
@@ -62,11 +63,11 @@ def continuous_row(point: LoadPoint, n_long: int, samples: list[RequestSample], 
                     note=CONTINUOUS_NOTE)
 
 
-def bucket_budget(p: ArrivalsParams) -> int:
+def bucket_budget(p: CurveParams) -> int:
     return p.bucket_token_budget or p.mixed_batch * p.cap_context
 
 
-def static_probes(p: ArrivalsParams, point: LoadPoint, model_path: str, device: str, dtype: str, workdir: Path,
+def static_probes(p: CurveParams, point: CurvePoint, model_path: str, device: str, dtype: str, workdir: Path,
                   progress: Callable[[str], None] = lambda m: None,
                   probe: Callable[..., dict[str, Any]] = run_isolated) -> list[MixedRow]:
     """The three static configurations, one probe each: probe(kind, job, timeout_s, workdir) is
@@ -88,7 +89,7 @@ def in_order(rows: list[MixedRow]) -> list[MixedRow]:
     return sorted(rows, key=lambda r: ORDER.index(r.config) if r.config in ORDER else len(ORDER))
 
 
-def setup(p: ArrivalsParams, point: LoadPoint, n_long: int) -> dict[str, Any]:
+def setup(p: CurveParams, point: CurvePoint, n_long: int) -> dict[str, Any]:
     return {"requests": len(point.requests), "long_requests": n_long, "batch": p.mixed_batch, "cap_context": p.cap_context,
             "bucket_token_budget": bucket_budget(p), "attn_implementation": p.mixed_attn_implementation,
             "long_len": max(len(r.token_ids) for r in point.requests)}

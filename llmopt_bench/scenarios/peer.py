@@ -65,13 +65,29 @@ def bench_serve_command(base_url: str, model: str, dataset: Path, num_prompts: i
     extra_body: fields added to each request (`--extra-body`), so that both clients send the same
     body: vLLM's server holds back a chunk whose text is empty (a token that ends mid-character)
     unless token ids are asked for, so "first chunk" means "first token" only with the same ask."""
+    data = ["--dataset-name", "custom", "--dataset-path", str(dataset), "--custom-output-len", str(output_len),
+            "--skip-chat-template", "--disable-shuffle"]
+    return _bench_serve(base_url, model, data, num_prompts, tokenizer=tokenizer, rate=rate, burstiness=burstiness,
+                        concurrency=concurrency, seed=seed, result_dir=result_dir, warmups=warmups, extra_body=extra_body)
+
+
+def bench_serve_random_command(base_url: str, model: str, input_len: int, output_len: int, num_prompts: int, *,
+                               tokenizer: str | None = None, rate: float | None = None, concurrency: int | None = None,
+                               seed: int = 0, result_dir: Path | None = None, extra_body: dict | None = None) -> list[str]:
+    """`vllm bench serve` on its own random dataset (random token ids, input_len in, output_len
+    out, forced): vLLM's client as a user would run it, for a capacity check (scripts/capacity-check.py)."""
+    data = ["--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len)]
+    return _bench_serve(base_url, model, data, num_prompts, tokenizer=tokenizer, rate=rate, concurrency=concurrency, seed=seed,
+                        result_dir=result_dir, extra_body=extra_body)
+
+
+def _bench_serve(base_url: str, model: str, data: list[str], num_prompts: int, *, tokenizer: str | None, rate: float | None,
+                 concurrency: int | None, seed: int, result_dir: Path | None, extra_body: dict | None, burstiness: float = 1.0,
+                 warmups: int = 0) -> list[str]:
     args = ["bench", "serve", "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
-            "--model", model, "--dataset-name", "custom", "--dataset-path", str(dataset),
-            "--num-prompts", str(num_prompts), "--custom-output-len", str(output_len), "--skip-chat-template",
-            "--disable-shuffle", "--ignore-eos", "--temperature", "0", "--seed", str(seed),
-            "--request-rate", "inf" if rate is None else f"{rate:g}", "--burstiness", f"{burstiness:g}",
-            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
-            "--num-warmups", str(warmups)]
+            "--model", model, *data, "--num-prompts", str(num_prompts), "--ignore-eos", "--temperature", "0",
+            "--seed", str(seed), "--request-rate", "inf" if rate is None else f"{rate:g}", "--burstiness", f"{burstiness:g}",
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99", "--num-warmups", str(warmups)]
     if tokenizer:
         args += ["--tokenizer", tokenizer]
     if concurrency is not None:
@@ -99,7 +115,7 @@ def vllm_figures(result: dict) -> dict[str, float | None]:
 
 
 def llmopt_figures(point: Any) -> dict[str, float | None]:
-    """A load point's result (scenarios/load.PointResult): the same three figures, same definitions
+    """A load point's result (load/point.PointResult): the same three figures, same definitions
     (TPOT per request = (E2E - TTFT) / (tokens - 1), its median over requests)."""
     m = point.metrics
     return {"ttft_p50_ms": m.ttft_s.p50 * 1e3 if m and m.ttft_s else None,

@@ -11,6 +11,7 @@ from llmopt_bench.analysis.claims import holds, verdict
 from llmopt_bench.analysis.selectors import reference
 from llmopt_bench.core.fmt import ms, num, pct, times
 from llmopt_bench.core.records import Block, Claim
+from llmopt_bench.load.search import Capacity
 from llmopt_bench.scenarios.serving_record import LoadRow, ServingExtra
 
 STORY_QPS = (0.03, 0.2)  # the story's customer-service bot: QPS before and after its optimizations
@@ -27,37 +28,60 @@ def _backlog(row: LoadRow) -> Any:
     return None if row.mode == "closed" else (row.queued_at_end or 0) + (row.in_flight_at_end or 0)
 
 
+def _slo_cell(r: LoadRow) -> str:
+    return r.error or ("met" if r.slo_ok else f"missed: {r.slo_reason}" if r.slo_ok is False else "-")
+
+
 def curve_block(rows: list[LoadRow]) -> Block:
     return Block(
         text="Load points (closed loop: a concurrency, its rate the completions a second; open loop: an arrival rate, "
-             "its backlog what was queued or in flight when its window closed; warm-up left out):",
-        headers=["phase", "concurrency", "rate req/s", "achieved req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms",
-                 "TPOT p50 ms", "TPOT p99 ms", "goodput req/s", "SLO", "failed", "backlog at end", "J/token"],
-        rows=[[r.phase, r.concurrency, r.rate_rps, r.achieved_rate if r.mode == "open" else r.qps, r.output_tok_s, ms(r.ttft_p50_s),
-               ms(r.ttft_p99_s), ms(r.tpot_p50_s), ms(r.tpot_p99_s), r.goodput_rps,
-               r.error or ("met" if r.slo_ok else f"missed: {r.slo_reason}" if r.slo_ok is False else "-"),
+             "its backlog what was queued or in flight when its window closed, steady whether the server kept up; "
+             "warm-up left out):",
+        headers=["phase", "concurrency", "rate req/s", "achieved req/s", "completed req/s", "out tok/s", "TTFT p50 ms",
+                 "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "goodput req/s", "steady", "SLO", "failed", "backlog at end",
+                 "J/token"],
+        rows=[[r.phase, r.concurrency, r.rate_rps, r.achieved_rate if r.mode == "open" else r.qps,
+               r.completion_rps if r.mode == "open" else r.qps, r.output_tok_s, ms(r.ttft_p50_s), ms(r.ttft_p99_s),
+               ms(r.tpot_p50_s), ms(r.tpot_p99_s), r.goodput_rps, steady_cell(r), _slo_cell(r),
                f"{r.failed}/{r.requests}", _backlog(r), _jt(r)] for r in rows])
+
+
+def steady_cell(r: Any) -> str:
+    """A row's steady state in a word: yes, no, or - (a closed loop, not judged)."""
+    return "-" if r.steady is None else "yes" if r.steady else "no"
+
+
+def capacity_line(c: Capacity, slo: str) -> str:
+    """The capacity with its hold and its saturation check, as the report states it."""
+    if c.capacity_rps is None:
+        return f"Capacity under the SLO {slo}: none; {'; '.join(n.rstrip('.') for n in c.notes)}."
+    judged = any(t.detail.get("steady") is not None for t in c.trials)  # runs from before the steady-state rules: none
+    cap = num(c.capacity_rps)
+    held = (f"**{cap} req/s**, held {c.hold_s:g} s" if c.held and c.hold_s else
+            f"**~{cap} req/s, not held**" + (f" (holds of {c.hold_s:g} s)" if c.hold_s else
+                                             " (no hold)" if judged else " (a run from before holds)"))
+    hi = f"{num(c.failing_rps)} req/s" if c.failing_rps else "not found (it held at every rate tried)"
+    sat = (f" Saturation check: the highest completion rate measured is {num(c.saturation_rps)} req/s ({c.saturation_how})."
+           if c.saturation_rps else "")
+    probes = [t for t in c.trials if t.kind == "probe"]
+    how = "each judged in steady state" if judged else "judged by the SLO alone, before the steady-state rules"
+    return (f"Capacity under the SLO {slo}: {held}; the search's answer is known within [{num(c.passing_rps)}, {hi}] "
+            f"({'converged to' if c.converged else 'not converged to'} {pct(c.precision)}; {len(probes)} trials, "
+            f"bracket then bisect, {how}; {len(c.holds)} holds).{sat} Knee of the latency curve: "
+            f"{num(c.knee_rps) + ' req/s' if c.knee_rps else 'none found'}." + "".join(f" {n.rstrip('.')}." for n in c.notes))
 
 
 def capacity_blocks(x: ServingExtra) -> list[Block]:
     c = x.capacity
     if c is None:
         return [Block(text="Capacity search: not run (capacity_search = false).")]
-    slo = x.settings.get("slo", "?")
-    if c.capacity_rps is None:
-        head = f"Capacity under the SLO {slo}: none; {'; '.join(n.rstrip('.') for n in c.notes)}."
-    else:
-        hi = f"{num(c.failing_rps)} req/s" if c.failing_rps else "not found (it held at every rate tried)"
-        head = (f"Capacity under the SLO {slo}: **{num(c.capacity_rps)} req/s**, known within [{num(c.passing_rps)}, {hi}] "
-                f"({'converged to' if c.converged else 'not converged to'} {pct(c.precision)}; {len(c.probes)} probes, "
-                f"bracket then bisect). Knee of the latency curve: {num(c.knee_rps) + ' req/s' if c.knee_rps else 'none found'}."
-                + "".join(f" {n.rstrip('.')}." for n in c.notes))
-    rows = [[i + 1, p.rate, "not judged" if p.invalid else "met" if p.ok else "missed",
-             p.invalid or p.detail.get("reason") or "-", p.detail.get("goodput_rps"),
-             p.detail.get("achieved_rate"), ms(p.detail.get("send_delay_p99_s")), p.detail.get("backlog_at_end")]
-            for i, p in enumerate(c.probes)]
-    return [Block(text=head, headers=["probe", "rate req/s", "SLO", "why", "goodput req/s", "achieved req/s",
-                                      "send delay p99 ms", "backlog at end"], rows=rows)]
+    rows = [[i + 1, t.kind, t.rate, num(t.duration_s), "not judged" if t.invalid else "met" if t.ok else "missed",
+             t.invalid or t.detail.get("reason") or "-", t.detail.get("goodput_rps"), t.detail.get("achieved_rate"),
+             t.detail.get("completion_rps"), ms(t.detail.get("send_delay_p99_s")), t.detail.get("backlog_at_end")]
+            for i, t in enumerate(c.trials)]
+    return [Block(text=capacity_line(c, x.settings.get("slo", "?")),
+                  headers=["trial", "kind", "rate req/s", "window s", "SLO", "why", "goodput req/s", "achieved req/s",
+                           "completed req/s", "send delay p99 ms", "backlog at end"], rows=rows)]
 
 
 def client_block(x: ServingExtra) -> Block:
@@ -163,12 +187,13 @@ def qps_claim(result: Any, run: Any) -> Claim:
     base = ref.metrics.qps if ref and ref.metrics else None
     cap = result.facts.slo_capacity_rps
     value = cap / base if cap and base else None
+    held = "" if result.facts.slo_capacity_held else ", not held"
     detail = (f"{ref.name} one request at a time: {num(base)} req/s; {result.name}: {num(cap)} req/s under {result.facts.slo}"
               if value and ref else f"needs the quality reference (transformers FP16) and a capacity under the SLO; "
                                     f"{result.name}'s capacity: {num(cap)} req/s")
     return Claim(key="serving-qps", claim=f"Serving: QPS {before} -> {after} ({story:.1f}x)",
                  target=f">= {story:.1f}x the FP16 baseline's QPS, as capacity under the SLO",
-                 measured=f"{num(base)} -> {num(cap)} req/s ({times(value)})" if value else "-", value=value,
+                 measured=f"{num(base)} -> {num(cap)} req/s ({times(value)}{held})" if value else "-", value=value,
                  verdict=verdict(holds(value, story)), detail=detail)
 
 
@@ -177,7 +202,7 @@ def curve_chart(result: Any, path: Path) -> Path | None:
 
     x = result.extra_as(ServingExtra)
     sweep = sorted((r for r in x.curve if r.phase == "sweep" and r.completed), key=lambda r: r.concurrency or 0)
-    rated = sorted((r for r in x.curve if r.phase in ("point", "search") and r.completed), key=lambda r: r.rate_rps or 0)
+    rated = sorted((r for r in x.curve if r.phase in ("point", "search", "hold") and r.completed), key=lambda r: r.rate_rps or 0)
     if not sweep and not rated:
         return None
     fig, axes = plt().subplots(1, 2, figsize=(11, 4.5))
@@ -187,9 +212,13 @@ def curve_chart(result: Any, path: Path) -> Path | None:
     axes[0].set(xlabel="concurrency (closed loop)", ylabel="output tokens / s", title=f"{result.name}: throughput vs concurrency")
     for attr, label in (("ttft_p99_s", "TTFT p99"), ("tpot_p99_s", "TPOT p99")):
         axes[1].plot([r.rate_rps for r in rated], [(getattr(r, attr) or float("nan")) * 1e3 for r in rated], "-o", label=label)
-    cap = result.facts.slo_capacity_rps
+    unsteady = [r for r in rated if r.steady is False]
+    if unsteady:  # a point whose server fell behind: a miss whatever its latencies
+        axes[1].plot([r.rate_rps for r in unsteady], [(r.ttft_p99_s or float("nan")) * 1e3 for r in unsteady], "x",
+                     color="red", markersize=10, label="not steady")
+    cap, held = result.facts.slo_capacity_rps, result.facts.slo_capacity_held
     if cap:
-        axes[1].axvline(cap, linestyle="--", color="gray", label=f"capacity {num(cap)} req/s")
+        axes[1].axvline(cap, linestyle="--", color="gray", label=f"capacity {num(cap)} req/s" + ("" if held else ", not held"))
     axes[1].set(xlabel="arrival rate (requests / s, open loop)", ylabel="ms", title=f"{result.name}: latency vs rate")
     axes[1].set_yscale("log")
     legend(axes[1], fontsize=8)

@@ -1,7 +1,8 @@
 """Continuous batching: requests arrive over time and join vLLM's running batch; the same
 arrivals replayed against transformers with static batching show what it buys. The stage is
-the load scenario (scenarios/arrivals_stage.py: the sweep, the throughput point, the mixed-
-length set, KV capacity, the static replay, the transformers probes) on the vLLM engine.
+the load scenario (scenarios/batching_stage.py: the sweep, the throughput point, the mixed-
+length set, KV capacity, the static replay, the transformers probes) on the vLLM engine, its
+load points run by the load machine (load/) as the serving stages' are.
 docs/batching.md defines the figures and extra's keys."""
 
 from __future__ import annotations
@@ -10,17 +11,17 @@ from llmopt_bench.core.contract import Requirements
 from llmopt_bench.engines import transformers as T
 from llmopt_bench.engines.vllm_engine import PREFETCH, VLLMEngine
 from llmopt_bench.engines.vllm_params import VLLMEngineParams, share_key
-from llmopt_bench.scenarios.arrivals import ArrivalsParams
-from llmopt_bench.scenarios.arrivals_record import BatchingExtra
-from llmopt_bench.scenarios.arrivals_stage import ArrivalsStage
+from llmopt_bench.scenarios.batching import CurveParams
+from llmopt_bench.scenarios.batching_record import BatchingExtra
+from llmopt_bench.scenarios.batching_stage import BatchingStage
 
 
-class BatchingParams(VLLMEngineParams, ArrivalsParams):
+class BatchingParams(VLLMEngineParams, CurveParams):
     max_num_seqs: int | None = 256  # the engine's running-batch limit (the story used 32)
     max_num_batched_tokens: int | None = 4096  # tokens per engine step (prefill chunks + decodes)
 
 
-class ContinuousBatchingStage(ArrivalsStage):
+class ContinuousBatchingStage(BatchingStage):
     name = "continuous-batching"
     description = "vLLM continuous batching under arrivals (closed loop or Poisson) vs the same arrivals statically batched in transformers"
     changes = "scheduling: requests join and leave the running batch every step instead of waiting for a static batch"
@@ -41,19 +42,19 @@ class ContinuousBatchingStage(ArrivalsStage):
 
     @classmethod
     def claims(cls, result, run):
-        from llmopt_bench.scenarios.arrivals_report import batching_claim
+        from llmopt_bench.scenarios.batching_report import batching_claim
 
         return [batching_claim(result.extra_as(BatchingExtra), run)]
 
     @classmethod
     def report_blocks(cls, result, run):
-        from llmopt_bench.scenarios.arrivals_report import batching_blocks
+        from llmopt_bench.scenarios.batching_report import batching_blocks
 
         return batching_blocks(result.extra_as(BatchingExtra))
 
     @classmethod
     def charts(cls, result, run, out_dir):
-        from llmopt_bench.scenarios.arrivals_report import curve_chart
+        from llmopt_bench.scenarios.batching_report import curve_chart
 
         path = curve_chart(result.name, result.extra_as(BatchingExtra).curve, out_dir / f"{result.name}-curve.png")
         return [path] if path else []

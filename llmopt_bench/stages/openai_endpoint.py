@@ -20,9 +20,10 @@ from llmopt_bench.core.contract import Stage, StageContext, StageSkipped
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.records import Block, LoadInfo, QualityRecord, StageRun
 from llmopt_bench.core.workload import WorkloadConfig, build_requests
+from llmopt_bench.engines.http_load import HTTPLoad
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient, error_kind, fix_for
 from llmopt_bench.scenarios import serving_report as R
-from llmopt_bench.scenarios.serving import ServingRun, Target
+from llmopt_bench.scenarios.serving import ServingRun
 from llmopt_bench.scenarios.serving_record import ServingExtra, ServingParams
 
 NO_QUALITY = "a server llmopt did not start: its weights are not known to llmopt, so quality is not measured"
@@ -96,11 +97,12 @@ class OpenAIEndpointStage(Stage):
                                   encode)
         tp_requests = build_requests(workload.model_copy(update={"input_len": p.throughput_input_len,
                                                                  "num_prompts": p.throughput_requests}), encode, tag="t")
-        prompt_of = (lambda r: list(r.token_ids)) if p.prompt_format == "tokens" else (lambda r: self.tok.decode(list(r.token_ids)))
-        target = Target(endpoint=self.endpoint, prompt_of=prompt_of, count_text=self.count_text if p.tokenizer else None,
-                        description={"kind": "OpenAI-compatible endpoint (not started by llmopt)", "url": p.endpoint,
-                                     "model": p.model, "api_key_env": p.api_key_env})
-        samples, extra, facts = ServingRun(target, p, requests, workload.max_new_tokens, tp_requests, ctx, workload.seed).run()
+        prompt_of = (lambda s: list(s.token_ids)) if p.prompt_format == "tokens" else (lambda s: self.tok.decode(list(s.token_ids)))
+        client = HTTPLoad(self.endpoint, prompt_of, count_text=self.count_text if p.tokenizer else None)
+        target = {"kind": "OpenAI-compatible endpoint (not started by llmopt)", "url": p.endpoint, "model": p.model,
+                  "api_key_env": p.api_key_env}
+        samples, extra, facts = ServingRun(client, target, p, requests, workload.max_new_tokens, tp_requests, ctx, workload.seed,
+                                           expected_tokens=p.force_length and p.return_token_ids).run()
         extra.owns_device = False
         quality = QualityRecord(perplexity_meaningful=False, perplexity_note=NO_QUALITY, agreement_note=NO_QUALITY,
                                 engine="openai-endpoint")

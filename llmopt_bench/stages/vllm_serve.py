@@ -18,11 +18,12 @@ from llmopt_bench.core.contract import Requirements, Stage, StageContext, StageS
 from llmopt_bench.core.records import Block, Claim, LoadInfo, QualityRecord, StageRun
 from llmopt_bench.core.workload import WorkloadConfig, build_requests
 from llmopt_bench.engines.awq_weights import AWQCheckpointParams, awq_engine
+from llmopt_bench.engines.http_load import HTTPLoad
 from llmopt_bench.engines.openai_http import Endpoint
 from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config, prepare_engine_env, weights_estimate, worker_ranks
 from llmopt_bench.engines.vllm_server import VLLMServer
 from llmopt_bench.scenarios import serving_report as R
-from llmopt_bench.scenarios.serving import ServingRun, Target
+from llmopt_bench.scenarios.serving import ServingRun
 from llmopt_bench.scenarios.serving_record import ServingExtra, ServingParams
 
 
@@ -113,13 +114,12 @@ class VLLMServeStage(Stage):
                                   self.encode)
         tp_requests = build_requests(workload.model_copy(update={"input_len": p.throughput_input_len,
                                                                  "num_prompts": p.throughput_requests}), self.encode, tag="t")
-        prompt_of = (lambda r: list(r.token_ids)) if p.prompt_format == "tokens" else (lambda r: self.tok.decode(list(r.token_ids)))
+        prompt_of = (lambda s: list(s.token_ids)) if p.prompt_format == "tokens" else (lambda s: self.tok.decode(list(s.token_ids)))
         assert self.server is not None
-        target = Target(endpoint=self.endpoint(p.request_timeout_s), prompt_of=prompt_of,
-                        description={"kind": "vllm serve (started by llmopt)", "url": self.server.base_url,
-                                     "model": self.server.served_model_name, "command": self.server.reproduce(),
-                                     "entry": " ".join(self.server.entry)})
-        samples, extra, facts = ServingRun(target, p, requests, workload.max_new_tokens, tp_requests, ctx, workload.seed).run()
+        client = HTTPLoad(self.endpoint(p.request_timeout_s), prompt_of)
+        target = {"kind": "vllm serve (started by llmopt)", "url": self.server.base_url, "model": self.server.served_model_name,
+                  "command": self.server.reproduce(), "entry": " ".join(self.server.entry)}
+        samples, extra, facts = ServingRun(client, target, p, requests, workload.max_new_tokens, tp_requests, ctx, workload.seed).run()
         quality = self.quality(ctx) if p.quality else None
         facts.devices = worker_ranks(self.engine_params)
         facts.serve_command = self.server.reproduce()

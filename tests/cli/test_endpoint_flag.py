@@ -19,7 +19,7 @@ def closed_port() -> int:
 def test_endpoint_that_refuses_connections_is_skipped_with_the_fix(tmp_path, tiny_model):
     url = f"http://127.0.0.1:{closed_port()}"
     res = run_cli("bench", "--endpoint", url, "--model", "served-name", "--api-key-env", "MY_KEY", "--slo", "ttft_p90=1s,e2e_p99=3s",
-                  "--no-report", "--output", str(tmp_path / "run"), env={"MY_KEY": "sk-secret-123"})
+                  "--hold", "600", "--no-report", "--output", str(tmp_path / "run"), env={"MY_KEY": "sk-secret-123"})
     assert res.returncode == 3, res.stderr[-2000:]
     assert "Traceback" not in res.stderr and "connection refused" in res.stderr and "fix:" in res.stderr
     run = read_run(tmp_path / "run")
@@ -27,6 +27,7 @@ def test_endpoint_that_refuses_connections_is_skipped_with_the_fix(tmp_path, tin
     assert stage["name"] == "openai-endpoint" and stage["status"] == "skipped"
     assert stage["params"]["endpoint"] == url and stage["params"]["model"] == "served-name"
     assert stage["params"]["slo"] == "ttft_p90=1s,e2e_p99=3s"  # --slo reached the serving stage
+    assert stage["params"]["hold_s"] == 600  # and --hold
     assert run["model"]["source"] == "endpoint:served-name"
     assert "sk-secret-123" not in (tmp_path / "run" / "run.json").read_text()
     # the server's model is not prepared here, and the server gets the workload defaults, not this CPU's lighter ones
@@ -60,4 +61,12 @@ def test_a_bad_slo_is_refused_before_anything_starts(tmp_path):
 
 def test_slo_without_a_serving_stage_is_refused(tmp_path):
     error = refused(run_cli("bench", "--stages", "hf-fp16", "--slo", "ttft_p99=2s", "--output", str(tmp_path / "run")))
+    assert "no serving stage" in error and not (tmp_path / "run").exists()
+
+
+def test_a_negative_hold_or_a_hold_without_a_serving_stage_is_refused(tmp_path):
+    error = refused(run_cli("bench", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--hold", "-5",
+                            "--output", str(tmp_path / "run")))
+    assert "--hold -5" in error and not (tmp_path / "run").exists()
+    error = refused(run_cli("bench", "--stages", "hf-fp16", "--hold", "60", "--output", str(tmp_path / "run")))
     assert "no serving stage" in error and not (tmp_path / "run").exists()

@@ -16,7 +16,8 @@ import pytest
 from llmopt_bench.core.workload import Request
 from llmopt_bench.engines.probe_worker import ProbeWorker
 from llmopt_bench.engines.static_batching import PEAK_SINCE_RESET, run_isolated
-from llmopt_bench.scenarios.arrivals import ArrivalsParams, LoadPoint
+from llmopt_bench.load.point import LoadPoint
+from llmopt_bench.scenarios.batching import CurveParams, CurvePoint
 from llmopt_bench.scenarios.capacity import hf_capacity
 from llmopt_bench.scenarios.mixed import static_probes
 
@@ -35,15 +36,15 @@ def capacity_job(tiny_model, batch: int, context: int) -> dict:
             "batch": batch, "context": context, "decode_steps": 4}
 
 
-def mixed_point() -> LoadPoint:
+def mixed_point() -> CurvePoint:
     lengths = [300, 20, 24, 31, 18, 260, 40, 22]
     reqs = [Request(f"r{i}", f"p{i}", tuple((5 + 7 * i + 3 * j) % 1000 + 1 for j in range(n))) for i, n in enumerate(lengths)]
-    return LoadPoint(requests=reqs, new=4, static_batch=4, concurrency=4, name="mixed")
+    return CurvePoint(load=LoadPoint(concurrency=4, num_requests=len(reqs)), requests=reqs, new=4, static_batch=4, name="mixed")
 
 
 def all_probes(tiny_model, tmp_path, probe):
     """The stage's two callers, mixed lengths then capacity, through one probe function."""
-    p = ArrivalsParams(mixed_batch=4, cap_context=64, mixed_attn_implementation="eager")
+    p = CurveParams(mixed_batch=4, cap_context=64, mixed_attn_implementation="eager")
     rows = static_probes(p, mixed_point(), tiny_model.path, "cpu", "float32", tmp_path, probe=probe)
     cap_rows, cap_probes = hf_capacity(tiny_model.path, "cpu", "float32", "eager", [256], 64, 4, 300.0, tmp_path,
                                        probe=probe)
@@ -96,7 +97,7 @@ def test_a_real_allocation_failure_is_an_oom_and_the_same_load_answers_the_next(
 
 
 def test_an_error_ends_that_probe_only_and_is_recorded_as_in_a_process_of_its_own(tiny_model, tmp_path, worker):
-    p = ArrivalsParams(mixed_batch=4, cap_context=64)
+    p = CurveParams(mixed_batch=4, cap_context=64)
     job = {"model_path": tiny_model.path, "device": "cpu", "dtype": "float32", "attn_implementation": "eager",
            "requests": [[1, 2, 3]], "max_new_tokens": 2, "batch_size": p.mixed_batch, "cap_context": p.cap_context,
            "bucket_token_budget": 256, "config": "no-such-configuration"}

@@ -1,9 +1,10 @@
 """The vllm-serve stage end to end through the real CLI on vLLM-CPU (synthetic:tiny, FP32): the
 offline vllm stage and the served one at the same engine config in one run, behind the FP16
-reference; a short sweep, a short capacity search and a small throughput point; the server
-started with an API key. One CLI run feeds every test here. Timings are not asserted, only
-what is deterministic: counts, structure, the search's invariants, the facts read back from the
-rows, the key nowhere, the server gone, the report's blocks and the recommendation."""
+reference; a short sweep, a short capacity search with a short hold and a small throughput
+point; the server started with an API key. One CLI run feeds every test here. Timings are not
+asserted, only what is deterministic: counts, structure, the search's and the hold's
+invariants, the saturation check, the facts read back from the rows, the key nowhere, the server
+gone, the report's blocks and the recommendation."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ KEY_ENV = "LLMOPT_TEST_SERVE_STAGE_KEY"
 SLO = "ttft_p90=1s,tpot_p90=100ms"
 NEW_TOKENS = 12
 SWEEP = [1, 2, 4]
+HOLD_S = 4.0
 
 JOURNEY = f"""
 [[stage]]
@@ -39,7 +41,7 @@ params = {{ dtype = "float32" }}
 [[stage]]
 name = "vllm-serve"
 params = {{ dtype = "float32", concurrency = {SWEEP}, requests_per_point = 6, warmup_s = 0.5, min_point_s = 2.0, \
-max_point_s = 8.0, slo = "{SLO}", search_precision = 0.25, search_max_probes = 5, throughput_requests = 8, \
+max_point_s = 8.0, slo = "{SLO}", search_precision = 0.25, search_max_probes = 5, hold_s = {HOLD_S}, throughput_requests = 8, \
 throughput_input_len = 16, throughput_output_len = 8, api_key_env = "{KEY_ENV}" }}
 """
 
@@ -81,25 +83,45 @@ def test_every_point_ran_and_every_request_came_back_whole(served_run):
     assert t["usage_mismatch_count"] == 0 and t["short_count"] == 0
 
 
-def test_the_capacity_search_bracketed_then_bisected(served_run):
+def test_the_capacity_search_bracketed_then_bisected_then_held(served_run):
     s = serve(served_run)
     cap, f = s["extra"]["capacity"], s["facts"]
-    probes = cap["probes"]
-    rows = [r for r in s["extra"]["curve"] if r["phase"] == "search"]
-    assert [p["rate"] for p in probes] == [r["rate_rps"] for r in rows] and 1 <= len(probes) <= 5
-    assert [p["ok"] for p in probes] == [r["slo_ok"] for r in rows]
+    trials = cap["trials"]
+    probes, holds = [t for t in trials if t["kind"] == "probe"], [t for t in trials if t["kind"] == "hold"]
+    rows = {phase: [r for r in s["extra"]["curve"] if r["phase"] == phase] for phase in ("search", "hold")}
+    assert [p["rate"] for p in probes] == [r["rate_rps"] for r in rows["search"]] and 1 <= len(probes) <= 5
+    assert [p["ok"] for p in probes] == [r["slo_ok"] for r in rows["search"]]
+    assert [h["rate"] for h in holds] == [r["rate_rps"] for r in rows["hold"]] and len(holds) <= 2
+    assert all(r["window_s"] == pytest.approx(HOLD_S) for r in rows["hold"])
     # a pass whose client fell behind is not judged (its server saw less load than asked)
-    late = [bool(r["slo_ok"] and client_late(r["queued_at_end"], r["requests"])) for r in rows]
+    late = [bool(r["slo_ok"] and client_late(r["queued_at_end"], r["requests"])) for r in rows["search"]]
     assert [bool(p.get("invalid")) for p in probes] == late
-    judged = [p for p in probes if not p.get("invalid")]
-    passed, failed = [p["rate"] for p in judged if p["ok"]], [p["rate"] for p in judged if not p["ok"]]
-    assert f["slo_capacity_rps"] == cap.get("capacity_rps") == (max(passed) if passed else None)
+    # a trial not in steady state is a miss, and its row says why
+    for r in rows["search"] + rows["hold"]:
+        if r["steady"] is False:
+            assert r["slo_ok"] is False and r["slo_reason"].startswith("not steady: ")
+    # the search's answer: the highest pass below every failure (a failed hold's too) and every untrusted trial
+    top = min([t["rate"] for t in trials if not t["ok"] and not t.get("invalid")] +
+              [t["rate"] for t in trials if t.get("invalid")], default=None)
+    passed = [t["rate"] for t in trials if t["ok"] and not t.get("invalid") and (top is None or t["rate"] < top)]
+    assert cap.get("passing_rps") == (max(passed) if passed else None)
     assert f["slo_capacity_interval"] == [cap.get("passing_rps"), cap.get("failing_rps")]  # a None end is left out
-    assert cap.get("failing_rps") == (min(failed) if failed else None)
-    # the first probe: half the sweep's best completion rate
+    # the capacity: the highest hold that met the SLO, held; never above the highest completion rate measured
+    held = [h["rate"] for h in holds if h["ok"] and not h.get("invalid")]
+    if held:
+        assert f["slo_capacity_rps"] == cap["capacity_rps"] == max(held) and cap["held"] is f["slo_capacity_held"] is True
+    else:
+        assert not cap.get("held") and not f.get("slo_capacity_held")
+    if f.get("slo_capacity_rps") is not None:
+        assert f["slo_capacity_rps"] <= f["saturation_rps"] == cap["saturation_rps"]
+        completions = [r.get("completion_rps") or r.get("qps") or 0 for r in s["extra"]["curve"] if r["phase"] != "throughput"]
+        assert f["saturation_rps"] == pytest.approx(max(completions))
+    assert f["slo_hold_s"] == HOLD_S
+    # the first trial: half the sweep's best completion rate
     best = max(r["qps"] for r in s["extra"]["curve"] if r["phase"] == "sweep")
     assert probes[0]["rate"] == pytest.approx(best / 2)
-    assert f["slo"] == SLO and len(f["slo_points"]) == len(probes)
+    assert f["slo"] == SLO and len(f["slo_points"]) == len(trials)
+    assert [p.get("hold", False) for p in f["slo_points"]] == [t["kind"] == "hold" for t in trials]
 
 
 def test_the_facts_are_the_rows(served_run):
@@ -111,11 +133,11 @@ def test_the_facts_are_the_rows(served_run):
     assert f["saturated_tok_s"] == tp["output_tok_s"] and f["saturated_how"] == "throughput point (all requests at once)"
     assert f["devices"] == 1 and f["serve_command"].startswith("vllm serve $LLMOPT_CACHE/models/")
     assert f"--api-key \"${KEY_ENV}\"" in f["serve_command"] and "--dtype float32" in f["serve_command"]
-    # the headline (the stage's samples, its metrics row) is the probe at the capacity
+    # the headline (the stage's samples, its metrics row) is the hold at the capacity (else the trial there)
     main = s["extra"]["main_point"]
-    if f["slo_capacity_rps"] is not None:
-        assert main.startswith("search: ")
-        at = next(r for r in curve if r["phase"] == "search" and r["rate_rps"] == f["slo_capacity_rps"])
+    if f.get("slo_capacity_held"):
+        assert main.startswith("hold: ")
+        at = next(r for r in curve if r["phase"] == "hold" and r["rate_rps"] == f["slo_capacity_rps"])
         assert s["metrics"]["requests"] == at["completed"] and f["goodput_rps"] == at["goodput_rps"]
     samples = [json.loads(line) for line in (served_run["out"] / "requests.jsonl").read_text().splitlines()]
     assert sum(1 for r in samples if r["stage"] == "vllm-serve") == s["metrics"]["requests"]
@@ -125,9 +147,11 @@ def test_rejudging_the_points_under_the_run_s_slo_gives_the_stage_s_verdicts(ser
     s = serve(served_run)
     from llmopt_bench.core.records import SLOPoint
 
-    for raw, row in zip(s["facts"]["slo_points"], [r for r in s["extra"]["curve"] if r["phase"] == "search"]):
+    rows = [r for r in s["extra"]["curve"] if r["phase"] in ("search", "hold")]
+    assert len(rows) == len(s["facts"]["slo_points"])
+    for raw, row in zip(s["facts"]["slo_points"], rows):
         point = SLOPoint(**raw)
-        assert point.rate_rps == row["rate_rps"] and point.slo_ok == row["slo_ok"]
+        assert point.rate_rps == row["rate_rps"] and point.slo_ok == row["slo_ok"] and point.steady == row["steady"]
         late = row["slo_ok"] and client_late(row["queued_at_end"], row["requests"])
         assert point.queued_at_end == row["queued_at_end"]
         assert judge_point(point, parse_slo(SLO), 0.01).ok == (None if late else row["slo_ok"])
@@ -157,6 +181,10 @@ def test_the_server_is_gone_and_the_key_is_nowhere(served_run):
 def test_the_report_shows_the_blocks_http_cost_and_what_to_deploy(served_run):
     text = (served_run["out"] / "report.md").read_text()
     assert "Load points (closed loop" in text and "Capacity under the SLO ttft_p90=1s,tpot_p90=100ms" in text
+    f = serve(served_run)["facts"]
+    if f.get("slo_capacity_rps") is not None:  # the capacity with its hold's length and result, and the saturation check
+        assert (f"held {HOLD_S:g} s" if f.get("slo_capacity_held") else "not held**") in text
+        assert "Saturation check: the highest completion rate measured is" in text
     http = text.split("HTTP's own cost:")[1].split("\n\n")[1]
     assert "| TTFT p50 at concurrency 1, ms | vllm |" in http and "| TPOT p50 at concurrency 1, ms | vllm |" in http
     deploy = text.split("## What to deploy")[1].split("\n## ")[0]
@@ -179,10 +207,18 @@ def test_llmopt_recommend_on_the_run(served_run):
     tight = run_cli("recommend", str(out), "--slo", "tpot_p50=0.001ms", env=env)
     assert tight.returncode == 0 and "No result meets the SLO tpot_p50=" in tight.stdout and "misses by" in tight.stdout
     loose = json.loads(run_cli("recommend", str(out), "--json", "--slo", "ttft_p99=600s,tpot_p99=600s", env=env).stdout)
-    # every point meets so loose an SLO, but one whose client fell behind cannot be judged
+    # every point in steady state meets so loose an SLO; one whose client fell behind cannot be
+    # judged; a failed hold outweighs the trials at its rate and above
     points = serve(served_run)["facts"]["slo_points"]
-    rates = [p["rate_rps"] for p in points if not client_late(p.get("queued_at_end"), p["requests"])]
-    assert loose["winner"]["capacity_rps"] == max(rates) and loose["winner"]["interval"] == [max(rates), None]
+    misses = [p["rate_rps"] for p in points if p.get("steady") is False]
+    failed_hold = min((p["rate_rps"] for p in points if p.get("hold") and p.get("steady") is False), default=None)
+    rates = [p["rate_rps"] for p in points if p.get("steady") is not False and not client_late(p.get("queued_at_end"), p["requests"])
+             and (failed_hold is None or p["rate_rps"] < failed_hold)]
+    if rates:
+        above = [m for m in misses if m > max(rates)]
+        assert loose["winner"]["capacity_rps"] == max(rates) and loose["winner"]["interval"] == [max(rates), min(above) if above else None]
+    else:
+        assert loose["winner"] is None
     for args in (("--priority", "speed"), ("--slo", "ttft=2s")):
         bad = run_cli("recommend", str(out), *args, env=env)
         assert bad.returncode == 2 and "Traceback" not in bad.stderr and "fix:" in bad.stderr

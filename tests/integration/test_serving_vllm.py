@@ -18,20 +18,26 @@ from llmopt_bench.analysis.slo import judge, parse_slo
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.workload import WorkloadConfig, build_requests
 from llmopt_bench.engines import vllm as V
+from llmopt_bench.engines.http_load import HTTPLoad
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient, error_kind
 from llmopt_bench.engines.vllm_server import (
     VLLMServer,
     free_port,
     vllm_cli_works,
 )
+from llmopt_bench.load.arrivals import arrival_offsets as arrival_times
+from llmopt_bench.load.dispatchers import cycled
+from llmopt_bench.load.engine import run_point
+from llmopt_bench.load.point import LoadPoint
+from llmopt_bench.load.record import verdict
+from llmopt_bench.load.search import Trial, find_capacity
+from llmopt_bench.load.steady import TREND_RATIO
 from llmopt_bench.procs.tree import members
-from llmopt_bench.scenarios.load import LoadPoint, arrival_times, run_point
 from llmopt_bench.scenarios.peer import (
     bench_serve_argv,
     bench_serve_command,
     export_custom_dataset,
 )
-from llmopt_bench.scenarios.slo_search import Probe, find_capacity
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -81,8 +87,10 @@ def with_client(ep: Endpoint, fn):
     return asyncio.run(go())
 
 
-def sender(client, max_tokens=N):
-    return lambda r: client.complete(r.id, r.prompt_id, r.token_ids, max_tokens, prompt_tokens=len(r.token_ids))
+def load(server, point: LoadPoint, requests, max_tokens=N):
+    """One load point on the server through the load machine's HTTP engine: its result and the client's tally."""
+    engine = HTTPLoad(endpoint(server))
+    return run_point(engine, point, cycled(requests), max_tokens, expected_tokens=max_tokens), engine.tally
 
 
 def test_the_server_started_and_says_how(served):
@@ -174,7 +182,7 @@ def test_a_short_concurrency_sweep(served, requests):
     server, _ = served
     for c in (1, 2, 4):
         point = LoadPoint(concurrency=c, num_requests=4 * c + 2, warmup_requests=2)
-        res, _ = with_client(endpoint(server), lambda client, point=point: run_point(point, requests, sender(client)))
+        res, _ = load(server, point, requests)
         assert res.sent == 4 * c and res.failed == 0 and res.warmup_excluded == 2
         assert all(s.output_tokens == N for s in res.samples)
         assert res.metrics.requests == 4 * c and res.metrics.output_tokens == 4 * c * N
@@ -191,7 +199,7 @@ def test_a_short_concurrency_sweep(served, requests):
 def test_a_short_open_loop_poisson_point(served, requests):
     server, _ = served
     point = LoadPoint(rate=6.0, duration_s=2.0, warmup_s=0.5, seed=11)
-    res, tally = with_client(endpoint(server), lambda client: run_point(point, requests, sender(client)))
+    res, tally = load(server, point, requests)
     schedule = arrival_times(6.0, None, 1.0, 11, until_s=2.0)
     assert res.sent == sum(1 for t in schedule if t >= 0.5)
     assert res.warmup_excluded == len(schedule) - res.sent
@@ -202,23 +210,92 @@ def test_a_short_open_loop_poisson_point(served, requests):
     assert verdict.ok and verdict.good_requests == res.sent
 
 
+LONG = 64  # output tokens of the overload tests: a server on two cores then completes tens of requests a second, not hundreds
+
+
+def saturated(server, requests) -> float:
+    """What the server completes a second with 128 requests of LONG tokens in flight."""
+    res, _ = load(server, LoadPoint(concurrency=128, num_requests=384, warmup_requests=128), requests, max_tokens=LONG)
+    return res.qps
+
+
+def test_a_point_the_server_cannot_keep_up_with_is_not_steady_where_the_slo_alone_met_it(served, requests):
+    """2.5 times what the server completes with 128 in flight (at most 200 req/s: the host's
+    client and server share two cores), for 9 s: an SLO loose enough that the requests that
+    finished meet it (today's verdict), and the load machine's steady-state judgement that calls
+    it a miss, completions short of arrivals first. (In 4-5 s windows the shortfall can stay
+    within the backlog's allowed jitter, which grows with the time in system: the window and
+    trend criteria said "not steady" there instead; over 8 s it does not.)"""
+    server, _ = served
+    rate = min(2.5 * saturated(server, requests), 200.0)
+    res, _ = load(server, LoadPoint(rate=rate, duration_s=9.0, warmup_s=1.0, seed=5), requests, max_tokens=LONG)
+    loose = parse_slo("ttft_p99=600s,tpot_p99=600s")
+    assert judge(loose, res.samples, res.window_s).ok  # the requests that came back came back (slowly), 99% of them
+    v = verdict(loose, res, 0.01)
+    st = res.steady
+    assert not v.ok and st.ok is False and v.reason.startswith("not steady: completions "), st
+    assert st.completion_rps < 0.95 * st.arrival_rps
+    assert len(res.samples) == res.sent  # every measured request awaited, the drain included
+
+
+def test_a_queue_that_builds_after_a_quiet_start_breaks_little_s_law_and_the_wait_rises(served, requests):
+    """A schedule given as a list (the dispatcher's input, as a trace would be): 3 s at a quarter
+    of what the server completes with 128 in flight, then 6 s at 2.5 times it. The first third's
+    time in system is the quiet one; the backlog at the window's end is far past what Little's
+    law gives for it, and the last third's wait from arrival to first token (the queue's) is
+    far above the first third's: the trend criterion on a real server."""
+    from llmopt_bench.load.dispatchers import OpenLoop
+
+    server, _ = served
+    sat = saturated(server, requests)
+    quiet = arrival_times(0.25 * sat, None, 1.0, 8, until_s=3.0)
+    busy = [3.0 + t for t in arrival_times(min(2.5 * sat, 200.0), None, 1.0, 9, until_s=6.0)]
+    src = cycled(requests)
+    schedule = OpenLoop.of([(t, src(i)) for i, t in enumerate(quiet + busy)], LONG)
+    point = LoadPoint(rate=len(schedule.offsets) / 9.0, duration_s=9.0)
+    engine = HTTPLoad(endpoint(server))
+    res = run_point(engine, point, src, LONG, expected_tokens=LONG, dispatcher=schedule)
+    assert res.sent == len(quiet) + len(busy) and res.failure_rate <= 0.01
+    st = res.steady
+    assert st.ok is False and any("Little's law gives" in r for r in st.reasons), st
+    assert st.backlog_at_end > 2 * st.little_in_flight
+    assert any(r.startswith("TTFT from arrival rose") for r in st.reasons), st
+    assert st.first_token_last_s > TREND_RATIO * st.first_token_first_s
+
+
+def test_a_light_point_keeps_up(served, requests):
+    server, _ = served
+    res, _ = load(server, LoadPoint(rate=4.0, duration_s=10.0, warmup_s=1.0, seed=6), requests)
+    st = res.steady
+    assert st is not None and not any(r.startswith("completions") or "Little" in r for r in st.reasons), st.reasons
+    assert st.backlog_at_end <= 4  # a handful in flight at 4 req/s, not a queue
+
+
+def test_a_window_shorter_than_five_times_in_system_is_not_a_verdict_of_steady(served, requests):
+    """300 tokens an answer (over a second on two cores) judged on a one-second window."""
+    server, _ = served
+    res, _ = load(server, LoadPoint(rate=2.0, duration_s=1.5, warmup_s=0.5, seed=7), requests, max_tokens=300)
+    assert res.steady.ok is False
+    assert any("too short to see a queue form" in r for r in res.steady.reasons), res.steady.reasons
+
+
 def test_a_short_capacity_search_against_the_server(served, requests):
     server, _ = served
     slo = parse_slo("ttft_p90=250ms,tpot_p90=50ms")
 
-    def measure(rate: float) -> Probe:
+    def measure(rate: float) -> Trial:
         point = LoadPoint(rate=rate, num_requests=10, warmup_requests=2, seed=int(rate * 1000))
-        res, _ = with_client(endpoint(server), lambda client: run_point(point, requests, sender(client)))
+        res, _ = load(server, point, requests)
         v = judge(slo, res.samples, res.window_s)
         ttft = next(t.value_s for t in v.targets if t.target == "ttft_p90")
-        return Probe(rate=rate, ok=v.ok, latency_s=ttft, detail={"reason": v.reason, "goodput": v.goodput_rps})
+        return Trial(rate=rate, ok=v.ok, latency_s=ttft, detail={"reason": v.reason, "goodput": v.goodput_rps})
 
     cap = find_capacity(measure, start_rate=4.0, precision=0.25, min_rate=1.0, max_rate=64.0, max_probes=7)
-    rates = [p.rate for p in cap.probes]
+    rates = [p.rate for p in cap.trials]
     assert 1 <= len(rates) <= 7 and len(set(rates)) == len(rates)
     assert all(1.0 <= r <= 64.0 for r in rates)
-    passed = [p.rate for p in cap.probes if p.ok]
-    failed = [p.rate for p in cap.probes if not p.ok]
+    passed = [p.rate for p in cap.trials if p.ok]
+    failed = [p.rate for p in cap.trials if not p.ok]
     assert cap.capacity_rps == (max(passed) if passed else None)
     assert cap.failing_rps == (min(failed) if failed else None)
     if passed and failed:

@@ -41,8 +41,8 @@ def test_cuda_search_goes_top_down_and_finds_the_largest_power_of_two_that_fits(
     assert at4k["ruled_out"] == {"batches": [64], "because": "batch 64 ran out of memory at 2048 tokens"}
     assert calls == [(64, 2048), (32, 2048), (32, 4096), (16, 4096)]
     assert len(probes) == 4
-    from llmopt_bench.scenarios.arrivals_record import CapacityRow
-    from llmopt_bench.scenarios.arrivals_report import capacity_how
+    from llmopt_bench.scenarios.batching_record import CapacityRow
+    from llmopt_bench.scenarios.batching_report import capacity_how
 
     assert capacity_how(CapacityRow(**at4k)) == "probed [32, 16]; not probed [64]: batch 64 ran out of memory at 2048 tokens"
 

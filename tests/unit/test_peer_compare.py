@@ -41,3 +41,16 @@ def test_vllm_s_client_gets_llmopt_s_extra_fields():
     args = peer.bench_serve_command("http://h:1", "m", "d.jsonl", 10, 8, extra_body={"return_token_ids": True, "min_tokens": 8})
     assert json.loads(args[args.index("--extra-body") + 1]) == {"min_tokens": 8, "return_token_ids": True}
     assert "--extra-body" not in peer.bench_serve_command("http://h:1", "m", "d.jsonl", 10, 8)
+
+
+def test_vllm_s_random_dataset_as_a_user_runs_it():
+    args = peer.bench_serve_random_command("http://h:1", "m", 450, 100, 3000, tokenizer="/t", rate=49.5, seed=3,
+                                           result_dir="out")
+    at = {k: args[args.index(k) + 1] for k in ("--dataset-name", "--random-input-len", "--random-output-len", "--num-prompts",
+                                               "--request-rate", "--tokenizer", "--seed", "--result-dir")}
+    assert at == {"--dataset-name": "random", "--random-input-len": "450", "--random-output-len": "100", "--num-prompts": "3000",
+                  "--request-rate": "49.5", "--tokenizer": "/t", "--seed": "3", "--result-dir": "out"}
+    assert "--ignore-eos" in args and "--save-result" in args and "--max-concurrency" not in args
+    assert "--dataset-path" not in args and "--custom-output-len" not in args
+    inf = peer.bench_serve_random_command("http://h:1", "m", 450, 100, 64, concurrency=1)
+    assert inf[inf.index("--request-rate") + 1] == "inf" and inf[inf.index("--max-concurrency") + 1] == "1"

@@ -32,12 +32,13 @@ def point(rate: float, ttft: float, tpot: float, n: int = 10, failed: int = 0) -
 
 
 def served(name: str, points: list[SLOPoint], *, tpot1: float = 0.01, weights: float = 1e9, regression: bool | None = False,
-           devices: int = 1, energy: float | None = None) -> StageResult:
+           devices: int = 1, energy: float | None = None, held: bool | None = True) -> StageResult:
     ok = [p.rate_rps for p in points if judge_point(p, parse_slo(SLO), 0.01).ok]
     fail = [p.rate_rps for p in points if p.rate_rps > max(ok, default=0) and not judge_point(p, parse_slo(SLO), 0.01).ok]
     facts = StageFacts(batch1_tpot_s=tpot1, batch1_ttft_s=0.02, slo=SLO, slo_max_failure_rate=0.01,
                        slo_capacity_rps=max(ok) if ok else None, slo_capacity_interval=[max(ok) if ok else None, min(fail) if fail else None],
-                       goodput_rps=max(ok) if ok else None, slo_points=points, devices=devices, serve_command=f"vllm serve m --name {name}")
+                       goodput_rps=max(ok) if ok else None, slo_points=points, devices=devices, serve_command=f"vllm serve m --name {name}",
+                       slo_capacity_held=held if ok else None, slo_hold_s=60.0 if held else None)
     quality = QualityRecord(perplexity=10.0 * (1.05 if regression else 1.0), quality_regression=regression,
                             gate="perplexity within 1% of hf's" if regression is not None else None)
     from llmopt_bench.core.results import EnergyRecord
@@ -64,6 +65,37 @@ def test_the_highest_capacity_wins_and_the_runner_up_is_next():
     assert any(t.startswith("Capacity: b 5.00 req/s") for t in rec.tradeoffs)
     text = "\n".join(lines(rec))
     assert "Deploy **b**" in text and "vllm serve m --name b" in text
+
+
+def test_a_held_capacity_outranks_a_higher_one_that_was_not_held():
+    rec = recommend(run_of(served("short", curve(5), held=None), served("held", curve(3)), served("failed", curve(4), held=False)))
+    assert [rec.winner.name, rec.runner_up.name] == ["held", "short"]
+    assert rec.winner.held is True and rec.runner_up.held is None
+    text = "\n".join(lines(rec))
+    assert "it carries 3.00 req/s (within [3.00" in text
+    assert "Capacity: held 3.00 req/s (within [3.00, 4.00]), short ~5.00 req/s, not held (within [5.00, 6.00])" in text
+    assert any(c.startswith("short's capacity was not held (~5.00 req/s from short trials)") for c in rec.caveats)
+
+
+def test_a_run_without_a_held_capacity_says_so():
+    rec = recommend(run_of(served("a", curve(3), held=None), served("b", curve(5), held=False)))
+    assert rec.winner.name == "b" and "it carries ~5.00 req/s, not held" in rec.verdict
+    assert any(c.startswith("No capacity in this run was held") for c in rec.caveats)
+    assert not any("'s capacity was not held" in c for c in rec.caveats)
+
+
+def test_a_failed_hold_outweighs_the_short_trials_at_its_rate_and_above():
+    pts = [point(r, 0.5, 0.05) for r in (1, 2, 3, 4, 5)]
+    pts[3] = pts[3].model_copy(update={"hold": True, "steady": False, "steady_reason": "not steady: completions 3.1/s for 4.0/s arriving"})
+    pts.append(point(3, 0.5, 0.05).model_copy(update={"hold": True, "steady": True}))
+    judged = rejudge(pts, parse_slo(SLO), 0.01)
+    assert judged.capacity_rps == 3 and judged.interval == [3, 4] and judged.held is True
+    miss = next(p for p in judged.points if p.rate_rps == 4)
+    assert miss.ok is False and miss.reason == "not steady: completions 3.1/s for 4.0/s arriving" and miss.worst is None
+    assert any("the hold at 4 req/s missed" in n for n in judged.notes)
+    # the short trials alone (a run from before holds: no steady verdict, no hold) say 5
+    old = rejudge([point(r, 0.5, 0.05) for r in (1, 2, 3, 4, 5)], parse_slo(SLO), 0.01)
+    assert old.capacity_rps == 5 and old.held is None
 
 
 def test_the_quality_gate_rules_out_the_fastest():

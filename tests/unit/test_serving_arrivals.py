@@ -1,4 +1,4 @@
-"""Arrival schedules: the same seed sends the same times, and the gaps have the rate and the
+"""Arrival schedules (load/arrivals.py): the same seed sends the same times, and the gaps have the rate and the
 burstiness asked for. The statistical checks use 20,000 gaps per seed over several seeds; each
 tolerance is at least five standard errors of the statistic it bounds, so a correct generator
 passes with overwhelming probability whatever the seed, and a wrong rate or shape (a gap
@@ -13,7 +13,9 @@ import statistics
 import pytest
 
 from llmopt_bench.core.errors import UsageError
-from llmopt_bench.scenarios.load import LoadPoint, arrival_times, interarrival_gaps
+from llmopt_bench.load.arrivals import arrival_offsets as arrival_times
+from llmopt_bench.load.arrivals import interarrival_gaps
+from llmopt_bench.load.point import LoadPoint
 
 N = 20_000
 

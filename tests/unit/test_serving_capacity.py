@@ -1,4 +1,4 @@
-"""The capacity search (scenarios/slo_search.py) against an M/M/1 queue, whose answer is known
+"""The capacity search (load/search.py) against an M/M/1 queue, whose answer is known
 in closed form: a server that completes mu requests/s on average, fed Poisson arrivals at
 lambda < mu, keeps each request for an exponential time of rate mu - lambda, so the p99 time in
 system is ln(100) / (mu - lambda). With the SLO p99 <= L, the capacity is mu - ln(100) / L."""
@@ -10,15 +10,15 @@ import math
 import pytest
 
 from llmopt_bench.core.errors import UsageError
+from llmopt_bench.load.search import Trial, find_capacity, knee
 from llmopt_bench.scenarios.serving_record import ServingExtra
-from llmopt_bench.scenarios.slo_search import Probe, find_capacity, knee
 
 
 def mm1(mu: float, limit_s: float, calls: list[float]):
-    def measure(rate: float) -> Probe:
+    def measure(rate: float) -> Trial:
         calls.append(rate)
         p99 = math.log(100) / (mu - rate) if rate < mu else math.inf
-        return Probe(rate=rate, ok=p99 <= limit_s, latency_s=p99 if math.isfinite(p99) else 1e6)
+        return Trial(rate=rate, ok=p99 <= limit_s, latency_s=p99 if math.isfinite(p99) else 1e6)
     return measure
 
 
@@ -39,8 +39,8 @@ def test_the_search_brackets_the_known_capacity_to_the_precision_asked(mu, limit
     bracket = math.ceil(abs(math.log2(want / start))) + 1
     assert len(calls) <= bracket + math.ceil(math.log2(1 / 0.05)) + 1
     # every passing probe lies below every failing one, and each answer is the model's own
-    assert max(p.rate for p in cap.probes if p.ok) < min(p.rate for p in cap.probes if not p.ok)
-    assert [p.rate for p in cap.probes] == calls
+    assert max(p.rate for p in cap.trials if p.ok) < min(p.rate for p in cap.trials if not p.ok)
+    assert [p.rate for p in cap.trials] == calls
 
 
 def test_a_finer_precision_narrows_the_interval_with_more_probes():
@@ -81,7 +81,7 @@ def test_a_one_sided_search_survives_the_stages_record(mu, start, kw):
 def late_client(measure, limit_rps: float):
     """The same server, driven by a client that cannot send faster than limit_rps: a pass above
     it is not judged (scenarios/serving.py), a miss stays a miss."""
-    def probe(rate: float) -> Probe:
+    def probe(rate: float) -> Trial:
         p = measure(rate)
         return p.model_copy(update={"invalid": "the client fell behind"}) if rate > limit_rps and p.ok else p
     return probe
@@ -93,8 +93,8 @@ def test_a_client_that_falls_behind_caps_the_search_below_it():
     # the server holds to ~97.7 req/s; the client can test up to 30: the answer is a lower bound
     assert cap.capacity_rps is not None and 30.0 / 1.05 <= cap.capacity_rps <= 30.0
     assert cap.failing_rps is None and not cap.converged
-    assert all(p.ok for p in cap.probes if not p.invalid)
-    late = [p.rate for p in cap.probes if p.invalid]
+    assert all(p.ok for p in cap.trials if not p.invalid)
+    late = [p.rate for p in cap.trials if p.invalid]
     assert late and min(late) > cap.capacity_rps
     assert any("measure the client, not the server" in n for n in cap.notes)
     assert any("at least" in n for n in cap.notes)
@@ -102,14 +102,14 @@ def test_a_client_that_falls_behind_caps_the_search_below_it():
 
 def test_a_server_failure_below_the_clients_limit_still_converges():
     cap = find_capacity(late_client(mm1(10.0, 2.0, []), 50.0), 1.0, precision=0.05)
-    assert cap.converged and not any(p.invalid for p in cap.probes)
+    assert cap.converged and not any(p.invalid for p in cap.trials)
     assert cap.passing_rps <= true_capacity(10.0, 2.0) < cap.failing_rps
 
 
 def test_a_client_late_from_the_first_probe_finds_no_capacity_above_it():
     cap = find_capacity(late_client(mm1(100.0, 2.0, []), 0.5), 4.0, min_rate=0.25, precision=0.05)
     assert cap.capacity_rps is not None and cap.capacity_rps <= 0.5 and not cap.converged
-    assert [p.rate for p in cap.probes][:4] == [4.0, 2.0, 1.0, 0.5]
+    assert [p.rate for p in cap.trials][:4] == [4.0, 2.0, 1.0, 0.5]
 
 
 def test_the_probe_budget_is_kept():

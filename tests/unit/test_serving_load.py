@@ -1,8 +1,9 @@
-"""The load driver (scenarios/load.py) against a small asyncio service: one worker that serves
-requests first come, first served, a fixed time each, streaming a token at a time. It is the
-driver's bookkeeping that is tested here (who counts, who is excluded, what was left in flight),
-with margins that no scheduling jitter can cross; the driver against vLLM's real server is in
-tests/integration/test_serving_vllm.py."""
+"""The load machine (load/) through the asyncio loop every HTTP client runs
+(engines/http_load.drive_async) against a small asyncio service: one worker that serves requests
+first come, first served, a fixed time each, streaming a token at a time. It is the driver's
+bookkeeping that is tested here (who counts, who is excluded, what was left in flight), with
+margins that no scheduling jitter can cross; the driver against vLLM's real server is in
+tests/integration/test_serving_vllm.py, the arithmetic alone in test_load_point.py."""
 
 from __future__ import annotations
 
@@ -10,10 +11,15 @@ import asyncio
 
 import pytest
 
+from llmopt_bench.core.dispatch import Send
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Request
+from llmopt_bench.engines.http_load import drive_async
+from llmopt_bench.load.arrivals import arrival_offsets
+from llmopt_bench.load.dispatchers import cycled
+from llmopt_bench.load.engine import run_point
+from llmopt_bench.load.point import LoadPoint
 from llmopt_bench.measure.timing import now
-from llmopt_bench.scenarios.load import LoadPoint, arrival_times, run_point
 
 REQUESTS = [Request(id=f"r{i}", prompt_id=f"p{i}", token_ids=(1, 2, 3)) for i in range(3)]
 
@@ -28,7 +34,7 @@ class FifoService:
         self.most_live = 0
         self.calls = 0
 
-    async def send(self, r: Request) -> RequestSample:
+    async def send(self, r: Send) -> RequestSample:
         self.calls += 1
         call = self.calls
         self.live += 1
@@ -49,8 +55,18 @@ class FifoService:
                              error="timeout: made up by the test service" if failed else None)
 
 
+class AsyncEngine:
+    """The service as an engine of the load machine, through the HTTP client's own loop."""
+
+    def __init__(self, service: FifoService):
+        self.service = service
+
+    def drive(self, dispatcher) -> None:
+        asyncio.run(drive_async(dispatcher, self.service.send))
+
+
 def run(point: LoadPoint, service: FifoService):
-    return asyncio.run(run_point(point, REQUESTS, service.send))
+    return run_point(AsyncEngine(service), point, cycled(REQUESTS), service.tokens)
 
 
 def test_closed_loop_keeps_concurrency_and_excludes_the_warmup_requests():
@@ -72,13 +88,14 @@ def test_open_loop_sends_the_seeded_schedule_and_counts_what_was_left_in_flight(
     svc = FifoService(step_s=0.025, tokens=4)
     point = LoadPoint(rate=40.0, duration_s=1.0, warmup_s=0.25, seed=3)
     res = run(point, svc)
-    schedule = arrival_times(40.0, None, 1.0, 3, until_s=1.0)
+    schedule = arrival_offsets(40.0, None, 1.0, 3, until_s=1.0)
     assert svc.calls == len(schedule)
     assert res.sent == sum(1 for t in schedule if t >= 0.25)
     assert res.warmup_excluded == len(schedule) - res.sent
     # at most ~10 of the arrivals were served inside the 1 s window: the rest waited
     assert res.in_flight_at_end >= len(schedule) - 12
-    assert res.drain_s > 0.5 and res.achieved_rate == pytest.approx(res.sent / 0.75, rel=0.2)
+    # the window is [warm-up, duration]: its arrivals over its 0.75 s, exactly
+    assert res.drain_s > 0.5 and res.achieved_rate == pytest.approx(res.sent / 0.75, rel=1e-9)
     assert res.send_delay_s is not None and res.send_delay_s.n == res.sent
 
 

@@ -19,7 +19,6 @@ from llmopt_bench.core.workload import (
     load_prompt_set,
     load_prompts,
     option_name,
-    poisson_arrivals,
     resolve_workload,
     select_prompts,
 )
@@ -188,7 +187,13 @@ def test_build_requests_with_input_len(tmp_path):
     assert sorted({len(r.token_ids) for r in free}) == [2, 300]
 
 
-# --- arrivals -----------------------------------------------------------------------------
+# --- arrivals (the one generator: load/arrivals.py) ------------------------------------------
+
+def poisson_arrivals(rate: float, n: int, seed: int = 0) -> list[float]:
+    from llmopt_bench.load.arrivals import arrival_offsets
+
+    return arrival_offsets(rate, n, 1.0, seed)
+
 
 def test_poisson_arrivals_mean_rate():
     rate, n = 5.0, 20000

@@ -1,13 +1,13 @@
 """The load scenario as a stage: requests arrive over time at a continuous-batching engine, and
 the same arrivals are replayed against transformers with a static batcher. A stage is this
-scenario on an engine (ArrivalsStage.start_engine); run() is its phases, in order:
+scenario on an engine (BatchingStage.start_engine); run() is its phases, in order:
 
-1. sweep: every load point on the continuous engine (closed loop or Poisson);
+1. sweep: every load point on the continuous engine (closed loop or Poisson), on the load machine (load/);
 2. throughput: the all-at-once point (throughput_point = true);
 3. mixed_continuous: the mixed-length set on the continuous engine;
 4. kv_capacity: the KV cache and the sequences of each context it holds;
 5. shutdown: the engine goes; device memory before, with and after it (lifecycle);
-6. static_replay: transformers in this process, the same requests and arrivals, static batches;
+6. static_replay: transformers in this process, the same points (requests, loops, arrivals), static batches;
 7. mixed_probes, transformers_capacity: transformers probes through one probe worker that loads
    the model once (engines/probe_worker.py: an OOM ends the probe only).
 
@@ -18,7 +18,7 @@ kept on disk after each phase (ctx.keep_partial). docs/batching.md defines the f
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar, Protocol, Sequence
+from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel
 
@@ -30,13 +30,16 @@ from llmopt_bench.engines.lifecycle import device_memory, rss, wait_freed
 from llmopt_bench.engines.probe_worker import ProbeWorker
 from llmopt_bench.engines.static_engine import StaticEngine
 from llmopt_bench.engines.vllm_kv import KVCacheRecord
+from llmopt_bench.load.dispatchers import cycled
+from llmopt_bench.load.engine import LoadEngine, run_point
+from llmopt_bench.load.point import LoadPoint, PointResult, combine
 from llmopt_bench.procs.tree import cmdline, descendants
 from llmopt_bench.scenarios import mixed
-from llmopt_bench.scenarios.arrivals import (
+from llmopt_bench.scenarios.batching import (
     H200_REFERENCE,
-    ArrivalsParams,
-    LoadPoint,
-    RequestSource,
+    CurveParams,
+    CurvePoint,
+    EngineRequests,
     add_speedups,
     facts,
     plan_points,
@@ -44,12 +47,13 @@ from llmopt_bench.scenarios.arrivals import (
     point_row,
     sweep_settings,
 )
-from llmopt_bench.scenarios.arrivals_record import BatchingExtra, CapacityRow, CurveRow, ThroughputPoint
+from llmopt_bench.scenarios.batching_record import BatchingExtra, CapacityRow, CurveRow, ThroughputPoint
 from llmopt_bench.scenarios.capacity import hf_capacity, vllm_capacity_rows
 
 
-class ContinuousEngine(Protocol):
-    """What the scenario needs of a continuous-batching engine (engines/vllm_engine.VLLMEngine)."""
+class ContinuousEngine(LoadEngine, Protocol):
+    """What the scenario needs of a continuous-batching engine (engines/vllm_engine.VLLMEngine):
+    the load machine's engine (drive), and what the stage records of it."""
 
     cfg: Any  # .dtype: the dtype the static replay and the probes load transformers in
     params: Any  # .max_num_seqs, .max_num_batched_tokens: the scheduler's limits, recorded
@@ -57,15 +61,12 @@ class ContinuousEngine(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def serve_load(self, requests: Sequence[Any], max_new_tokens: int, *, arrivals: Sequence[float] | None,
-                   concurrency: int | None, repeat: int = 0, progress: Any = None) -> list[RequestSample]: ...
-
     def kv_cache(self, max_num_seqs: int | None = None, log_path: Any = None) -> KVCacheRecord | None: ...
 
     def close(self) -> None: ...
 
 
-class ArrivalsStage(Stage):
+class BatchingStage(Stage):
     """A stage that runs the load scenario on the engine start_engine() gives."""
 
     own_workload = True  # arrivals at several concurrencies, not one request at a time
@@ -77,28 +78,29 @@ class ArrivalsStage(Stage):
     def load(self, model, params, ctx: StageContext) -> LoadInfo:
         self.engine: ContinuousEngine | None = None
         self.static: StaticEngine | None = None
-        self.params: ArrivalsParams = params
+        self.params: CurveParams = params
         self.model, self.device, self.ctx = model, ctx.device, ctx
         self.notes: list[str] = []
         # NVML only before the engine: touching CUDA here would force vLLM to spawn
         self.lifecycle: dict[str, Any] = {"device": ctx.device, "before_engine": device_memory(use_torch=False),
                                           "processes_before_engine": len(descendants())}
-        self.points: list[LoadPoint] = []
+        self.points: list[CurvePoint] = []
         self.samples: list[RequestSample] = []  # the main point's: the stage's samples
-        self.tp_point: LoadPoint | None = None
-        self.mixed_point: LoadPoint | None = None
+        self.tp_point: CurvePoint | None = None
+        self.mixed_point: CurvePoint | None = None
         self.engine, info = self.start_engine(model, params, ctx)
         if info.implementation.get("engine_shared_with"):  # the engine was up before this stage: its baseline
             self.lifecycle.update(getattr(self.engine, "baseline", {}))
         self.dtype = self.engine.cfg.dtype  # transformers loads in the engine's dtype, after the engine is gone
-        self.source = RequestSource(self.engine.encode, self.engine.max_model_len, self.notes)
+        self.source = EngineRequests(self.engine.encode, self.engine.max_model_len, self.notes)
         return info
 
     def warmup(self, workload: WorkloadConfig, ctx: StageContext) -> None:
         if workload.warmup:
-            reqs = build_requests(workload, self.engine.encode, count=max(workload.warmup, 2), tag="w")
-            self.engine.serve_load(self.source.fit(reqs, workload.max_new_tokens), workload.max_new_tokens,
-                                   arrivals=None, concurrency=min(len(reqs), self.params.main_concurrency))
+            reqs = self.source.fit(build_requests(workload, self.engine.encode, count=max(workload.warmup, 2), tag="w"),
+                                   workload.max_new_tokens)
+            run_point(self.engine, LoadPoint(concurrency=min(len(reqs), self.params.main_concurrency), num_requests=len(reqs)),
+                      cycled(reqs), workload.max_new_tokens)
 
     def run(self, workload: WorkloadConfig, ctx: StageContext) -> StageRun:
         p = self.params
@@ -128,20 +130,19 @@ class ArrivalsStage(Stage):
 
     # --- the continuous engine ------------------------------------------------------------
 
-    def serve(self, point: LoadPoint, repeats: int = 1) -> list[RequestSample]:
+    def serve(self, point: CurvePoint, repeats: int = 1) -> PointResult:
         """A point on the continuous engine, each repeat a timed window under the point's key."""
-        got: list[RequestSample] = []
-        label, n = point.label("continuous"), len(point.requests)
+        got: list[PointResult] = []
+        label, n = point.label("continuous"), len(point.requests) + len(point.ramp)
         for rep in range(repeats):
             with self.ctx.meter.window(point.meter_key("continuous")) as window:
-                samples = self.engine.serve_load(point.requests, point.new, arrivals=point.arrivals,
-                                                 concurrency=point.concurrency, repeat=rep,
-                                                 progress=lambda d: self.ctx.progress(label, d, n))
-                window.tokens = sum(s.output_tokens for s in samples if s.ok)
-            got += samples
-        return got
+                res = run_point(self.engine, point.load, point.source(), point.new, expected_tokens=point.new, repeat=rep,
+                                progress=lambda d: self.ctx.progress(label, d, n))
+                window.tokens = res.all_output_tokens
+            got.append(res)
+        return combine(got)
 
-    def energy(self, point: LoadPoint, mode: str) -> dict[str, Any] | None:
+    def energy(self, point: CurvePoint, mode: str) -> dict[str, Any] | None:
         """The point's joules per output token over its timed windows; None without a counter."""
         return self.ctx.meter.per_key().get(point.meter_key(mode))
 
@@ -158,7 +159,7 @@ class ArrivalsStage(Stage):
         for point in self.points:
             got = self.serve(point, workload.repeats if point.main else 1)
             if point.main:
-                self.samples = got
+                self.samples = got.samples
             self.extra.curve.append(point_row(point, "continuous", got, p, energy=self.energy(point, "continuous")))
 
     def throughput(self, workload: WorkloadConfig) -> None:
@@ -172,11 +173,11 @@ class ArrivalsStage(Stage):
     def mixed_continuous(self) -> None:
         point = self.mixed_point
         t0 = time.perf_counter()
-        got = self.engine.serve_load(point.requests, point.new, arrivals=None, concurrency=point.concurrency,
-                                     progress=lambda d: self.ctx.progress(point.label("continuous"), d, len(point.requests)))
+        got = run_point(self.engine, point.load, point.source(), point.new, expected_tokens=point.new,
+                        progress=lambda d: self.ctx.progress(point.label("continuous"), d, len(point.requests)))
         wall = time.perf_counter() - t0
         row = point_row(point, "continuous", got, self.params)
-        self.extra.mixed = [mixed.continuous_row(point, self.n_long, got, wall, row)]
+        self.extra.mixed = [mixed.continuous_row(point, self.n_long, got.samples, wall, row)]
 
     def kv_capacity(self) -> None:
         limit = self.engine.params.max_num_seqs
@@ -217,22 +218,21 @@ class ArrivalsStage(Stage):
         self.close_static()
         add_speedups(self.extra.curve)
 
-    def serve_static(self, point: LoadPoint) -> CurveRow:
+    def serve_static(self, point: CurvePoint) -> CurveRow:
         """A point through the static batcher in one timed window; an OOM at this batch size is
         a row (oom, the error), with no energy: its window never closed."""
-        label, n, key = point.label("static"), len(point.requests), point.meter_key("static")
+        label, n, key = point.label("static"), len(point.requests) + len(point.ramp), point.meter_key("static")
+        batcher = self.static.batcher(point.static_batch, self.params.static_timeout_s, lambda d: self.ctx.progress(label, d, n))
         try:
             with self.ctx.meter.window(key) as window:
-                got = self.static.serve(point.requests, point.new, batch_size=point.static_batch,
-                                        timeout_s=self.params.static_timeout_s, arrivals=point.arrivals,
-                                        concurrency=point.concurrency, progress=lambda d: self.ctx.progress(label, d, n))
-                window.tokens = sum(s.output_tokens for s in got if s.ok)
+                got = run_point(batcher, point.load, point.source(), point.new, expected_tokens=point.new)
+                window.tokens = got.all_output_tokens
         except BaseException as e:  # noqa: BLE001 - an OOM at this batch size is a result
             if not is_oom(e):
                 raise
             msg = describe(e, 200)
             self.static.release_cache()
-            return point_row(point, "static", [], self.params, oom=True, error=msg)
+            return point_row(point, "static", None, self.params, oom=True, error=msg)
         return point_row(point, "static", got, self.params, energy=self.energy(point, "static"))
 
     def close_static(self) -> None:

@@ -11,14 +11,15 @@ from llmopt_bench.analysis.claims import holds, verdict
 from llmopt_bench.analysis.selectors import p50_of, ratio, reference
 from llmopt_bench.core.fmt import gb, ms, num, pct, times
 from llmopt_bench.core.records import Block, Claim
-from llmopt_bench.scenarios.arrivals_record import BatchingExtra, CapacityRow, CurveRow
+from llmopt_bench.scenarios.batching_record import BatchingExtra, CapacityRow, CurveRow
 
 
 def curve_block(curve: list[CurveRow]) -> Block:
     return Block(headers=["mode", "concurrency", "rate req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms",
-                          "TPOT p99 ms", "goodput req/s", "requests"],
+                          "TPOT p99 ms", "goodput req/s", "requests", "steady"],
                  rows=[[r.mode, r.concurrency, r.rate_rps, r.output_tok_s, ms(r.ttft_p50_s), ms(r.ttft_p99_s),
-                        ms(r.tpot_p50_s), ms(r.tpot_p99_s), r.goodput_rps, r.requests] for r in curve])
+                        ms(r.tpot_p50_s), ms(r.tpot_p99_s), r.goodput_rps, r.requests,
+                        r.steady_reason or ("-" if r.steady is None else "yes")] for r in curve])
 
 
 def capacity_how(row: CapacityRow) -> str:

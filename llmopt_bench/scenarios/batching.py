@@ -1,20 +1,24 @@
-"""The load scenario's plan and its arithmetic: which load points to run (closed-loop
+"""continuous-batching's load curve, declared: which load points to run (closed-loop
 concurrencies or Poisson arrival rates, requests per point, the main point, the all-at-once
-throughput point), the requests fitted to the engine, and each point's requests summarized
-into a CurveRow (throughput, latency percentiles, goodput, energy). Nothing here runs an
-engine: arrivals_stage.py serves the points; docs/batching.md defines every figure."""
+throughput point), the requests fitted to the engine, and each point's result as a CurveRow.
+The points run on the load machine (load/: the same loops, figures and steady-state judgement
+as the serving stages), on vLLM and on the static batcher; batching_stage.py runs the phases;
+docs/batching.md defines every figure."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
 from pydantic import Field
 
-from llmopt_bench.analysis.metrics import compute, tpot, ttft
-from llmopt_bench.core.records import RequestSample, StageFacts, StrictModel
-from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests, poisson_arrivals
-from llmopt_bench.scenarios.arrivals_record import BatchingExtra, CurveRow
+from llmopt_bench.analysis.slo import SLO, Target
+from llmopt_bench.core.records import StageFacts, StrictModel
+from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests
+from llmopt_bench.load.dispatchers import RequestSource, cycled
+from llmopt_bench.load.point import LoadPoint, PointResult
+from llmopt_bench.load.record import figures
+from llmopt_bench.scenarios.batching_record import BatchingExtra, CurveRow
 
 Attn = Literal["eager", "sdpa", "flash_attention_2"]
 H200_REFERENCE = {"vllm_fp16_batch1_ms_per_token": 4.63, "vllm_fp16_256x128_out_tok_s": 11311,
@@ -22,7 +26,7 @@ H200_REFERENCE = {"vllm_fp16_batch1_ms_per_token": 4.63, "vllm_fp16_256x128_out_
                   "model": "Llama-2-7B shape, FP16, one H200"}
 
 
-class ArrivalsParams(StrictModel):
+class CurveParams(StrictModel):
     """The scenario's own params; a stage adds its engine's (BatchingParams)."""
 
     # the load curve
@@ -31,7 +35,7 @@ class ArrivalsParams(StrictModel):
     rates: list[float] = Field(default_factory=lambda: [1.0, 4.0, 16.0])  # requests/s (poisson mode)
     main_concurrency: int = Field(16, ge=1)  # the point whose samples the stage returns
     main_rate: float | None = None  # poisson mode; default: the middle rate
-    min_requests: int = Field(32, ge=1)  # requests per point: max(min_requests, 4 * concurrency)...
+    min_requests: int = Field(32, ge=1)  # measured requests per point: max(min_requests, 4 * concurrency)...
     max_requests: int = Field(256, ge=1)  # ...capped here
     poisson_requests: int = Field(64, ge=1)
     input_len: int | None = Field(None, ge=1)  # override the workload's prompt length (e.g. 128)
@@ -43,7 +47,7 @@ class ArrivalsParams(StrictModel):
     throughput_requests: int = 256
     throughput_input_len: int = 128
     throughput_output_len: int = 128
-    # the same arrivals, statically batched in transformers
+    # the same load, statically batched in transformers
     static_replay: bool = True
     static_timeout_s: float = 0.05  # a static batch starts when N wait or the oldest waited this long
     static_batch_size: int | None = None  # N; default: the point's concurrency (poisson: main_concurrency)
@@ -63,27 +67,42 @@ class ArrivalsParams(StrictModel):
     mixed_attn_implementation: Attn = "eager"
     probe_timeout_s: float = 900.0
 
+    def goodput_slo(self) -> SLO:
+        """Goodput's targets: each request's own TTFT and TPOT within the limits."""
+        return SLO(targets=[Target(metric="ttft", percentile=99, limit_s=self.slo_ttft_s),
+                            Target(metric="tpot", percentile=99, limit_s=self.slo_tpot_s)])
+
 
 @dataclass
-class LoadPoint:
-    """One load point: its requests, and how they arrive (arrivals: offsets in s, open loop;
-    else at most `concurrency` in flight, closed loop)."""
+class CurvePoint:
+    """One point of the curve: its load (closed loop, with its ramp left out, or Poisson
+    arrivals), its measured requests and the ramp's, and how the static replay batches it."""
 
-    requests: list[Request]
+    load: LoadPoint
+    requests: list[Request]  # the measured ones
     new: int  # output tokens per request (forced: EOS ignored)
     static_batch: int  # N of the static replay at this point
-    concurrency: int | None = None
-    arrivals: list[float] | None = None
-    rate_rps: float | None = None
+    ramp: list[Request] = field(default_factory=list)  # a closed loop's first request per user, not measured
     main: bool = False  # its continuous samples are the stage's
     name: str | None = None  # a point off the curve ("throughput")
     input_len: int | None = None  # recorded in the row (the throughput point's lengths)
     output_len: int | None = None
 
+    @property
+    def concurrency(self) -> int | None:
+        return self.load.concurrency
+
+    @property
+    def rate_rps(self) -> float | None:
+        return self.load.rate
+
+    def source(self) -> RequestSource:
+        return cycled(self.ramp + self.requests)
+
     def row_key(self, mode: str) -> dict[str, Any]:
         """What names the point in its CurveRow (the keys run.json has always had)."""
         key: dict[str, Any] = {"mode": mode, "concurrency": self.concurrency}
-        if self.arrivals is not None:
+        if self.rate_rps is not None:
             key["rate_rps"] = self.rate_rps
         if self.input_len is not None:
             key.update(input_len=self.input_len, output_len=self.output_len)
@@ -92,7 +111,7 @@ class LoadPoint:
         return key
 
     def label(self, mode: str) -> str:
-        where = f"{self.rate_rps} req/s" if self.arrivals is not None else f"concurrency {self.concurrency}"
+        where = f"{self.rate_rps} req/s" if self.rate_rps is not None else f"concurrency {self.concurrency}"
         return f"{mode}: {where}"
 
     def meter_key(self, mode: str) -> str:
@@ -100,7 +119,7 @@ class LoadPoint:
         serving is "main" (the stage's headline joules per token), the others name the point."""
         if self.main and mode == "continuous":
             return "main"
-        where = self.name or (f"{self.rate_rps:g}rps" if self.arrivals is not None else f"c{self.concurrency}")
+        where = self.name or (f"{self.rate_rps:g}rps" if self.rate_rps is not None else f"c{self.concurrency}")
         return f"{mode}@{where}"
 
 
@@ -117,7 +136,7 @@ def fit_requests(reqs: list[Request], new: int, max_model_len: int, notes: list[
 
 
 @dataclass
-class RequestSource:
+class EngineRequests:
     """The workload's requests as the engine sees them: encoded by its tokenizer, and fitted
     to its max_model_len (notes say what was cut)."""
 
@@ -135,80 +154,64 @@ class RequestSource:
         return self.fit(self.build(workload, count, tag), new)
 
 
-def main_rate(p: ArrivalsParams) -> float:
+def main_rate(p: CurveParams) -> float:
     return p.main_rate if p.main_rate is not None else sorted(p.rates)[len(p.rates) // 2]
 
 
-def requests_per_point(p: ArrivalsParams, concurrency: int) -> int:
+def requests_per_point(p: CurveParams, concurrency: int) -> int:
     return min(p.max_requests, max(p.min_requests, 4 * concurrency))
 
 
-def plan_points(p: ArrivalsParams, workload: WorkloadConfig, source: RequestSource) -> list[LoadPoint]:
-    """The curve's points in order: every concurrency (and the main one), or every rate (and
-    the main one), each with its requests; Poisson arrivals seeded per point."""
+def plan_points(p: CurveParams, workload: WorkloadConfig, source: EngineRequests) -> list[CurvePoint]:
+    """The curve's points in order: every concurrency (and the main one), each a closed loop
+    whose ramp (a first request per user) is left out; or every rate (and the main one), Poisson
+    arrivals seeded per point."""
     wl = workload.model_copy(update={"input_len": p.input_len}) if p.input_len else workload
     new = p.output_len or workload.max_new_tokens
     if p.mode == "closed":
-        return [LoadPoint(requests=source.make(wl, requests_per_point(p, c), new, "r"), new=new, concurrency=c,
-                          static_batch=p.static_batch_size or c, main=c == p.main_concurrency)
-                for c in sorted(set(p.concurrency) | {p.main_concurrency})]
+        out = []
+        for c in sorted(set(p.concurrency) | {p.main_concurrency}):
+            n = requests_per_point(p, c)
+            out.append(CurvePoint(load=LoadPoint(concurrency=c, num_requests=n + c, warmup_requests=c),
+                                  requests=source.make(wl, n, new, "r"), ramp=source.make(wl, c, new, "u"), new=new,
+                                  static_batch=p.static_batch_size or c, main=c == p.main_concurrency))
+        return out
     main = main_rate(p)
     n = min(p.max_requests, p.poisson_requests)
-    return [LoadPoint(requests=source.make(wl, n, new, "r"), new=new, arrivals=poisson_arrivals(rate, n, seed=workload.seed + k),
-                      rate_rps=rate, static_batch=p.static_batch_size or p.main_concurrency, main=rate == main)
+    return [CurvePoint(load=LoadPoint(rate=rate, num_requests=n, seed=workload.seed + k), requests=source.make(wl, n, new, "r"),
+                       new=new, static_batch=p.static_batch_size or p.main_concurrency, main=rate == main)
             for k, rate in enumerate(sorted(set(p.rates) | {main}))]
 
 
-def plan_throughput_point(p: ArrivalsParams, workload: WorkloadConfig, source: RequestSource) -> LoadPoint:
+def plan_throughput_point(p: CurveParams, workload: WorkloadConfig, source: EngineRequests) -> CurvePoint:
     """throughput_requests requests of throughput_input_len tokens, all in flight at once."""
     wl = workload.model_copy(update={"input_len": p.throughput_input_len})
     n = p.throughput_requests
-    return LoadPoint(requests=source.make(wl, n, p.throughput_output_len, "t"), new=p.throughput_output_len, concurrency=n,
-                     static_batch=n, name="throughput", input_len=p.throughput_input_len,
-                     output_len=p.throughput_output_len)
+    return CurvePoint(load=LoadPoint(concurrency=n, num_requests=n), requests=source.make(wl, n, p.throughput_output_len, "t"),
+                      new=p.throughput_output_len, static_batch=n, name="throughput", input_len=p.throughput_input_len,
+                      output_len=p.throughput_output_len)
 
 
-def sweep_settings(p: ArrivalsParams, workload: WorkloadConfig, output_len: int) -> dict[str, Any]:
+def sweep_settings(p: CurveParams, workload: WorkloadConfig, output_len: int) -> dict[str, Any]:
     return {"mode": p.mode, "main_concurrency": p.main_concurrency, "main_rate": main_rate(p) if p.mode == "poisson" else None,
             "slo_ttft_s": p.slo_ttft_s, "slo_tpot_s": p.slo_tpot_s, "output_len": output_len,
             "input_len": p.input_len or workload.input_len, "static_timeout_s": p.static_timeout_s,
-            "static_attn_implementation": p.static_attn_implementation}
+            "static_attn_implementation": p.static_attn_implementation,
+            "closed_loop_warmup": "each user's first request (the ramp)" if p.mode == "closed" else None}
 
 
-def summarize(samples: list[RequestSample], *, requested: int, expected_tokens: int, slo_ttft_s: float,
-              slo_tpot_s: float, oom: bool = False, energy: dict[str, Any] | None = None, **keys: Any) -> CurveRow:
-    """One curve row: throughput, latency percentiles and goodput of a point's complete
-    requests (every requested token produced), and its timed window's energy where measured."""
-    complete = [s for s in samples if s.ok and s.output_tokens == expected_tokens]
-    repeats = max(1, len({s.repeat for s in samples}))
-    m = compute(complete) if complete else None
-    goodputs = []
-    for rep in sorted({s.repeat for s in complete}):
-        group = [s for s in complete if s.repeat == rep]
-        window = max(s.t_done for s in group) - min(s.t_submit for s in group)
-        good = [s for s in group if ttft(s) <= slo_ttft_s and (tpot(s) is None or tpot(s) <= slo_tpot_s)]
-        if window > 0:
-            goodputs.append(len(good) / window)
-
-    def pct(d: Any, q: str) -> float | None:
-        return getattr(d, q) if d is not None else None
-
-    row = CurveRow(**keys, requests=requested, completed=len(complete), repeats=repeats,
-                   output_tok_s=m.output_tok_s if m else None, qps=m.qps if m else None,
-                   ttft_p50_s=pct(m and m.ttft_s, "p50"), ttft_p99_s=pct(m and m.ttft_s, "p99"),
-                   tpot_p50_s=pct(m and m.tpot_s, "p50"), tpot_p99_s=pct(m and m.tpot_s, "p99"),
-                   e2e_p50_s=pct(m and m.e2e_s, "p50"), e2e_p99_s=pct(m and m.e2e_s, "p99"),
-                   goodput_rps=sum(goodputs) / len(goodputs) if goodputs else (0.0 if samples or oom else None),
-                   failed=requested * repeats - len(complete), oom=oom)
+def point_row(point: CurvePoint, mode: str, res: PointResult | None, p: CurveParams, *,
+              energy: dict[str, Any] | None = None, oom: bool = False, **more: Any) -> CurveRow:
+    """The point's row: its figures (load/record.figures) under its name; an OOM (res None) is a
+    row with every request failed and no figure."""
+    if res is None:
+        row = CurveRow(**point.row_key(mode), requests=len(point.requests), completed=0, failed=len(point.requests),
+                       goodput_rps=0.0, oom=oom, **more)
+    else:
+        row = CurveRow(**point.row_key(mode), **figures(res, p.goodput_slo()), oom=oom, **more)
     if energy:  # set only where measured: a run without an energy counter keeps the row as it was
         row.energy = energy
     return row
-
-
-def point_row(point: LoadPoint, mode: str, samples: list[RequestSample], p: ArrivalsParams, *,
-              energy: dict[str, Any] | None = None, oom: bool = False, **more: Any) -> CurveRow:
-    return summarize(samples, requested=len(point.requests), expected_tokens=point.new, slo_ttft_s=p.slo_ttft_s,
-                     slo_tpot_s=p.slo_tpot_s, oom=oom, energy=energy, **point.row_key(mode), **more)
 
 
 def add_speedups(curve: list[CurveRow]) -> None:

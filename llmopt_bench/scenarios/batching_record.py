@@ -1,4 +1,4 @@
-"""What a load scenario records (continuous-batching's extra), typed: the load curve, the
+"""What continuous-batching's scenario records (its extra), typed: the load curve, the
 all-at-once throughput point, KV-cache capacity, and the mixed-length pitfall. docs/batching.md
 defines every field."""
 
@@ -10,34 +10,17 @@ from pydantic import ConfigDict, Field
 
 from llmopt_bench.core.records import StrictModel
 from llmopt_bench.engines.vllm_kv import KVCacheRecord
+from llmopt_bench.load.record import PointRow
 
 
-class CurveRow(StrictModel):
-    """One load point: a mode (continuous or static) at a concurrency or an arrival rate."""
+class CurveRow(PointRow):
+    """One load point: a mode (continuous or static) at a concurrency or an arrival rate (the
+    figures: load/record.PointRow, the same as a serving stage's)."""
 
     mode: str | None = None
-    concurrency: int | None = None
-    rate_rps: float | None = None
     static_batch: int | None = None
-    input_len: int | None = None
-    output_len: int | None = None
-    requests: int
-    completed: int
-    repeats: int = 1
-    output_tok_s: float | None = None
-    qps: float | None = None
-    ttft_p50_s: float | None = None
-    ttft_p99_s: float | None = None
-    tpot_p50_s: float | None = None
-    tpot_p99_s: float | None = None
-    e2e_p50_s: float | None = None
-    e2e_p99_s: float | None = None
-    goodput_rps: float | None = None
-    failed: int = 0
     oom: bool = False
-    error: str | None = None
     continuous_speedup: float | None = None
-    energy: dict[str, Any] | None = None  # J per output token over this point's timed window
 
 
 class ThroughputPoint(StrictModel):

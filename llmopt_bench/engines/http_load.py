@@ -1,0 +1,85 @@
+"""An OpenAI-compatible server as an engine of the load machine (load/engine.LoadEngine): the
+dispatcher's requests (core/dispatch.py) become streamed /v1/completions requests from one
+client per load point (engines/openai_http.OpenAIClient), each sent the moment it is released.
+
+The loop (drive_async, for any async `send`): release what is due, one task per request; then
+sleep until the next arrival or until an answer frees a user (a closed loop's next request goes
+the moment its answer came). The client's tally (how tokens were counted, where the usage
+disagreed) is kept per point."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmopt_bench.core.dispatch import Dispatcher, Send
+from llmopt_bench.core.records import RequestSample
+from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient, Tally
+from llmopt_bench.measure.timing import now
+
+SendFn = Callable[[Send], Awaitable[RequestSample]]
+
+
+async def drive_async(dispatcher: Dispatcher, send: SendFn) -> None:
+    """Run the dispatcher's requests through `send`, each in its own task, until it is finished."""
+    answered = asyncio.Event()
+    tasks: set[asyncio.Task] = set()
+
+    async def one(s: Send) -> None:
+        t = now()
+        try:
+            sample = await send(s)
+        except Exception as e:  # noqa: BLE001 - a request that cannot be sent fails alone; the point must end
+            sample = RequestSample(request_id=s.id, prompt_id=s.prompt_id, repeat=s.repeat, prompt_tokens=0, output_tokens=0,
+                                   t_submit=t, t_first=now(), t_done=now(), ok=False, error=f"protocol: {type(e).__name__}: {e}")
+        dispatcher.done(s, sample)
+        answered.set()
+
+    while not dispatcher.finished():
+        for s in dispatcher.due(now()):
+            task = asyncio.create_task(one(s))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        answered.clear()  # no task has run since due(): no answer is missed
+        wake = dispatcher.wake_at()
+        if wake is not None and wake <= now():
+            await asyncio.sleep(0)
+            continue
+        await _wait(answered, None if wake is None else wake - now())
+
+
+async def _wait(event: asyncio.Event, timeout: float | None) -> None:
+    """Until the event is set or `timeout` seconds have passed (None: the event only)."""
+    if timeout is None:
+        await event.wait()
+        return
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({waiter}, timeout=timeout)
+    finally:
+        waiter.cancel()
+
+
+@dataclass
+class HTTPLoad:
+    """The server at `endpoint`; prompt_of(send) is what is sent (token ids or text)."""
+
+    endpoint: Endpoint
+    prompt_of: Callable[[Send], str | list[int]] = lambda s: list(s.token_ids)
+    count_text: Callable[[str], int] | None = None  # token count of streamed text, where the stream has no ids
+    tally: Tally = field(default_factory=Tally)  # the last point's
+    client: Any = None  # the last point's client, after drive()
+
+    def drive(self, dispatcher: Dispatcher) -> None:
+        asyncio.run(self._drive(dispatcher))
+
+    async def _drive(self, dispatcher: Dispatcher) -> None:
+        async with OpenAIClient(self.endpoint, count_text=self.count_text) as client:
+            async def send(s: Send) -> RequestSample:
+                prompt = self.prompt_of(s)
+                return await client.complete(s.id, s.prompt_id, prompt, s.output_len, repeat=s.repeat,
+                                             prompt_tokens=len(prompt) if isinstance(prompt, list) else None)
+            await drive_async(dispatcher, send)
+            self.tally, self.client = client.tally, client

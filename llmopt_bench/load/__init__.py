@@ -1,0 +1,17 @@
+"""load: the one load machine of llmopt, for every engine (docs/serving.md, docs/batching.md).
+
+- arrivals.py: the arrival schedules (Poisson, gamma with a burstiness, evenly spaced), seeded;
+- dispatchers.py: the loops (ClosedLoop: N users; OpenLoop: a schedule, given or drawn), as the
+  Dispatcher of core/dispatch.py that an engine drives, and each request's timeline;
+- point.py: a load point (LoadPoint) and its figures (summarize -> PointResult), defined once;
+- steady.py: whether the server kept up (the steady-state judgement of an open-loop point);
+- engine.py: the engine interface (LoadEngine: drive(dispatcher)) and run_point();
+- record.py: the row every load stage keeps (PointRow), goodput, the SLO verdict, SLOPoint;
+- search.py, hold.py, capacity.py: the capacity under an SLO (bracket, bisect, knee), held for
+  longer and checked against the highest completion rate measured.
+
+The engines' adapters live in engines/ (vllm_engine.VLLMEngine, static_engine.StaticBatcher,
+http_load.HTTPLoad) and satisfy LoadEngine without importing this package; the scenarios above
+(scenarios/batching*.py, scenarios/serving*.py) declare the points and keep the records.
+
+May import: analysis, measure, core (never engines: an engine is handed in)."""

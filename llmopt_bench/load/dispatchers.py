@@ -1,0 +1,170 @@
+"""The two loops a load point runs, as Dispatchers (core/dispatch.py) any engine can drive, and
+the timeline each keeps of its requests:
+
+- ClosedLoop: N users; each sends its next request when its last answer came (its arrival is
+  that moment), until a number of requests or a duration;
+- OpenLoop: requests arrive on a schedule (offsets from the start: a seeded Poisson or gamma
+  draw, load/arrivals.py, or any list, a trace's), whatever the server's state; at most
+  max_concurrency in flight, the rest wait on the client.
+
+A request's timeline: when it arrived (became due), when it was sent (released to the engine;
+a client that stamps a later send moves it there), when it was answered, and its sample. The
+point's figures are computed from these alone (load/point.py).
+
+Requests come from a source, `source(i) -> Request`: the i-th request of the point. cycled()
+makes one of a list (a prompt sent again carries ".N" in its id, so ids stay unique); a later
+workload can give an endless generated one."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from llmopt_bench.core.dispatch import Send
+from llmopt_bench.core.records import RequestSample
+from llmopt_bench.core.workload import Request
+from llmopt_bench.measure.timing import now as clock
+
+RequestSource = Callable[[int], Request]
+
+
+def cycled(requests: Sequence[Request]) -> RequestSource:
+    """The list in order, again and again; a prompt's k-th repetition has the id "ID.k"."""
+    if not requests:
+        raise ValueError("a request source needs at least one request")
+
+    def at(i: int) -> Request:
+        r, cycle = requests[i % len(requests)], i // len(requests)
+        return r if cycle == 0 else Request(f"{r.id}.{cycle}", r.prompt_id, r.token_ids)
+    return at
+
+
+@dataclass
+class Timeline:
+    """One request of a load point, as the dispatcher saw it."""
+
+    index: int  # its place in the point's order (warm-up requests first)
+    arrival: float
+    sent: float = math.nan
+    answered: float = math.nan
+    sample: RequestSample | None = None
+
+
+class _Loop:
+    """What both loops keep: the start, every request's timeline, those in flight."""
+
+    def __init__(self, source: RequestSource, output_len: int, repeat: int = 0,
+                 on_answer: Callable[[int], None] | None = None):
+        self.source, self.output_len, self.repeat, self.on_answer = source, output_len, repeat, on_answer
+        self.t0: float | None = None
+        self.timelines: list[Timeline] = []
+        self.answered = 0
+        self._live: dict[str, Timeline] = {}
+
+    def _release(self, arrival: float, now: float) -> Send:
+        i = len(self.timelines)
+        r = self.source(i)
+        tl = Timeline(i, arrival, sent=now)
+        self.timelines.append(tl)
+        self._live[r.id] = tl
+        return Send(r.id, r.prompt_id, r.token_ids, self.output_len, arrival, self.repeat)
+
+    def done(self, send: Send, sample: RequestSample, t: float | None = None,
+             answer_ids: Sequence[int] | None = None) -> None:
+        """An answer: its time, its sample; answer_ids are for a dispatcher whose next request
+        depends on this one's answer (a conversation's next turn): these loops' do not."""
+        tl = self._live.pop(send.id)
+        tl.answered = clock() if t is None else t
+        tl.sample = sample
+        tl.sent = max(tl.sent, sample.t_submit)  # a client that sent it later than it was released
+        self.answered += 1
+        self._freed(tl.answered)
+        if self.on_answer:
+            self.on_answer(self.answered)
+
+    def _freed(self, t: float) -> None:
+        pass
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._live)
+
+
+class OpenLoop(_Loop):
+    """Arrivals at t0 + offsets[i] (t0: the first call to due()); offsets sorted."""
+
+    def __init__(self, offsets: Sequence[float], source: RequestSource, output_len: int, *,
+                 max_concurrency: int | None = None, repeat: int = 0, on_answer: Callable[[int], None] | None = None):
+        super().__init__(source, output_len, repeat, on_answer)
+        self.offsets = list(offsets)
+        self.max_concurrency = max_concurrency
+
+    @classmethod
+    def of(cls, schedule: Sequence[tuple[float, Request]], output_len: int, **kw) -> OpenLoop:
+        """A given schedule: (offset, request) pairs, sorted by offset (a trace, a replay)."""
+        requests = [r for _, r in schedule]
+        return cls([t for t, _ in schedule], requests.__getitem__, output_len, **kw)
+
+    def _room(self) -> bool:
+        return self.max_concurrency is None or self.in_flight < self.max_concurrency
+
+    def due(self, now: float) -> list[Send]:
+        if self.t0 is None:
+            self.t0 = now
+        out = []
+        while len(self.timelines) < len(self.offsets) and self._room():
+            arrival = self.t0 + self.offsets[len(self.timelines)]
+            if arrival > now:
+                break
+            out.append(self._release(arrival, now))
+        return out
+
+    def wake_at(self) -> float | None:
+        if self.t0 is None:
+            return -math.inf  # not started: due now
+        if len(self.timelines) >= len(self.offsets) or not self._room():
+            return None
+        return self.t0 + self.offsets[len(self.timelines)]
+
+    def finished(self) -> bool:
+        return len(self.timelines) >= len(self.offsets) and not self._live
+
+
+class ClosedLoop(_Loop):
+    """`users` users from t0 on, until num_requests were sent or a user would send after
+    duration_s (at least one of the two)."""
+
+    def __init__(self, users: int, source: RequestSource, output_len: int, *, num_requests: int | None = None,
+                 duration_s: float | None = None, repeat: int = 0, on_answer: Callable[[int], None] | None = None):
+        if num_requests is None and duration_s is None:
+            raise ValueError("a closed loop needs a number of requests or a duration")
+        super().__init__(source, output_len, repeat, on_answer)
+        self.users, self.num_requests, self.duration_s = users, num_requests, duration_s
+        self._free: deque[float] = deque()  # when each idle user became free, oldest first
+
+    def _more(self, arrival: float) -> bool:
+        assert self.t0 is not None
+        return (self.num_requests is None or len(self.timelines) < self.num_requests) and \
+            (self.duration_s is None or arrival - self.t0 < self.duration_s)
+
+    def due(self, now: float) -> list[Send]:
+        if self.t0 is None:
+            self.t0 = now
+            self._free.extend([now] * self.users)
+        out = []
+        while self._free and self._free[0] <= now and self._more(self._free[0]):
+            out.append(self._release(self._free.popleft(), now))
+        return out
+
+    def _freed(self, t: float) -> None:
+        self._free.append(t)
+
+    def wake_at(self) -> float | None:
+        if self.t0 is None:
+            return -math.inf
+        return self._free[0] if self._free and self._more(self._free[0]) else None
+
+    def finished(self) -> bool:
+        return self.t0 is not None and not self._live and self.wake_at() is None

@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""The capacity check of issue 23 (part 5): llmopt's capacity under the SLO on ONE running
+`vllm serve` (started through llmopt's own server code), confirmed by vLLM's own client.
+
+On one server (vLLM's default scheduler limits, prefix caching off, max_model_len 4096), with
+random tokens (450 in / 100 out by default, the output forced):
+
+1. llmopt's serving scenario (scenarios/serving.py, the vllm-serve stage's): a closed-loop sweep
+   (its concurrency-1 point: llmopt's batch-1 TTFT/TPOT), the capacity search under the SLO
+   (trials judged in steady state), the hold at the answer (--hold, 60 s), and the all-at-once
+   throughput point (--saturation-requests at once);
+2. `vllm bench serve --dataset-name random` at the capacity C and at 1.15 x C, each --bench-s
+   (60 s) worth of Poisson arrivals: p99 TTFT and TPOT against the SLO (held / missed);
+3. `vllm bench serve` at concurrency 1 and at --request-rate inf (all at once), beside llmopt's
+   concurrency-1 point and throughput point.
+
+Every output lands in --out: llmopt.json (the scenario's rows, capacity, facts), vllm-*/ (each
+run's saved JSON, command and log), summary.json and summary.md, the server's log; each phase
+is written as soon as it ends, so a run cut short keeps what finished. --budget-s bounds the
+whole run: a phase whose estimate does not fit what is left is skipped and said so. Progress
+lines go to stdout with the elapsed time.
+
+    python scripts/capacity-check.py --model synthetic:llama2-7b --out results/h200-capacity-check
+    python scripts/capacity-check.py --model synthetic:tiny --dtype float32 --slo ttft_p99=250ms,tpot_p99=20ms \\
+        --input-len 64 --output-len 16 --hold 20 --bench-s 20 --budget-s 1200 --out results/cpu/capacity-check
+
+Exit 0 when vLLM's client holds the SLO at C (and the run finished), 1 when it misses there, 2 on
+a usage error, 3 when the budget left no room for the check at C."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from llmopt_bench.analysis.slo import parse_slo
+from llmopt_bench.checkpoints.prepare import prepare
+from llmopt_bench.core.contract import StageContext
+from llmopt_bench.core.models import parse_model, portable_text
+from llmopt_bench.core.workload import Request
+from llmopt_bench.engines.http_load import HTTPLoad
+from llmopt_bench.engines.openai_http import Endpoint
+from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config, prepare_engine_env
+from llmopt_bench.engines.vllm_server import VLLMServer, vllm_cli_works, vllm_python
+from llmopt_bench.measure.energy import TimedMeter
+from llmopt_bench.scenarios import peer
+from llmopt_bench.scenarios.serving import ServingRun
+from llmopt_bench.scenarios.serving_record import ServingParams
+
+ABOVE = 1.15  # the rate above the capacity that vLLM's client should see missing
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    a.add_argument("--model", default="synthetic:tiny", help="llmopt model source (prepared once into the cache)")
+    a.add_argument("--dtype", default="auto")
+    a.add_argument("--max-model-len", type=int, default=4096)
+    a.add_argument("--input-len", type=int, default=450)
+    a.add_argument("--output-len", type=int, default=100)
+    a.add_argument("--slo", default="ttft_p99=2s,tpot_p99=100ms")
+    a.add_argument("--hold", type=float, default=60.0, help="seconds llmopt holds its capacity (0: no hold)")
+    a.add_argument("--bench-s", type=float, default=60.0, help="seconds of arrivals in each vllm bench serve run at a rate")
+    a.add_argument("--concurrency", default="1,16,64", help="llmopt's closed-loop sweep (its first point should be 1)")
+    a.add_argument("--requests-per-point", type=int, default=64)
+    a.add_argument("--precision", type=float, default=0.05)
+    a.add_argument("--max-probes", type=int, default=10)
+    a.add_argument("--max-point-s", type=float, default=60.0)
+    a.add_argument("--batch1-prompts", type=int, default=64, help="requests of vllm bench serve at concurrency 1")
+    a.add_argument("--saturation-requests", type=int, default=256, help="requests all at once (both clients)")
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--budget-s", type=float, default=1500.0, help="the whole run's wall time, server start included")
+    a.add_argument("--out", type=Path, default=Path("results") / "capacity-check" / time.strftime("%Y%m%d-%H%M%S"))
+    args = a.parse_args(argv)
+    parse_slo(args.slo)
+    args.sweep = [int(c) for c in args.concurrency.split(",")]
+    return args
+
+
+class Budget:
+    """Wall time since the start, what is left, and a progress line for each step."""
+
+    def __init__(self, seconds: float):
+        self.t0, self.seconds = time.perf_counter(), seconds
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def left(self) -> float:
+        return self.seconds - self.elapsed()
+
+    def say(self, msg: str) -> None:
+        print(f"[{self.elapsed():7.1f} s] {msg}", flush=True)
+
+    def fits(self, what: str, estimate_s: float) -> bool:
+        if estimate_s <= self.left():
+            self.say(f"{what} (about {estimate_s:.0f} s; {self.left():.0f} s of budget left)")
+            return True
+        self.say(f"SKIPPED {what}: it needs about {estimate_s:.0f} s, {self.left():.0f} s of budget left")
+        return False
+
+
+def random_requests(tok, n: int, input_len: int, seed: int) -> list[Request]:
+    """n prompts of input_len random token ids, none of them special (as vllm's random dataset)."""
+    special = set(tok.all_special_ids)
+    vocab = [i for i in range(len(tok)) if i not in special]
+    rng = random.Random(seed)
+    return [Request(f"r{i:04d}", f"random{i}", tuple(rng.choice(vocab) for _ in range(input_len))) for i in range(n)]
+
+
+def start_server(args: argparse.Namespace, model, budget: Budget) -> VLLMServer:
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    params = VLLMEngineParams(dtype=args.dtype, max_model_len=args.max_model_len, enable_prefix_caching=False)
+    prepare_engine_env(params, device)
+    cfg = engine_config(params, device, model.max_position_embeddings)
+    server = VLLMServer(model.path, cfg, log_path=args.out / "server.log", served_model_name="capacity-check")
+    budget.say(f"starting {server.reproduce()}")
+    server.start(timeout_s=min(900.0, max(60.0, budget.left())))
+    budget.say(f"server ready at {server.base_url}")
+    return server
+
+
+def run_llmopt(args: argparse.Namespace, server: VLLMServer, requests: list[Request], tp: list[Request], budget: Budget) -> dict:
+    """llmopt's serving scenario on the server: sweep, search, hold, throughput point."""
+    worst = args.max_probes * args.max_point_s + 2 * (args.hold + 10) + 60
+    probes = args.max_probes
+    while probes > 4 and worst > budget.left() - 600:  # leave room for vLLM's client
+        probes -= 1
+        worst = probes * args.max_point_s + 2 * (args.hold + 10) + 60
+    p = ServingParams(concurrency=args.sweep, requests_per_point=args.requests_per_point, slo=args.slo, hold_s=args.hold,
+                      search_precision=args.precision, search_max_probes=probes, max_point_s=args.max_point_s,
+                      throughput_requests=len(tp), throughput_input_len=args.input_len, throughput_output_len=args.output_len)
+    budget.say(f"llmopt: sweep {args.sweep}, search to {args.precision:.0%} (at most {probes} trials), hold {args.hold:g} s, "
+               f"{len(tp)} requests at once")
+    ctx = StageContext(run_dir=args.out, stage_dir=args.out, device="cpu", meter=TimedMeter(read_mj=lambda: None),
+                       progress=lambda msg, done=None, total=None: budget.say(f"llmopt {msg}") if done is None else None)
+    engine = HTTPLoad(Endpoint(server.base_url, server.served_model_name, request_timeout_s=600.0))
+    samples, extra, facts = ServingRun(engine, {"url": server.base_url, "command": server.reproduce()}, p, requests,
+                                       args.output_len, tp, ctx, args.seed).run()
+    out = {"params": p.model_dump(mode="json"), "extra": extra.model_dump(mode="json", exclude_none=True),
+           "facts": facts.model_dump(mode="json", exclude={"slo_points"})}
+    (args.out / "llmopt.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+def run_vllm(args: argparse.Namespace, server: VLLMServer, tokenizer: str, label: str, num_prompts: int, *,
+             rate: float | None = None, concurrency: int | None = None) -> dict:
+    """One `vllm bench serve` run on the random dataset; its saved JSON."""
+    python = vllm_python()
+    out = args.out / f"vllm-{label}"
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = peer.bench_serve_random_command(server.base_url, server.served_model_name, args.input_len, args.output_len,
+                                          num_prompts, tokenizer=tokenizer, rate=rate, concurrency=concurrency,
+                                          seed=args.seed, result_dir=out)
+    argv = peer.bench_serve_argv(python, cmd, vllm_cli_works(python))
+    (out / "command.txt").write_text(shlex.join(argv) + "\n")
+    with open(out / "stdout.log", "w") as log:
+        proc = subprocess.run(argv, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT, timeout=3600, check=False)
+    if proc.returncode != 0:
+        return {"error": f"vllm bench serve exited {proc.returncode}: see {out / 'stdout.log'}"}
+    return json.loads(max(out.glob("*.json"), key=lambda p: p.stat().st_mtime).read_text())
+
+
+def verdict(result: dict, slo) -> dict:
+    """vLLM's client's p99 TTFT and TPOT against the SLO's limits."""
+    limits = {t.metric: t.limit_s * 1e3 for t in slo.targets}
+    got = {"ttft": result.get("p99_ttft_ms"), "tpot": result.get("p99_tpot_ms")}
+    misses = [f"{m}_p99 {got[m]:.1f} ms > {limits[m]:g} ms" for m in ("ttft", "tpot")
+              if m in limits and got[m] is not None and got[m] > limits[m]]
+    ok = not misses and all(got[m] is not None for m in ("ttft", "tpot") if m in limits) and not result.get("failed")
+    return {"p99_ttft_ms": got["ttft"], "p99_tpot_ms": got["tpot"], "completed": result.get("completed"),
+            "failed": result.get("failed"), "duration_s": result.get("duration"), "request_rps": result.get("request_throughput"),
+            "verdict": "held" if ok else "missed", "why": "; ".join(misses) or (result.get("error") or "")}
+
+
+def vllm_phases(args: argparse.Namespace, server: VLLMServer, tokenizer: str, cap: float, budget: Budget, summary: dict) -> None:
+    """vLLM's client at C, at 1.15 x C, at concurrency 1, and all at once; each written as it ends."""
+    slo = parse_slo(args.slo)
+    runs = [(f"at-capacity-{cap:.4g}rps", cap, None, math.ceil(cap * args.bench_s), args.bench_s * 1.5 + 30),
+            (f"above-capacity-{cap * ABOVE:.4g}rps", cap * ABOVE, None, math.ceil(cap * ABOVE * args.bench_s), args.bench_s * 2 + 30),
+            ("concurrency-1", None, 1, args.batch1_prompts, args.batch1_prompts * 2.0 + 30),
+            ("rate-inf", None, None, args.saturation_requests, 90.0)]
+    for label, rate, conc, n, estimate in runs:
+        if not budget.fits(f"vllm bench serve {label} ({n} prompts)", estimate):
+            summary["vllm"][label] = {"skipped": f"budget: needs about {estimate:.0f} s"}
+            continue
+        result = run_vllm(args, server, tokenizer, label, n, rate=rate, concurrency=conc)
+        summary["vllm"][label] = {"rate_rps": rate, "max_concurrency": conc, "num_prompts": n, **verdict(result, slo),
+                                  "ttft_p50_ms": result.get("median_ttft_ms"), "tpot_p50_ms": result.get("median_tpot_ms"),
+                                  "output_tok_s": result.get("output_throughput")}
+        budget.say(f"vllm bench serve {label}: {json.dumps(summary['vllm'][label])}")
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+
+
+def llmopt_summary(got: dict) -> dict:
+    """What the summary keeps of llmopt's run: the capacity, its hold, its checks, batch 1, saturation."""
+    x, f = got["extra"], got["facts"]
+    cap = x.get("capacity") or {}
+    one = next((r for r in x["curve"] if r["phase"] == "sweep" and r.get("concurrency") == 1), {})
+    tp = next((r for r in x["curve"] if r["phase"] == "throughput"), {})
+    return {"capacity_rps": cap.get("capacity_rps"), "held": cap.get("held"), "hold_s": cap.get("hold_s"),
+            "interval": [cap.get("passing_rps"), cap.get("failing_rps")], "converged": cap.get("converged"),
+            "saturation_rps": cap.get("saturation_rps"), "trials": len(cap.get("trials", [])), "notes": cap.get("notes", []),
+            "concurrency_1": {"ttft_p50_ms": _ms(one.get("ttft_p50_s")), "tpot_p50_ms": _ms(one.get("tpot_p50_s"))},
+            "all_at_once": {"requests": tp.get("requests"), "output_tok_s": tp.get("output_tok_s"),
+                            "ttft_p50_ms": _ms(tp.get("ttft_p50_s")), "tpot_p50_ms": _ms(tp.get("tpot_p50_s"))},
+            "batch1_ttft_s": f.get("batch1_ttft_s")}
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else v * 1e3
+
+
+def _g(v) -> str:
+    return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def markdown(args: argparse.Namespace, summary: dict) -> str:
+    lo, v = summary.get("llmopt") or {}, summary["vllm"]
+    held = (f"held {_g(lo.get('hold_s'))} s" if lo.get("held") else
+            f"not held (its holds of {_g(lo.get('hold_s'))} s failed)" if lo.get("held") is False else "not held (no hold)")
+    interval = ", ".join(_g(x) for x in lo.get("interval") or [])
+    lines = [f"# Capacity check on one server: `{summary['server']}`", "",
+             f"Random tokens, {args.input_len} in / {args.output_len} out (forced), SLO {args.slo}, prefix caching off, "
+             f"vLLM's default scheduler limits, max_model_len {args.max_model_len}. Command: `{summary['command']}`.", "",
+             f"llmopt: capacity **{_g(lo.get('capacity_rps'))} req/s**, {held}; the search's answer known within [{interval}], "
+             f"{lo.get('trials')} trials and holds; highest completion rate measured {_g(lo.get('saturation_rps'))} req/s.",
+             "", "| vllm bench serve | rate req/s | prompts | p99 TTFT ms | p99 TPOT ms | completed | req/s | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for label, r in v.items():
+        if "skipped" in r:
+            lines.append(f"| {label} | | | | | | | skipped ({r['skipped']}) |")
+            continue
+        lines.append(f"| {label} | {_g(r.get('rate_rps'))} | {r.get('num_prompts')} | {_g(r.get('p99_ttft_ms'))} | "
+                     f"{_g(r.get('p99_tpot_ms'))} | {r.get('completed')} | {_g(r.get('request_rps'))} | {r['verdict']} {r.get('why', '')} |")
+    one, inf = v.get("concurrency-1", {}), v.get("rate-inf", {})
+    lines += ["", "| beside each other | llmopt | vllm bench serve |", "| --- | --- | --- |",
+              f"| TTFT p50 at concurrency 1, ms | {_g(lo.get('concurrency_1', {}).get('ttft_p50_ms'))} | {_g(one.get('ttft_p50_ms'))} |",
+              f"| TPOT p50 at concurrency 1, ms | {_g(lo.get('concurrency_1', {}).get('tpot_p50_ms'))} | {_g(one.get('tpot_p50_ms'))} |",
+              f"| output tok/s, {args.saturation_requests} at once | {_g(lo.get('all_at_once', {}).get('output_tok_s'))} | "
+              f"{_g(inf.get('output_tok_s'))} |"]
+    return "\n".join(lines + ["", *[f"- {n}" for n in lo.get("notes", [])]]) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    budget = Budget(args.budget_s)
+    args.out.mkdir(parents=True, exist_ok=True)
+    from transformers import AutoTokenizer
+
+    model = prepare(parse_model(args.model))
+    tok = AutoTokenizer.from_pretrained(model.path)
+    requests = random_requests(tok, 256, args.input_len, args.seed)
+    tp = random_requests(tok, args.saturation_requests, args.input_len, args.seed + 1)
+    server = start_server(args, model, budget)
+    summary: dict = {"server": server.reproduce(), "command": shlex.join(["python", "scripts/capacity-check.py", *argv]),
+                     "llmopt": None, "vllm": {}}
+    try:
+        summary["llmopt"] = llmopt_summary(run_llmopt(args, server, requests, tp, budget))
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        budget.say(f"llmopt: {json.dumps({k: summary['llmopt'][k] for k in ('capacity_rps', 'held', 'interval')})}")
+        cap = summary["llmopt"]["capacity_rps"]
+        if cap:
+            vllm_phases(args, server, model.path, cap, budget, summary)
+    finally:
+        summary["server_stop"] = server.stop()
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        (args.out / "summary.md").write_text(markdown(args, summary))
+        for path in args.out.rglob("*"):  # the cache's and the home's paths in portable form (committable)
+            if path.is_file() and path.suffix in (".log", ".txt", ".md", ".json"):
+                path.write_text(portable_text(path.read_text(errors="replace")))
+    budget.say(f"done: {args.out / 'summary.md'}")
+    print((args.out / "summary.md").read_text())
+    at = next((r for k, r in summary["vllm"].items() if k.startswith("at-capacity")), None)
+    return 3 if not at or "skipped" in at else (0 if at["verdict"] == "held" else 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
