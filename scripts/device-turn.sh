@@ -63,15 +63,16 @@ plan() {
   date +%s > "$DEV/t0.plan"
   [ -e "$DEV/t0" ] || cp "$DEV/t0.plan" "$DEV/t0"
   nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm --format=csv > "$DEV/gpu.csv" 2>&1
-  if [ "$DRY" = 1 ]; then
-    step journey 900 $PY -m llmopt_bench bench --preset standard --model "$MODEL" --output "$DEV/journey"
+  if [ "$DRY" = 1 ]; then  # every step's command as on the device, at a CPU's size
+    step journey 600 $PY -m llmopt_bench bench --preset quick --model "$MODEL" --num-prompts 2 --max-new-tokens 8 \
+      --output "$DEV/journey"
     step capacity 600 $PY scripts/capacity-check.py --model "$MODEL" --dtype float32 --slo ttft_p99=250ms,tpot_p99=20ms \
-      --input-len 64 --output-len 16 --hold 20 --bench-s 20 --budget-s 500 --out "$DEV/capacity"
+      --input-len 64 --output-len 16 --hold 10 --bench-s 10 --budget-s 420 --out "$DEV/capacity"
     step compare 60 $PY -m llmopt_bench compare "$DEV/journey" "$DEV/journey" --format json -o "$DEV/compare.json"
-    step prefix 600 $PY -m llmopt_bench bench --stages stages/prefix-caching.toml --model "$MODEL" --output "$DEV/prefix"
+    step prefix 600 $PY -m llmopt_bench bench --stages stages/prefix-caching-cpu.toml --model "$MODEL" --output "$DEV/prefix"
     step pinning 300 $PY scripts/pinning-spread.py --model "$MODEL" --blocks 2 --repeats 3 --num-prompts 2 --max-new-tokens 16 \
       --out "$DEV/pinning.json"
-    step quick 600 $PY -m llmopt_bench bench --preset quick --model "$MODEL" --output "$DEV/quick-warm"
+    step quick 9999 $PY -m llmopt_bench bench --preset quick --model "$MODEL" --output "$DEV/quick-warm"  # skipped: the budget check
     return
   fi
   step journey 1380 $PY -m llmopt_bench bench --stages all --model "$MODEL" --output "$DEV/journey"
