@@ -33,7 +33,8 @@ from llmopt_bench.analysis.recommend_text import caveats, memory_words, no_winne
 from llmopt_bench.analysis.rejudge import rejudge
 from llmopt_bench.analysis.scaling import batch1_tpot, saturated
 from llmopt_bench.analysis.selectors import ok_stages, reference
-from llmopt_bench.analysis.slo import parse_slo
+from llmopt_bench.analysis.slo import SLO, parse_slo
+from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.fmt import num
 from llmopt_bench.core.results import RunResult, StageResult, peak_memory
 
@@ -107,7 +108,7 @@ def _quality(s: StageResult) -> tuple[str, list[str]]:
     return f"not judged ({(q.gate or 'no perplexity').removeprefix('not applied: ')})", []
 
 
-def candidate(s: StageResult, batch_size: int, rejudge_with: Any = None) -> Candidate:
+def candidate(s: StageResult, batch_size: int, rejudge_with: SLO | None = None) -> Candidate:
     """A result's figures for the ranking; a serving result's capacity under its SLO, or under
     `rejudge_with`, judged again from its measured points."""
     f = s.facts
@@ -142,7 +143,7 @@ def candidate(s: StageResult, batch_size: int, rejudge_with: Any = None) -> Cand
     return c
 
 
-def _key(c: Candidate, priority: str, serving: bool) -> tuple:
+def _key(c: Candidate, priority: str, serving: bool) -> tuple[float, ...]:
     inf = math.inf
     if priority == "throughput":
         return (-(c.capacity_rps or 0), -(c.goodput_rps or 0)) if serving else (-(c.saturated_tok_s or 0),)
@@ -154,7 +155,7 @@ def _key(c: Candidate, priority: str, serving: bool) -> tuple:
     return (c.gpu_s_per_request or inf, c.j_per_token or inf) if serving else (c.j_per_token or inf,)
 
 
-def _rank(c: Candidate, priority: str, serving: bool) -> tuple:
+def _rank(c: Candidate, priority: str, serving: bool) -> tuple[float, ...]:
     """The sort order: for memory the quality tier leads, the figures follow."""
     key = _key(c, priority, serving)
     return (key[-1], *key[:-1]) if priority == "memory" else key
@@ -171,11 +172,12 @@ def agreement_holds(c: Candidate, reference_match: float | None, min_quality: fl
 def overlap(a: Candidate, b: Candidate) -> bool:
     """Whether two capacities cannot be told apart: each lies in [its capacity, its first failing
     rate), and the better one's floor is below the other's ceiling (an unfound ceiling: above all)."""
-    if not (a.capacity_rps and b.capacity_rps):
+    a_rps, b_rps = a.capacity_rps, b.capacity_rps
+    if not (a_rps and b_rps):
         return False
-    hi, lo = (a, b) if a.capacity_rps >= b.capacity_rps else (b, a)
+    hi_rps, lo = (a_rps, b) if a_rps >= b_rps else (b_rps, a)
     ceiling = lo.interval[1] if lo.interval and len(lo.interval) > 1 else None
-    return ceiling is None or hi.capacity_rps < ceiling
+    return ceiling is None or hi_rps < ceiling
 
 
 def _has_figure(c: Candidate, priority: str, serving: bool) -> bool:
@@ -185,8 +187,6 @@ def _has_figure(c: Candidate, priority: str, serving: bool) -> bool:
 def recommend(run: RunResult, priority: str = "throughput", slo: str | None = None) -> Recommendation:
     """The recommendation for `priority`; `slo` judges the measured points again under another SLO."""
     if priority not in PRIORITIES:
-        from llmopt_bench.core.errors import UsageError
-
         raise UsageError(f"--priority {priority!r}: unknown", f"use one of {', '.join(PRIORITIES)}")
     new = parse_slo(slo) if slo else None
     served = [s for s in ok_stages(run) if s.facts.slo is not None]
@@ -205,7 +205,7 @@ def recommend(run: RunResult, priority: str = "throughput", slo: str | None = No
     ok.sort(key=lambda c: _rank(c, priority, bool(served)))
     ok = held_first(ok) if served else ok
     rec.winner, rec.runner_up = (ok[0] if ok else None), (ok[1] if len(ok) > 1 else None)
-    rec.distinct = not (priority == "throughput" and rec.runner_up is not None and overlap(rec.winner, rec.runner_up))
+    rec.distinct = not (priority == "throughput" and len(ok) > 1 and overlap(ok[0], ok[1]))
     _explain(rec, cands, ok)
     rec.caveats += held_caveats(ok) if served else []
     return rec

@@ -48,8 +48,8 @@ class Rejudged:
 
 
 def _values(point: SLOPoint, metric: str) -> list[float]:
-    column = {"ttft": point.ttft_s, "tpot": point.tpot_s, "e2e": point.e2e_s}[metric]
-    return [v for v in column if v is not None]
+    columns: dict[str, Sequence[float | None]] = {"ttft": point.ttft_s, "tpot": point.tpot_s, "e2e": point.e2e_s}
+    return [v for v in columns[metric] if v is not None]
 
 
 def _target_value(point: SLOPoint, t: Target) -> float | None:
@@ -59,14 +59,20 @@ def _target_value(point: SLOPoint, t: Target) -> float | None:
     return percentile(values, t.percentile) if values else None
 
 
+def _within(value: float | None, limit: float) -> bool:
+    """A request meets a target it has no value for (TPOT of a one-token answer)."""
+    return value is None or value <= limit
+
+
 def _good(point: SLOPoint, slo: SLO) -> int:
     """Requests that met every TTFT/TPOT/E2E target on their own (goodput, as analysis/slo.meets)."""
     limits = [(t.metric, t.limit_s) for t in slo.targets if t.metric != "itl"]
     good = 0
     for i in range(len(point.ttft_s)):
-        row = {"ttft": point.ttft_s[i], "tpot": point.tpot_s[i] if i < len(point.tpot_s) else None,
-               "e2e": point.e2e_s[i] if i < len(point.e2e_s) else None}
-        good += all(row[m] is None or row[m] <= limit for m, limit in limits)
+        row: dict[str, float | None] = {
+            "ttft": point.ttft_s[i], "tpot": point.tpot_s[i] if i < len(point.tpot_s) else None,
+            "e2e": point.e2e_s[i] if i < len(point.e2e_s) else None}
+        good += all(_within(row[m], limit) for m, limit in limits)
     return good
 
 

@@ -15,6 +15,7 @@ or the host OOM killer, ends that probe only, and its peak memory is its own (re
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -32,6 +33,7 @@ from llmopt_bench.core.dispatch import Dispatcher, Send
 from llmopt_bench.core.errors import describe, is_oom
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Request
+from llmopt_bench.engines import hf
 from llmopt_bench.measure.timing import now
 from llmopt_bench.procs import spawn
 
@@ -208,10 +210,6 @@ def load_model(path: str, device: str, dtype: str, attn: str | None) -> tuple[An
     """engines.hf.load_model where accelerate is installed; else (vLLM's virtualenv has
     transformers but not accelerate, which device_map needs) load, move, and apply the same
     generation settings: EOS off, a pad id, left padding."""
-    import importlib.util
-
-    from llmopt_bench.engines import hf
-
     if importlib.util.find_spec("accelerate") is not None:
         model, tok, _ = hf.load_model(path, device, dtype, attn)
         return model, tok
@@ -222,7 +220,8 @@ def load_model(path: str, device: str, dtype: str, attn: str | None) -> tuple[An
     kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
     if attn:
         kwargs["attn_implementation"] = attn
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device)
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    model.to(device)  # type: ignore[arg-type]  # transformers declares .to as functools.wraps(Module.to): mypy reads it unbound
     model.eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -258,8 +257,6 @@ def load_for_probes(job: dict[str, Any]) -> Loaded:
 def probe_capacity(job: dict[str, Any], m: Loaded) -> dict[str, Any]:
     """A batch of `batch` sequences of `context` tokens: prefill context - decode_steps, then
     decode_steps tokens. ok with the peak memory, or oom with the memory when it failed."""
-    from llmopt_bench.engines import hf
-
     batch, context, steps = int(job["batch"]), int(job["context"]), int(job["decode_steps"])
     vocab = int(m.model.config.vocab_size)
     reqs = [Request(id=f"c{i}", prompt_id="capacity",
@@ -284,8 +281,6 @@ def probe_capacity(job: dict[str, Any], m: Loaded) -> dict[str, Any]:
 def probe_mixed(job: dict[str, Any], m: Loaded) -> dict[str, Any]:
     """One mixed-length configuration (static-mixed, cap-context, bucketed) through static
     batches: padded widths, throughput, peak memory, or the OOM and the memory it hit."""
-    from llmopt_bench.engines import hf
-
     config = job["config"]
     cap = int(job["cap_context"])
     ids = [list(x) for x in job["requests"]]

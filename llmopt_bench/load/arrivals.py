@@ -36,7 +36,8 @@ def arrival_offsets(rate: float, n: int | None = None, burstiness: float = 1.0, 
     limit reached)."""
     if n is None and until_s is None:
         raise UsageError("an arrival schedule needs a number of requests or a duration")
-    out, t = [], 0.0
+    out: list[float] = []
+    t = 0.0
     for gap in interarrival_gaps(rate, burstiness, seed):
         if (n is not None and len(out) >= n) or (until_s is not None and t >= until_s):
             return out

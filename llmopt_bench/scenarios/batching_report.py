@@ -5,12 +5,13 @@ throughput/latency-vs-load chart."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from llmopt_bench.analysis.claims import holds, verdict
 from llmopt_bench.analysis.selectors import p50_of, ratio, reference
 from llmopt_bench.core.fmt import gb, ms, num, pct, times
+from llmopt_bench.core.plotting import legend, log2_axis, plt, save
 from llmopt_bench.core.records import Block, Claim
+from llmopt_bench.core.results import RunResult
 from llmopt_bench.scenarios.batching_record import BatchingExtra, CapacityRow, CurveRow
 
 
@@ -52,7 +53,7 @@ def batching_blocks(x: BatchingExtra) -> list[Block]:
     return out
 
 
-def _load_key(row: CurveRow) -> tuple:
+def _load_key(row: CurveRow) -> tuple[int | None, float | None]:
     return (row.concurrency, row.rate_rps)
 
 
@@ -70,7 +71,7 @@ def batching_speedup(curve: list[CurveRow]) -> tuple[float | None, str]:
     return best, where
 
 
-def batching_claim(x: BatchingExtra, run: Any) -> Claim:
+def batching_claim(x: BatchingExtra, run: RunResult) -> Claim:
     """The story's "continuous batching: 5x throughput": continuous vs static at the same load,
     else (no static replay) the best continuous point against the reference one request at a time."""
     value, where = batching_speedup(x.curve)
@@ -87,19 +88,22 @@ def batching_claim(x: BatchingExtra, run: Any) -> Claim:
                  measured=times(value), value=value, verdict=verdict(holds(value, 5)), detail=detail)
 
 
-def curve_chart(name: str, curve: list[CurveRow], path: Path) -> Path | None:
-    from llmopt_bench.core.plotting import legend, log2_axis, plt, save
+def _load_x(row: CurveRow, by_rate: bool) -> float | None:
+    """Where a point sits on the chart's x axis: its arrival rate, or its concurrency."""
+    return row.rate_rps if by_rate else row.concurrency
 
+
+def curve_chart(name: str, curve: list[CurveRow], path: Path) -> Path | None:
     if not curve:
         return None
     fig, axes = plt().subplots(1, 2, figsize=(11, 4.5))
     by_rate = not any(r.concurrency for r in curve if r.mode == "continuous" and r.rate_rps is None)
     for mode, style in (("continuous", "-o"), ("static", "--s")):
-        rows = sorted((r for r in curve if r.mode == mode and (r.rate_rps if by_rate else r.concurrency) is not None),
-                      key=lambda r: r.rate_rps if by_rate else r.concurrency)
-        if not rows:
+        points = sorted(((x, r) for r in curve if r.mode == mode and (x := _load_x(r, by_rate)) is not None),
+                        key=lambda point: point[0])
+        if not points:
             continue
-        xs = [r.rate_rps if by_rate else r.concurrency for r in rows]
+        xs, rows = [x for x, _ in points], [r for _, r in points]
         axes[0].plot(xs, [r.output_tok_s or float("nan") for r in rows], style, label=mode)
         axes[1].plot(xs, [(r.tpot_p50_s or float("nan")) * 1e3 for r in rows], style, label=mode)
     for ax, ylabel, title in ((axes[0], "output tokens / s", "Throughput vs load"),

@@ -87,19 +87,27 @@ class BatchingStage(Stage):
         self.points: list[CurvePoint] = []
         self.samples: list[RequestSample] = []  # the main point's: the stage's samples
         self.tp_point: CurvePoint | None = None
-        self.mixed_point: CurvePoint | None = None
-        self.engine, info = self.start_engine(model, params, ctx)
+        self.prober: ProbeWorker | None = None
+        engine, info = self.start_engine(model, params, ctx)
+        self.engine = engine
         if info.implementation.get("engine_shared_with"):  # the engine was up before this stage: its baseline
-            self.lifecycle.update(getattr(self.engine, "baseline", {}))
-        self.dtype = self.engine.cfg.dtype  # transformers loads in the engine's dtype, after the engine is gone
-        self.source = EngineRequests(self.engine.encode, self.engine.max_model_len, self.notes)
+            self.lifecycle.update(getattr(engine, "baseline", {}))
+        self.dtype = engine.cfg.dtype  # transformers loads in the engine's dtype, after the engine is gone
+        self.source = EngineRequests(engine.encode, engine.max_model_len, self.notes)
         return info
+
+    @property
+    def running(self) -> ContinuousEngine:
+        """The continuous engine, from load() until shutdown()."""
+        if self.engine is None:
+            raise RuntimeError("the continuous engine is not running (shut down, or never started)")
+        return self.engine
 
     def warmup(self, workload: WorkloadConfig, ctx: StageContext) -> None:
         if workload.warmup:
-            reqs = self.source.fit(build_requests(workload, self.engine.encode, count=max(workload.warmup, 2), tag="w"),
+            reqs = self.source.fit(build_requests(workload, self.running.encode, count=max(workload.warmup, 2), tag="w"),
                                    workload.max_new_tokens)
-            run_point(self.engine, LoadPoint(concurrency=min(len(reqs), self.params.main_concurrency), num_requests=len(reqs)),
+            run_point(self.running, LoadPoint(concurrency=min(len(reqs), self.params.main_concurrency), num_requests=len(reqs)),
                       cycled(reqs), workload.max_new_tokens)
 
     def run(self, workload: WorkloadConfig, ctx: StageContext) -> StageRun:
@@ -107,22 +115,23 @@ class BatchingStage(Stage):
         self.sweep(workload)
         if p.throughput_point:
             self.throughput(workload)
+        mixed_point = None
         if mixed.mixed_on(p, workload, self.device):
-            self.mixed_point, self.n_long = mixed.mixed_point(p, workload, self.source, self.points[0].new, self.device)
-            self.mixed_continuous()
+            mixed_point, self.n_long = mixed.mixed_point(p, workload, self.source, self.points[0].new, self.device)
+            self.mixed_continuous(mixed_point)
         self.kv_capacity()
         self.keep()
         self.shutdown()
         if p.static_replay:
             self.static_replay()
         self.keep()
-        self.prober = ProbeWorker(self.ctx.stage_dir / "probes")
+        prober = self.prober = ProbeWorker(self.ctx.stage_dir / "probes")
         try:
-            if self.mixed_point:
-                self.mixed_probes()
+            if mixed_point:
+                self.mixed_probes(mixed_point, prober)
                 self.keep()
             if p.capacity:
-                self.transformers_capacity()
+                self.transformers_capacity(prober)
         finally:
             self.close_prober()
         return StageRun(samples=self.samples, extra=self.dump(), notes=self.notes,
@@ -136,7 +145,7 @@ class BatchingStage(Stage):
         label, n = point.label("continuous"), len(point.requests) + len(point.ramp)
         for rep in range(repeats):
             with self.ctx.meter.window(point.meter_key("continuous")) as window:
-                res = run_point(self.engine, point.load, point.source(), point.new, expected_tokens=point.new, repeat=rep,
+                res = run_point(self.running, point.load, point.source(), point.new, expected_tokens=point.new, repeat=rep,
                                 progress=lambda d: self.ctx.progress(label, d, n))
                 window.tokens = res.all_output_tokens
             got.append(res)
@@ -151,9 +160,9 @@ class BatchingStage(Stage):
         self.points = plan_points(p, workload, self.source)
         self.extra = BatchingExtra(
             sweep=sweep_settings(p, workload, self.points[0].new),
-            engine={"max_num_seqs": self.engine.params.max_num_seqs,
-                    "max_num_batched_tokens": self.engine.params.max_num_batched_tokens,
-                    "max_model_len": self.engine.max_model_len, "dtype": self.dtype},
+            engine={"max_num_seqs": self.running.params.max_num_seqs,
+                    "max_num_batched_tokens": self.running.params.max_num_batched_tokens,
+                    "max_model_len": self.running.max_model_len, "dtype": self.dtype},
             h200_reference=H200_REFERENCE, curve=[])
         self.extra.lifecycle = self.lifecycle  # the same dict: filled in as the engine goes
         for point in self.points:
@@ -164,24 +173,24 @@ class BatchingStage(Stage):
 
     def throughput(self, workload: WorkloadConfig) -> None:
         p = self.params
-        self.tp_point = plan_throughput_point(p, workload, self.source)
-        got = self.serve(self.tp_point)
+        point = self.tp_point = plan_throughput_point(p, workload, self.source)
+        got = self.serve(point)
+        reference = H200_REFERENCE["vllm_fp16_256x128_out_tok_s"]  # a table of numbers and the model's name
         self.extra.throughput_point = ThroughputPoint(
-            continuous=point_row(self.tp_point, "continuous", got, p, energy=self.energy(self.tp_point, "continuous")),
-            reference_h200_out_tok_s=H200_REFERENCE["vllm_fp16_256x128_out_tok_s"])
+            continuous=point_row(point, "continuous", got, p, energy=self.energy(point, "continuous")),
+            reference_h200_out_tok_s=reference if isinstance(reference, (int, float)) else None)
 
-    def mixed_continuous(self) -> None:
-        point = self.mixed_point
+    def mixed_continuous(self, point: CurvePoint) -> None:
         t0 = time.perf_counter()
-        got = run_point(self.engine, point.load, point.source(), point.new, expected_tokens=point.new,
+        got = run_point(self.running, point.load, point.source(), point.new, expected_tokens=point.new,
                         progress=lambda d: self.ctx.progress(point.label("continuous"), d, len(point.requests)))
         wall = time.perf_counter() - t0
         row = point_row(point, "continuous", got, self.params)
         self.extra.mixed = [mixed.continuous_row(point, self.n_long, got.samples, wall, row)]
 
     def kv_capacity(self) -> None:
-        limit = self.engine.params.max_num_seqs
-        kv = self.engine.kv_cache(limit, self.ctx.log_path)
+        limit = self.running.params.max_num_seqs
+        kv = self.running.kv_cache(limit, self.ctx.log_path)
         self.extra.kv_cache = kv
         self.extra.capacity = [CapacityRow(**r) for r in vllm_capacity_rows(kv, self.params.contexts, limit)]
 
@@ -196,7 +205,7 @@ class BatchingStage(Stage):
             self.extra.mixed[0].peak_bytes = used - before if used is not None and before is not None else life["engine_rss_bytes"]
         self.ctx.progress("shutting the vLLM engine down", None, None)
         t0 = time.perf_counter()
-        engine, self.engine = self.engine, None
+        engine, self.engine = self.running, None
         engine.close()
         del engine
         life.update(wait_freed(life["before_engine"], self.device == "cuda"))
@@ -209,20 +218,20 @@ class BatchingStage(Stage):
         self.ctx.progress(f"loading transformers ({self.dtype}, {p.static_attn_implementation}) for the "
                           "static-batching replay", None, None)
         life["t_transformers_load"] = time.perf_counter()
-        self.static = StaticEngine.load(self.model.path, self.device, self.dtype, p.static_attn_implementation)
+        static = self.static = StaticEngine.load(self.model.path, self.device, self.dtype, p.static_attn_implementation)
         life["transformers_loaded"] = device_memory(use_torch=self.device == "cuda")
-        self.static.warm()
-        self.extra.curve += [self.serve_static(point) for point in self.points]
-        if self.extra.throughput_point is not None:
-            self.extra.throughput_point.static = self.serve_static(self.tp_point)
+        static.warm()
+        self.extra.curve += [self.serve_static(static, point) for point in self.points]
+        if self.extra.throughput_point is not None and self.tp_point is not None:
+            self.extra.throughput_point.static = self.serve_static(static, self.tp_point)
         self.close_static()
         add_speedups(self.extra.curve)
 
-    def serve_static(self, point: CurvePoint) -> CurveRow:
+    def serve_static(self, static: StaticEngine, point: CurvePoint) -> CurveRow:
         """A point through the static batcher in one timed window; an OOM at this batch size is
         a row (oom, the error), with no energy: its window never closed."""
         label, n, key = point.label("static"), len(point.requests) + len(point.ramp), point.meter_key("static")
-        batcher = self.static.batcher(point.static_batch, self.params.static_timeout_s, lambda d: self.ctx.progress(label, d, n))
+        batcher = static.batcher(point.static_batch, self.params.static_timeout_s, lambda d: self.ctx.progress(label, d, n))
         try:
             with self.ctx.meter.window(key) as window:
                 got = run_point(batcher, point.load, point.source(), point.new, expected_tokens=point.new)
@@ -231,7 +240,7 @@ class BatchingStage(Stage):
             if not is_oom(e):
                 raise
             msg = describe(e, 200)
-            self.static.release_cache()
+            static.release_cache()
             return point_row(point, "static", None, self.params, oom=True, error=msg)
         return point_row(point, "static", got, self.params, energy=self.energy(point, "static"))
 
@@ -243,20 +252,20 @@ class BatchingStage(Stage):
 
     # --- transformers probes, through the probe worker ------------------------------------
 
-    def mixed_probes(self) -> None:
-        rows = mixed.static_probes(self.params, self.mixed_point, self.model.path, self.device, self.dtype,
+    def mixed_probes(self, point: CurvePoint, prober: ProbeWorker) -> None:
+        rows = mixed.static_probes(self.params, point, self.model.path, self.device, self.dtype,
                                    self.ctx.stage_dir / "probes", progress=lambda m: self.ctx.progress(m, None, None),
-                                   probe=self.prober)
+                                   probe=prober)
         self.extra.mixed = mixed.in_order(self.extra.mixed + rows)
-        self.extra.mixed_setup = mixed.setup(self.params, self.mixed_point, self.n_long)
+        self.extra.mixed_setup = mixed.setup(self.params, point, self.n_long)
         if self.device != "cuda":
             self.notes.append(mixed.CPU_NOTE)
 
-    def transformers_capacity(self) -> None:
+    def transformers_capacity(self, prober: ProbeWorker) -> None:
         p = self.params
         rows, probes = hf_capacity(self.model.path, self.device, self.dtype, p.capacity_attn_implementation, p.contexts,
                                    p.max_batch, p.capacity_decode_steps, p.probe_timeout_s, self.ctx.stage_dir / "probes",
-                                   progress=lambda m: self.ctx.progress(m, None, None), probe=self.prober)
+                                   progress=lambda m: self.ctx.progress(m, None, None), probe=prober)
         self.extra.capacity = self.extra.capacity + [CapacityRow(**r) for r in rows]
         self.extra.capacity_probes = probes
 

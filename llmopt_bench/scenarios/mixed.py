@@ -55,12 +55,14 @@ def continuous_row(point: CurvePoint, n_long: int, samples: list[RequestSample],
     """The set through the continuous engine; its peak is the engine's footprint, known once
     the engine's memory is measured (the stage sets peak_bytes then)."""
     reqs = point.requests
-    return MixedRow(config="continuous", status="ok", requests=len(reqs), long_requests=n_long,
-                    max_prompt_len=max(len(r.token_ids) for r in reqs), prompt_tokens=sum(len(r.token_ids) for r in reqs),
-                    padded_prompt_tokens=None, output_tokens=sum(s.output_tokens for s in samples),
-                    seconds=round(seconds, 4), all_tokens_produced=row.failed == 0, output_tok_s=row.output_tok_s,
-                    ttft_p50_s=row.ttft_p50_s, e2e_p50_s=row.e2e_p50_s, memory_at_oom_bytes=None, peak_bytes=None,
-                    note=CONTINUOUS_NOTE)
+    # MixedRow's extras (it allows them): the figures a static probe reports too, beside its declared fields
+    figures: dict[str, Any] = {
+        "long_requests": n_long, "max_prompt_len": max(len(r.token_ids) for r in reqs),
+        "prompt_tokens": sum(len(r.token_ids) for r in reqs), "padded_prompt_tokens": None,
+        "output_tokens": sum(s.output_tokens for s in samples), "seconds": round(seconds, 4),
+        "ttft_p50_s": row.ttft_p50_s, "e2e_p50_s": row.e2e_p50_s, "note": CONTINUOUS_NOTE}
+    return MixedRow(config="continuous", status="ok", requests=len(reqs), all_tokens_produced=row.failed == 0,
+                    output_tok_s=row.output_tok_s, memory_at_oom_bytes=None, peak_bytes=None, **figures)
 
 
 def bucket_budget(p: CurveParams) -> int:
