@@ -35,6 +35,8 @@ class LoadRow(PointRow):
     burstiness: float | None = None
     slo_ok: bool | None = None
     slo_reason: str | None = None
+    client: dict[str, Any] | None = None  # the client's own punctuality (engines/client_health.ClientHealth)
+    client_untimed: str | None = None  # why the client could not time this point (its latencies are not the server's)
 
 
 class ClientTally(StrictModel):

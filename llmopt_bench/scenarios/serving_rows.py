@@ -52,7 +52,8 @@ def facts_of(rows: list[LoadRow], capacity: Capacity | None, points: list[SLOPoi
     """What the generic analyses read: latency at concurrency 1, the saturated throughput, and
     the capacity under the SLO with its interval, its hold, the saturation ceiling and every
     open-loop point."""
-    one = next((r for r in rows if r.phase == "sweep" and r.concurrency == 1 and r.completed), None)
+    # a point the client could not time gives no batch-1 fact: its latencies are the client's
+    one = next((r for r in rows if r.phase == "sweep" and r.concurrency == 1 and r.completed and not r.client_untimed), None)
     tp = next((r for r in rows if r.phase == "throughput" and r.output_tok_s), None)
     sweep = [r for r in rows if r.phase == "sweep" and r.output_tok_s]
     top = max(sweep, key=lambda r: r.output_tok_s or 0, default=None)
