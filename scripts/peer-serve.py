@@ -204,7 +204,9 @@ def figures(blocks: list[dict]) -> dict:
         out["client_blocks"] = [b["client"] for b in blocks]
         out["client"] = {"kernel_timed_share": min(b["client"]["kernel_timed_share"] or 0 for b in blocks),
                          "read_delay_p99_s": max(b["client"]["read_delay_p99_s"] or 0 for b in blocks)}
-        out["client_untimed"] = next((b["client_untimed"] for b in blocks if b["client_untimed"]), None)
+        marked = [b["client_untimed"] for b in blocks if b["client_untimed"]]  # how many blocks, and the first one's reason
+        out["client_untimed"] = (f"{len(marked)} of {len(blocks)} blocks: {marked[0]}" if len(blocks) > 1 else marked[0]) \
+            if marked else None
     return out
 
 
