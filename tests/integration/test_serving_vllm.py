@@ -193,10 +193,13 @@ def test_every_token_carries_the_kernels_receive_time_and_the_client_its_health(
 
     samples, clocks, health = asyncio.run(go())
     assert all(s.ok for s in samples) and len(clocks) == 4
-    # every event followed by the kernel clock; its own time kept unless segments piled up unread
-    assert health.requests == 4 and health.chunks == 4 * N and health.kernel_clock_share == 1.0
+    # every event followed by the kernel clock; its own time kept unless segments piled up unread; a
+    # busy server may put several tokens in one event (each of them takes the event's time)
+    assert health.requests == 4 and health.chunks == sum(len(c.timed) for c in clocks) <= 4 * N
+    assert health.kernel_clock_share == 1.0
     for s, c in zip(samples, clocks):
-        assert s.token_times == c.timed and c.matched == N and c.timed == sorted(c.timed) and c.request_id == s.request_id
+        assert list(dict.fromkeys(s.token_times)) == list(dict.fromkeys(c.timed)) and len(s.token_times) == N
+        assert c.matched == len(c.timed) and c.timed == sorted(c.timed) and c.request_id == s.request_id
         assert all(s.t_submit < t <= r for t, r in zip(c.timed, c.read))
         assert all(k or p for k, p in zip(c.stamped, c.piled))
         assert c.send_s is not None and 0 < c.send_s < s.t_first - s.t_submit
@@ -204,7 +207,7 @@ def test_every_token_carries_the_kernels_receive_time_and_the_client_its_health(
     engine = HTTPLoad(endpoint(server))
     res = run_point(engine, LoadPoint(concurrency=1, num_requests=5, warmup_requests=2), cycled(requests), N)
     point = engine.health({s.request_id for s in res.samples})
-    assert point.requests == 3 and point.chunks == 3 * N and point.kernel_clock_share == 1.0
+    assert point.requests == 3 and 3 <= point.chunks <= 3 * N and point.kernel_clock_share == 1.0
     assert engine.health().requests == 5  # the warm-up's too, when asked for all
 
 
