@@ -105,7 +105,7 @@ class ServingRun:
     def _client_check(self, row: LoadRow, res: PointResult) -> None:
         """The client's own punctuality over the point's measured requests, and whether it could
         time them at all (engines/client_health.py): a point it could not time is not the server's
-        latency (the search does not judge it, no batch-1 fact is taken from it)."""
+        latency (the search does not judge it; no batch-1 fact nor SLO point is taken from it)."""
         health_of = getattr(self.engine, "health", None)  # an HTTP engine's client watches itself
         health = health_of({s.request_id for s in res.samples}) if health_of else None
         if health is not None:
