@@ -69,6 +69,7 @@ class ServingRun:
         self.examples: list[str] = []
         self.ceiling = Ceiling()
         self.in_system: float | None = None  # the longest median time in system of a steady point so far
+        self.untimed: set[str] = set()  # the points the client could not time (their keys)
 
     # --- one point ------------------------------------------------------------------------
 
@@ -114,6 +115,8 @@ class ServingRun:
     def _keep(self, phase: str, key: str, res: PointResult, v: Verdict, row: LoadRow) -> None:
         self.rows.append(row)
         self.samples[key] = res.samples
+        if row.client_untimed:
+            self.untimed.add(key)
         count_tally(self.tally, getattr(self.engine, "tally", None))
         self.examples += [s.error for s in res.samples if not s.ok and s.error and s.error not in self.examples][:KEEP - len(self.examples)]
         if phase != "throughput":
@@ -162,7 +165,7 @@ class ServingRun:
         capacity = self.search() if self.p.capacity_search else None
         if self.p.throughput_point:
             self.throughput()
-        main = main_key(self.samples, capacity, self.p)
+        main = main_key(self.samples, capacity, self.p, self.untimed)
         if main is not None and self.ctx.meter is not None:
             self.ctx.meter.copy(main)
         errors: dict[str, int] = {}
@@ -170,7 +173,8 @@ class ServingRun:
             for kind, n in r.errors.items():
                 errors[kind] = errors.get(kind, 0) + n
         extra = ServingExtra(target=self.target, settings=self.settings(), curve=self.rows, capacity=capacity,
-                             main_point=main, errors=errors, error_examples=self.examples, tally=self.tally)
+                             main_point=main, main_untimed=main in self.untimed if main else None, errors=errors,
+                             error_examples=self.examples, tally=self.tally)
         facts = facts_of(self.rows, capacity, self.slo_points, str(self.slo), self.p.max_failure_rate, main)
         return self.samples.get(main, []) if main else [], extra, facts
 

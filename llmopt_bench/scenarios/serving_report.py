@@ -123,7 +123,9 @@ def serving_blocks(result: Any) -> list[Block]:
                           f"{s.get('requests_per_point')} measured requests a point, {s.get('output_len')} output tokens forced, "
                           f"prompts {s.get('prompt_format')}, {s.get('input_tokens')} tokens; warm-up: closed loop "
                           f"{s.get('closed_loop_warmup')}, open loop {s.get('open_loop_warmup')}. Headline (the stage's "
-                          f"row in the table): {x.main_point or 'none'}."))
+                          f"row in the table): {x.main_point or 'none'}"
+                          + (" (the client could not time it, nor any other point: its latencies are the client's, not the "
+                             "server's)" if x.main_untimed else "") + "."))
     if x.curve:
         out.append(curve_block(x.curve))
     out += capacity_blocks(x)

@@ -11,6 +11,8 @@ kernel's merge: one receive time, the last one's), as on the busy 2-core host of
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from simserver import SimServer
 
@@ -18,10 +20,12 @@ from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.workload import Request
 from llmopt_bench.engines.client_health import RequestClock, summarize
 from llmopt_bench.load.dispatchers import ClosedLoop, OpenLoop
+from llmopt_bench.load.search import Capacity
 from llmopt_bench.measure.energy import TimedMeter
 from llmopt_bench.scenarios.serving import ServingRun
-from llmopt_bench.scenarios.serving_record import ServingParams
-from llmopt_bench.scenarios.serving_report import client_block, curve_block
+from llmopt_bench.scenarios.serving_record import ServingExtra, ServingParams
+from llmopt_bench.scenarios.serving_report import client_block, curve_block, serving_blocks
+from llmopt_bench.scenarios.serving_rows import main_key
 
 LATE_ABOVE_RPS = 24.0  # the client cannot keep up above this arrival rate (and at concurrency 1, below)
 
@@ -112,3 +116,29 @@ def test_no_batch1_fact_from_a_point_the_client_could_not_time(run):
     text = client_block(extra).text
     assert "Tokens timed by the kernel's receive clock: 0.0% at the worst point" in text
     assert "Points it could not time (not the server's latency, not judged): sweep at concurrency 1, search at" in text
+
+
+def test_the_headline_is_a_point_the_client_timed(run):
+    """The stage's samples (its row in the metrics table) are never a point the client could
+    not time while another is left."""
+    (samples, extra, _), _ = run
+    untimed = {r.rate_rps for r in extra.curve if r.mode == "open" and r.client_untimed}
+    assert extra.main_point and extra.main_untimed is False
+    main = next(r for r in extra.curve if extra.main_point == f"{r.phase}: " + (
+        f"concurrency {r.concurrency}" if r.mode == "closed" else f"{r.rate_rps:g} req/s"))
+    assert not main.client_untimed and len(samples) == main.requests
+    if extra.capacity.holds[-1].invalid:  # the hold at the capacity was not timed: the trial there is the headline
+        assert extra.main_point == f"search: {extra.capacity.capacity_rps:g} req/s" and extra.capacity.capacity_rps in untimed
+
+
+def test_the_headline_passes_over_untimed_points_and_says_when_all_were():
+    p = ServingParams(concurrency=[1, 4, 16])
+    keys = {k: [] for k in ("sweep: concurrency 1", "sweep: concurrency 4", "sweep: concurrency 16", "hold: 5 req/s")}
+    cap = Capacity(capacity_rps=5.0, precision=0.05, converged=True, trials=[])
+    assert main_key(keys, cap, p) == "hold: 5 req/s"
+    assert main_key(keys, cap, p, {"hold: 5 req/s", "sweep: concurrency 16"}) == "sweep: concurrency 4"
+    assert main_key(keys, None, p, set(keys)) == "sweep: concurrency 16"  # every point untimed: the default, marked
+    x = ServingExtra(main_point="sweep: concurrency 16", main_untimed=True)
+    load = serving_blocks(SimpleNamespace(extra_as=lambda cls: x))[1].text
+    assert load.endswith("Headline (the stage's row in the table): sweep: concurrency 16 (the client could not time it, "
+                         "nor any other point: its latencies are the client's, not the server's).")
