@@ -32,8 +32,8 @@ def count_tally(t: ClientTally, tally: Any) -> None:
 def main_key(samples: dict[str, Any], capacity: Capacity | None, p: ServingParams, untimed: Collection[str] = ()) -> str | None:
     """The headline point: the hold at the capacity, else the search's trial there, else the
     sweep point at main_concurrency (default: the largest). A point the client could not time
-    (`untimed`: its latencies are the client's) is passed over for the largest timed sweep
-    point, else any timed point; it is the headline only where every point is so."""
+    (`untimed`: its latencies are the client's) is passed over for the largest sweep point it
+    timed; where it timed none, the default stays (the report says so)."""
     cap = capacity.capacity_rps if capacity else None
     for key in ([f"hold: {cap:g} req/s", f"search: {cap:g} req/s"] if cap is not None else []):
         hits = [k for k in samples if (k == key or k.startswith(key + ",")) and k not in untimed]  # a gamma point's label carries its burstiness
@@ -44,9 +44,9 @@ def main_key(samples: dict[str, Any], capacity: Capacity | None, p: ServingParam
     key = f"sweep: concurrency {c}"
     if key in samples and key not in untimed:
         return key
-    timed = [k for k in samples if k not in untimed]
-    timed_sweep = [f"sweep: concurrency {n}" for n in reversed(sweep) if f"sweep: concurrency {n}" in timed]
-    return next(iter(timed_sweep + timed), key if key in samples else next(iter(samples), None))
+    timed = [f"sweep: concurrency {n}" for n in reversed(sweep) if f"sweep: concurrency {n}" in samples
+             and f"sweep: concurrency {n}" not in untimed]  # not the throughput point: it may fail by design
+    return next(iter(timed), key if key in samples else next(iter(samples), None))
 
 
 def _at_capacity(rows: list[LoadRow], cap: float | None) -> LoadRow | None:
