@@ -75,7 +75,8 @@ async def llmopt_client(url: str, ids: list[str], args, plain_httpx: bool) -> di
 
         async def one(rid: str) -> tuple[float, float]:
             s = await c.complete(rid, rid, rid, 128)
-            return s.t_submit, s.t_first
+            # when the client read the first token (its time is the kernel's receive time where it has one)
+            return s.t_submit, c.clocks[-1].read[0] if s.ok else s.t_first
         return await _drive(one, ids, args)
 
 

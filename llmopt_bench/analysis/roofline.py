@@ -268,7 +268,7 @@ def stage_rows(stage: Any, run: Any) -> list[RooflineRow]:
     prompt, output = m.prompt_tokens / m.requests, m.output_tokens / m.requests
     kvb = kv_dtype_bytes(stage, model)
     rows = []
-    if m.tpot_s:
+    if m.tpot_s and m.tpot_s.p50 > 0:  # a TPOT of 0 (every token read at once) is no decode step
         ctx = decode_context(prompt, output)
         row = make_row(stage.name, "decode", batch, ctx, weights, source, kv_cache_bytes(layers, kv_heads, head_dim, kvb, ctx, batch),
                        decode_flops(params, layers, attn_dim, ctx, batch), m.tpot_s.p50, bandwidth, matmul, **dtypes)

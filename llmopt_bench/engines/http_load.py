@@ -5,17 +5,18 @@ client per load point (engines/openai_http.OpenAIClient), each sent the moment i
 The loop (drive_async, for any async `send`): release what is due, one task per request; then
 sleep until the next arrival or until an answer frees a user (a closed loop's next request goes
 the moment its answer came). The client's tally (how tokens were counted, where the usage
-disagreed) is kept per point."""
+disagreed) is kept per point, and its own punctuality (engines/client_health.py): health()."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from llmopt_bench.core.dispatch import Dispatcher, Send
 from llmopt_bench.core.records import RequestSample
+from llmopt_bench.engines.client_health import ClientHealth
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient, Tally
 from llmopt_bench.measure.timing import now
 
@@ -83,3 +84,7 @@ class HTTPLoad:
                                              prompt_tokens=len(prompt) if isinstance(prompt, list) else None)
             await drive_async(dispatcher, send)
             self.tally, self.client = client.tally, client
+
+    def health(self, request_ids: Collection[str] | None = None) -> ClientHealth | None:
+        """The last point's client health over `request_ids` (its measured requests; None: all)."""
+        return self.client.health(request_ids) if self.client is not None else None

@@ -1,8 +1,10 @@
 """A streaming client for an OpenAI-compatible /v1/completions endpoint, timed on the client.
 
-Each request streams (server-sent events, parsed by httpx-sse, carried by aiohttp); the clock is read as each
-chunk arrives, and a chunk that carries k tokens gives its time to each of them, as the
-in-process vLLM engine does (engines/vllm.py serve()). Tokens are counted from what arrived:
+Each request streams (server-sent events, parsed by httpx-sse, carried by aiohttp); a chunk is
+timed when it reached the host, by the kernel's receive clock (engines/rx_clock.py), else when
+the client read it, and a chunk that carries k tokens gives its time to each of them, as the
+in-process vLLM engine does (engines/vllm.py serve()). The client watches its own punctuality
+per client (engines/client_health.py: event-loop lag, read delays, bursts): health(). Tokens are counted from what arrived:
 the chunk's `token_ids` (vLLM's `return_token_ids`), else the growth of the streamed usage
 (`continuous_usage_stats`), else the chunk's text through the tokenizer the caller gives (a
 chunk's own tokens; merges across chunk edges can move a count by one), else one token per chunk. The server's final `usage` is checked
@@ -18,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.records import RequestSample
+from llmopt_bench.engines import rx_clock
+from llmopt_bench.engines.client_health import ClientHealth, LoopLag, RequestClock, summarize
 from llmopt_bench.measure.timing import now
 
 # What can go wrong with one request; RequestSample.error starts with one of these and a colon.
@@ -102,6 +106,10 @@ class _Stream:
     counted_by: str | None = None
     finished: bool = False
     count_text: Callable[[str], int] | None = None  # the tokenizer's count of a chunk's text
+    clock: RequestClock = field(default_factory=RequestClock)  # its chunks as timed and as read
+
+    def __post_init__(self) -> None:
+        self.clock.sent = self.t_submit
 
 
 def classify_status(status: int, body: str, model: str) -> RequestFailed:
@@ -166,6 +174,9 @@ class OpenAIClient:
         self._key = endpoint.api_key()
         self._max_connections = max_connections
         self._http: Any = None
+        self.clocks: list[RequestClock] = []  # every finished request's, in order
+        self._lag = LoopLag()
+        rx_clock.keep_stamping()
 
     async def __aenter__(self) -> OpenAIClient:
         import aiohttp
@@ -180,14 +191,23 @@ class OpenAIClient:
         # (limit=0): a request waiting for a free connection would count the client's queue as
         # the server's latency. Reads wait up to the request's own timeout.
         limit = self._max_connections or 0
-        transport = AiohttpTransport(client=lambda: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit)))
+        transport = AiohttpTransport(client=lambda: aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=limit, socket_factory=rx_clock.socket_factory)))
         self._http = httpx.AsyncClient(
             headers=headers, transport=transport,
             timeout=httpx.Timeout(e.request_timeout_s, connect=e.connect_timeout_s, pool=None))
+        self._lag.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self._lag.stop()
         await self._http.aclose()
+
+    def health(self, request_ids: Collection[str] | None = None) -> ClientHealth:
+        """The client's punctuality since it opened: its loop's lag, and its requests' clocks
+        (those of `request_ids` only, where given: a load point's measured requests)."""
+        clocks = self.clocks if request_ids is None else [c for c in self.clocks if c.request_id in request_ids]
+        return summarize(clocks, self._lag.samples)
 
     def payload(self, prompt: str | Sequence[int], max_tokens: int) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.endpoint.model, "prompt": prompt if isinstance(prompt, str) else list(prompt),
@@ -219,6 +239,8 @@ class OpenAIClient:
         n_prompt = prompt_tokens if prompt_tokens is not None else (state.usage_prompt or (0 if isinstance(prompt, str) else len(prompt)))
         if error is None:
             self._check(request_id, state, max_tokens)
+            state.clock.request_id = request_id
+            self.clocks.append(state.clock)
         return RequestSample(request_id=request_id, prompt_id=prompt_id, repeat=repeat, prompt_tokens=n_prompt,
                              output_tokens=len(state.times), t_submit=state.t_submit,
                              t_first=state.times[0] if state.times else t_end, t_done=t_end,
@@ -228,24 +250,38 @@ class OpenAIClient:
         from httpx_sse import SSEError, aconnect_sse
 
         url = self.endpoint.api_root + "/completions"
+        sending = rx_clock.track()  # this coroutine runs as its own task (wait_for): the mark stays with it
         async with aconnect_sse(self._http, "POST", url, json=self.payload(prompt, max_tokens)) as source:
             response = source.response
             if response.status_code != 200:
                 body = (await response.aread()).decode(errors="replace")
                 raise classify_status(response.status_code, body, self.endpoint.model)
+            sock = sending.sock
+            if sending.sent_at is not None:
+                state.clock.send_s = sending.sent_at - state.t_submit
             try:
+                last = None  # the end of the last token-carrying event
                 async for event in source.aiter_sse():
                     t = now()
-                    if event.data.strip() == "[DONE]":
+                    end = rx_clock.arrival(sock, event.data, state.t_submit, t) if sock is not None else None
+                    done = event.data.strip() == "[DONE]"
+                    if not done and self._on_chunk(event.data, t, state, end):
+                        last = end
+                    elif state.finished and last is not None and end is not None and last.read == end.read:
+                        # the last token read with the answer's tokenless tail (usage, [DONE], after
+                        # the finish_reason): its read's time is the tail's, written right behind it
+                        state.clock.trust_last()
+                    if done:
                         return
-                    self._on_chunk(event.data, t, state)
             except SSEError as e:
                 ctype = response.headers.get("content-type", "?")
                 raise RequestFailed("not_streaming", f"the server answered {ctype}, not an event stream ({e})") from None
         if not state.finished:
             raise RequestFailed("protocol", f"the stream ended after {len(state.times)} tokens without a finish_reason")
 
-    def _on_chunk(self, text: str, t: float, state: _Stream) -> None:
+    def _on_chunk(self, text: str, read: float, state: _Stream, end: rx_clock.End | None) -> int:
+        """One event, read at `read`, whose end reached the host as `end` says (None: not known);
+        how many tokens it carried."""
         try:
             data = json.loads(text)
         except ValueError:
@@ -255,7 +291,13 @@ class OpenAIClient:
         if "error" in data:
             raise RequestFailed("server", _error_message(text) or text[:200])
         k = _chunk_tokens(data, state)
-        state.times.extend([t] * k)
+        if k:
+            if end is None or end.stamp is None:  # the kernel clock did not time it
+                state.clock.add(read, False)
+            else:
+                state.clock.add(read, True, end.stamp, end.exact, end.segments, end.since)
+            state.times.extend([state.clock.timed[-1]] * k)
+        return k
 
     def _check(self, request_id: str, state: _Stream, requested: int) -> None:
         t = self.tally

@@ -23,6 +23,7 @@ from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.errors import LlmoptError, UsageError
 from llmopt_bench.core.records import RequestSample, SLOPoint, StageFacts
 from llmopt_bench.core.workload import Request
+from llmopt_bench.engines.client_health import could_not_time
 from llmopt_bench.load.capacity import Ceiling, open_point, trial_of
 from llmopt_bench.load.dispatchers import cycled
 from llmopt_bench.load.engine import LoadEngine, run_point
@@ -68,6 +69,7 @@ class ServingRun:
         self.examples: list[str] = []
         self.ceiling = Ceiling()
         self.in_system: float | None = None  # the longest median time in system of a steady point so far
+        self.untimed: set[str] = set()  # the points the client could not time (their keys)
 
     # --- one point ------------------------------------------------------------------------
 
@@ -90,6 +92,7 @@ class ServingRun:
             return row, None, None
         v = verdict(self.slo, res, self.p.max_failure_rate)
         row = self._row(phase, res, v, key, len(requests[0].token_ids) if requests else None, max_tokens)
+        self._client_check(row, res)
         self._keep(phase, key, res, v, row)
         return row, v, res
 
@@ -100,16 +103,27 @@ class ServingRun:
                        input_len=input_len, output_len=output_len, slo_ok=v.ok, slo_reason=v.reason,
                        energy=self.ctx.meter.per_key().get(key))
 
+    def _client_check(self, row: LoadRow, res: PointResult) -> None:
+        """The client's own punctuality over the point's measured requests, and whether it could
+        time them at all (engines/client_health.py): a point it could not time is not the server's
+        latency (the search does not judge it; no batch-1 fact nor SLO point is taken from it)."""
+        health_of = getattr(self.engine, "health", None)  # an HTTP engine's client watches itself
+        health = health_of({s.request_id for s in res.samples}) if health_of else None
+        if health is not None:
+            row.client, row.client_untimed = health.as_dict(), could_not_time(health, row.ttft_p50_s)
+
     def _keep(self, phase: str, key: str, res: PointResult, v: Verdict, row: LoadRow) -> None:
         self.rows.append(row)
         self.samples[key] = res.samples
+        if row.client_untimed:
+            self.untimed.add(key)
         count_tally(self.tally, getattr(self.engine, "tally", None))
         self.examples += [s.error for s in res.samples if not s.ok and s.error and s.error not in self.examples][:KEEP - len(self.examples)]
         if phase != "throughput":
             self.ceiling.see(res.completion_rps, key)
             if res.steady is None or res.steady.ok:
                 self.in_system = max(self.in_system or 0.0, row.e2e_p50_s or 0.0)
-        if res.point.rate is not None and phase != "throughput":
+        if res.point.rate is not None and phase != "throughput" and not row.client_untimed:  # recommend judges the server's
             self.slo_points.append(slo_point(res, v, hold=phase == "hold"))
         self.ctx.keep_partial({"curve": [r.model_dump(mode="json") for r in self.rows]})
         if res.samples and res.failed == len(res.samples) and set(res.errors) == {"connection"}:
@@ -128,8 +142,9 @@ class ServingRun:
         """One open-loop point of the search (or its hold), as the search sees it."""
         hold = phase == "hold"
         row, v, res = self.measure(phase, open_point(rate, self.p, self.seed, self.in_system, self.p.hold_s if hold else None))
-        # a miss under less load than asked is still a miss; only a pass needs the load it asked for
-        late = client_late(row.queued_at_end, row.requests) if v is not None and v.ok else None
+        # a miss under less load than asked is still a miss; only a pass needs the load it asked for;
+        # a point the client could not time is neither
+        late = row.client_untimed or (client_late(row.queued_at_end, row.requests) if v is not None and v.ok else None)
         return trial_of(res, v, self.slo, rate, kind="hold" if hold else "probe", invalid=late, error=row.error)
 
     def search(self) -> Capacity:
@@ -150,7 +165,7 @@ class ServingRun:
         capacity = self.search() if self.p.capacity_search else None
         if self.p.throughput_point:
             self.throughput()
-        main = main_key(self.samples, capacity, self.p)
+        main = main_key(self.samples, capacity, self.p, self.untimed)
         if main is not None and self.ctx.meter is not None:
             self.ctx.meter.copy(main)
         errors: dict[str, int] = {}
@@ -158,7 +173,8 @@ class ServingRun:
             for kind, n in r.errors.items():
                 errors[kind] = errors.get(kind, 0) + n
         extra = ServingExtra(target=self.target, settings=self.settings(), curve=self.rows, capacity=capacity,
-                             main_point=main, errors=errors, error_examples=self.examples, tally=self.tally)
+                             main_point=main, main_untimed=main in self.untimed if main else None, errors=errors,
+                             error_examples=self.examples, tally=self.tally)
         facts = facts_of(self.rows, capacity, self.slo_points, str(self.slo), self.p.max_failure_rate, main)
         return self.samples.get(main, []) if main else [], extra, facts
 

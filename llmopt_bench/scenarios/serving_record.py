@@ -35,6 +35,8 @@ class LoadRow(PointRow):
     burstiness: float | None = None
     slo_ok: bool | None = None
     slo_reason: str | None = None
+    client: dict[str, Any] | None = None  # the client's own punctuality (engines/client_health.ClientHealth)
+    client_untimed: str | None = None  # why the client could not time this point (its latencies are not the server's)
 
 
 class ClientTally(StrictModel):
@@ -55,6 +57,7 @@ class ServingExtra(StrictModel):
     curve: list[LoadRow] = Field(default_factory=list)
     capacity: Capacity | None = None  # the search: trials in order, verdicts, the interval, the knee, the hold
     main_point: str | None = None  # which row's requests are the stage's samples
+    main_untimed: bool | None = None  # the client could not time it either (every point was so): its latencies are the client's
     errors: dict[str, int] = Field(default_factory=dict)  # every point's failed requests by kind
     error_examples: list[str] = Field(default_factory=list)
     tally: ClientTally = Field(default_factory=ClientTally)

@@ -29,7 +29,8 @@ def _backlog(row: LoadRow) -> Any:
 
 
 def _slo_cell(r: LoadRow) -> str:
-    return r.error or ("met" if r.slo_ok else f"missed: {r.slo_reason}" if r.slo_ok is False else "-")
+    return r.error or (f"not judged: {r.client_untimed}" if r.client_untimed else
+                       "met" if r.slo_ok else f"missed: {r.slo_reason}" if r.slo_ok is False else "-")
 
 
 def curve_block(rows: list[LoadRow]) -> Block:
@@ -92,8 +93,23 @@ def client_block(x: ServingExtra) -> Block:
     short = f"; {t.short_count} answers came back shorter than asked" if t.short_count else ""
     errors = ", ".join(f"{k} {v}" for k, v in sorted(x.errors.items()))
     text = (f"Client: tokens counted from {counted}; {usage}{short}. "
-            + (f"Failed requests by kind: {errors} (e.g. {x.error_examples[0]})." if errors else "No request failed."))
+            + (f"Failed requests by kind: {errors} (e.g. {x.error_examples[0]})." if errors else "No request failed.")
+            + _punctuality(x.curve))
     return Block(text=text)
+
+
+def _punctuality(rows: list[LoadRow]) -> str:
+    """The client's own clock over the points (engines/client_health.py), and the points it could not time."""
+    seen = [r.client for r in rows if r.client and r.client.get("chunks")]
+    if not seen:
+        return ""
+    kernel = min(c.get("kernel_timed_share") or 0 for c in seen)
+    late = max((c.get("read_delay_p99_s") or 0 for c in seen), default=0)
+    untimed = [f"{r.phase} at " + (f"concurrency {r.concurrency}" if r.mode == "closed" else f"{num(r.rate_rps)} req/s")
+               for r in rows if r.client_untimed]
+    return (f" Tokens timed by the kernel's receive clock: {pct(kernel)} at the worst point; the client read them at worst "
+            f"{num(ms(late))} ms late (p99 of a point)." + (f" Points it could not time (not the server's latency, not "
+                                                        f"judged): {', '.join(untimed)}." if untimed else ""))
 
 
 def serving_blocks(result: Any) -> list[Block]:
@@ -107,7 +123,9 @@ def serving_blocks(result: Any) -> list[Block]:
                           f"{s.get('requests_per_point')} measured requests a point, {s.get('output_len')} output tokens forced, "
                           f"prompts {s.get('prompt_format')}, {s.get('input_tokens')} tokens; warm-up: closed loop "
                           f"{s.get('closed_loop_warmup')}, open loop {s.get('open_loop_warmup')}. Headline (the stage's "
-                          f"row in the table): {x.main_point or 'none'}."))
+                          f"row in the table): {x.main_point or 'none'}"
+                          + (" (the client could not time it, nor any other point: its latencies are the client's, not the "
+                             "server's)" if x.main_untimed else "") + "."))
     if x.curve:
         out.append(curve_block(x.curve))
     out += capacity_blocks(x)

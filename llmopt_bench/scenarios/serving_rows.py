@@ -4,6 +4,7 @@ against)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from llmopt_bench.core.records import SLOPoint, StageFacts
@@ -28,18 +29,24 @@ def count_tally(t: ClientTally, tally: Any) -> None:
     t.short += [list(s) for s in tally.short][:KEEP - len(t.short)]
 
 
-def main_key(samples: dict[str, Any], capacity: Capacity | None, p: ServingParams) -> str | None:
+def main_key(samples: dict[str, Any], capacity: Capacity | None, p: ServingParams, untimed: Collection[str] = ()) -> str | None:
     """The headline point: the hold at the capacity, else the search's trial there, else the
-    sweep point at main_concurrency (default: the largest)."""
+    sweep point at main_concurrency (default: the largest). A point the client could not time
+    (`untimed`: its latencies are the client's) is passed over for the largest sweep point it
+    timed; where it timed none, the default stays (the report says so)."""
     cap = capacity.capacity_rps if capacity else None
     for key in ([f"hold: {cap:g} req/s", f"search: {cap:g} req/s"] if cap is not None else []):
-        hits = [k for k in samples if k == key or k.startswith(key + ",")]  # a gamma point's label carries its burstiness
+        hits = [k for k in samples if (k == key or k.startswith(key + ",")) and k not in untimed]  # a gamma point's label carries its burstiness
         if hits:
             return hits[0]
     sweep = sorted(set(p.concurrency))
     c = p.main_concurrency if p.main_concurrency in sweep else (sweep[-1] if sweep else None)
     key = f"sweep: concurrency {c}"
-    return key if key in samples else next(iter(samples), None)
+    if key in samples and key not in untimed:
+        return key
+    timed = [f"sweep: concurrency {n}" for n in reversed(sweep) if f"sweep: concurrency {n}" in samples
+             and f"sweep: concurrency {n}" not in untimed]  # not the throughput point: it may fail by design
+    return next(iter(timed), key if key in samples else next(iter(samples), None))
 
 
 def _at_capacity(rows: list[LoadRow], cap: float | None) -> LoadRow | None:
@@ -52,7 +59,8 @@ def facts_of(rows: list[LoadRow], capacity: Capacity | None, points: list[SLOPoi
     """What the generic analyses read: latency at concurrency 1, the saturated throughput, and
     the capacity under the SLO with its interval, its hold, the saturation ceiling and every
     open-loop point."""
-    one = next((r for r in rows if r.phase == "sweep" and r.concurrency == 1 and r.completed), None)
+    # a point the client could not time gives no batch-1 fact: its latencies are the client's
+    one = next((r for r in rows if r.phase == "sweep" and r.concurrency == 1 and r.completed and not r.client_untimed), None)
     tp = next((r for r in rows if r.phase == "throughput" and r.output_tok_s), None)
     sweep = [r for r in rows if r.phase == "sweep" and r.output_tok_s]
     top = max(sweep, key=lambda r: r.output_tok_s or 0, default=None)

@@ -111,6 +111,10 @@ def test_an_endpoint_under_load_claims_no_device(endpoint_run):
     sent = sum(r["requests"] + r["warmup_excluded"] for r in x["curve"])  # each closed loop's ramp is sent too
     assert x["owns_device"] is False and x["tally"]["counted_by"] == {"token_ids": sent} and sent == 11
     assert [r["concurrency"] for r in x["curve"]] == [1, 2] and all(r["failed"] == 0 for r in x["curve"])
+    # every point keeps the client's own punctuality over its measured requests, every chunk
+    # followed by the kernel's receive clock
+    assert [r["client"]["requests"] for r in x["curve"]] == [r["completed"] for r in x["curve"]]
+    assert all(r["client"]["kernel_clock_share"] == 1.0 for r in x["curve"]), [r["client"] for r in x["curve"]]
     assert s["energy"] is None and s["memory"]["nvml"] is not True and s["facts"]["devices"] is None
     assert s["facts"]["serve_command"] is None and s["quality"]["perplexity_meaningful"] is False
     report = (endpoint_run["out"] / "report.md").read_text()

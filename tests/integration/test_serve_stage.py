@@ -93,8 +93,10 @@ def test_the_capacity_search_bracketed_then_bisected_then_held(served_run):
     assert [p["ok"] for p in probes] == [r["slo_ok"] for r in rows["search"]]
     assert [h["rate"] for h in holds] == [r["rate_rps"] for r in rows["hold"]] and len(holds) <= 2
     assert all(r["window_s"] == pytest.approx(HOLD_S) for r in rows["hold"])
-    # a pass whose client fell behind is not judged (its server saw less load than asked)
-    late = [bool(r["slo_ok"] and client_late(r["queued_at_end"], r["requests"])) for r in rows["search"]]
+    # a pass whose client fell behind is not judged (its server saw less load than asked), nor a
+    # point the client could not time (engines/client_health.py)
+    late = [bool(r.get("client_untimed") or (r["slo_ok"] and client_late(r["queued_at_end"], r["requests"])))
+            for r in rows["search"]]
     assert [bool(p.get("invalid")) for p in probes] == late
     # a trial not in steady state is a miss, and its row says why
     for r in rows["search"] + rows["hold"]:
@@ -120,15 +122,23 @@ def test_the_capacity_search_bracketed_then_bisected_then_held(served_run):
     # the first trial: half the sweep's best completion rate
     best = max(r["qps"] for r in s["extra"]["curve"] if r["phase"] == "sweep")
     assert probes[0]["rate"] == pytest.approx(best / 2)
-    assert f["slo"] == SLO and len(f["slo_points"]) == len(trials)
-    assert [p.get("hold", False) for p in f["slo_points"]] == [t["kind"] == "hold" for t in trials]
+    in_order = [r for r in s["extra"]["curve"] if r["phase"] in ("search", "hold")]  # as the trials ran
+    timed = [t for t, r in zip(trials, in_order) if not r.get("client_untimed")]
+    assert f["slo"] == SLO and len(f["slo_points"]) == len(timed)  # recommend judges only points the client timed
+    assert [p.get("hold", False) for p in f["slo_points"]] == [t["kind"] == "hold" for t in timed]
 
 
 def test_the_facts_are_the_rows(served_run):
     s = serve(served_run)
     f, curve = s["facts"], s["extra"]["curve"]
     one = next(r for r in curve if r["phase"] == "sweep" and r["concurrency"] == 1)
-    assert f["batch1_tpot_s"] == one["tpot_p50_s"] and f["batch1_ttft_s"] == one["ttft_p50_s"]
+    if one.get("client_untimed"):  # not the server's latency: no batch-1 fact from it
+        assert f.get("batch1_tpot_s") is None and f.get("batch1_ttft_s") is None
+    else:
+        assert f["batch1_tpot_s"] == one["tpot_p50_s"] and f["batch1_ttft_s"] == one["ttft_p50_s"]
+    # every point keeps the client's health over its measured requests, vLLM's events all followed by the kernel clock
+    assert all(r["client"]["requests"] == r["completed"] for r in curve), [r.get("client") for r in curve]
+    assert all(r["client"]["kernel_clock_share"] == 1.0 for r in curve), [r["client"] for r in curve]
     tp = next(r for r in curve if r["phase"] == "throughput")
     assert f["saturated_tok_s"] == tp["output_tok_s"] and f["saturated_how"] == "throughput point (all requests at once)"
     assert f["devices"] == 1 and f["serve_command"].startswith("vllm serve $LLMOPT_CACHE/models/")
@@ -147,7 +157,7 @@ def test_rejudging_the_points_under_the_run_s_slo_gives_the_stage_s_verdicts(ser
     s = serve(served_run)
     from llmopt_bench.core.records import SLOPoint
 
-    rows = [r for r in s["extra"]["curve"] if r["phase"] in ("search", "hold")]
+    rows = [r for r in s["extra"]["curve"] if r["phase"] in ("search", "hold") and not r.get("client_untimed")]
     assert len(rows) == len(s["facts"]["slo_points"])
     for raw, row in zip(s["facts"]["slo_points"], rows):
         point = SLOPoint(**raw)

@@ -178,6 +178,40 @@ def test_a_request_that_times_out_fails_alone(served, requests):
     assert fine.ok and fine.output_tokens == N
 
 
+def test_every_token_carries_the_kernels_receive_time_and_the_client_its_health(served, requests):
+    """vLLM's server ends each event with a blank line, one event a write: the client matches
+    every one to the kernel's receive time of its segment (engines/rx_clock.py), never after it
+    read it nor before it sent the request, its own unless it was read with others that had piled
+    up. How often that happens depends on the host (a busy one keeps the client off the CPU), so
+    only the record's shape is asserted; then the same through the load machine's HTTP engine,
+    whose health covers the point's measured requests only."""
+    server, _ = served
+
+    async def go():
+        async with OpenAIClient(endpoint(server)) as client:
+            samples = [await client.complete(r.id, r.prompt_id, r.token_ids, N) for r in requests[:4]]
+            return samples, client.clocks, client.health()
+
+    samples, clocks, health = asyncio.run(go())
+    assert all(s.ok for s in samples) and len(clocks) == 4
+    # every event followed by the kernel clock; its own time kept unless segments piled up unread; a
+    # busy server may put several tokens in one event (each of them takes the event's time)
+    assert health.requests == 4 and health.chunks == sum(len(c.timed) for c in clocks) <= 4 * N
+    assert health.kernel_clock_share == 1.0
+    for s, c in zip(samples, clocks):
+        assert list(dict.fromkeys(s.token_times)) == list(dict.fromkeys(c.timed)) and len(s.token_times) == N
+        assert c.matched == len(c.timed) and c.timed == sorted(c.timed) and c.request_id == s.request_id
+        assert all(s.t_submit < t <= r for t, r in zip(c.timed, c.read))
+        assert all(k or p for k, p in zip(c.stamped, c.piled))
+        assert c.send_s is not None and 0 < c.send_s < s.t_first - s.t_submit
+    assert health.loop_lag_samples > 0 and health.read_delay_p50_s is not None
+    engine = HTTPLoad(endpoint(server))
+    res = run_point(engine, LoadPoint(concurrency=1, num_requests=5, warmup_requests=2), cycled(requests), N)
+    point = engine.health({s.request_id for s in res.samples})
+    assert point.requests == 3 and 3 <= point.chunks <= 3 * N and point.kernel_clock_share == 1.0
+    assert engine.health().requests == 5  # the warm-up's too, when asked for all
+
+
 def test_a_short_concurrency_sweep(served, requests):
     server, _ = served
     for c in (1, 2, 4):

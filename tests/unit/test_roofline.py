@@ -117,6 +117,13 @@ def test_no_rows_without_ceilings_or_for_failed_stages():
     assert rl.roofline(run_of(stage("vllm", 0.01, status="skipped"))) == []
 
 
+def test_no_decode_row_from_a_tpot_of_zero():
+    """A client that read every token of an answer at once times them together (TPOT 0: issue 23,
+    a point its self-check marks): no decode step to place on the roofline, and no crash."""
+    rows = rl.roofline(run_of(stage("openai-endpoint", 0.0)))
+    assert [r.phase for r in rows] == ["prefill"]
+
+
 # --- GQA: KV bytes follow the KV heads, attention FLOPs the query heads ---------------------
 
 LLAMA3_8B = {**LLAMA7B, "source": "synthetic:llama3-8b", "num_kv_heads": 8, "num_params": int(8.03e9)}
