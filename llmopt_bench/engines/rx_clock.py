@@ -69,12 +69,19 @@ class End:
     since: float | None = None
 
 
+def _option() -> int:
+    """SO_TIMESTAMPNS where supported() (it gates every caller), else a clear error."""
+    if SO_TIMESTAMPNS is None:
+        raise OSError("the kernel's receive timestamps (SO_TIMESTAMPNS) are not available on this platform")
+    return int(SO_TIMESTAMPNS)
+
+
 class StampedSocket(socket.socket):
     """A TCP socket that keeps the kernel's receive time of every event end it reads (ends)."""
 
     def __init__(self, family: int = -1, type: int = -1, proto: int = -1, fileno: int | None = None):
         super().__init__(family, type, proto, fileno)
-        self.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        self.setsockopt(socket.SOL_SOCKET, _option(), 1)
         self.ends: deque[End] = deque(maxlen=KEEP)
         self._recent = b""  # the stream's last bytes: an end split across reads, and tails
         self._segments = self._segments_in()
@@ -161,7 +168,7 @@ def keep_stamping() -> None:
     if _keeper is None and supported():
         try:
             _keeper = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            _keeper.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            _keeper.setsockopt(socket.SOL_SOCKET, _option(), 1)
         except OSError:
             _keeper = None
 
