@@ -160,6 +160,18 @@ def parse_journey(path: Path) -> list[StagePlan]:
     return plans
 
 
+def journey_table(path: str, name: str) -> dict[str, Any] | None:
+    """A journey file's top-level table `name` ([workload]), None when it has none."""
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return None  # parse_journey has said what is wrong with the file
+    table = data.get(name)
+    if table is not None and not isinstance(table, dict):
+        raise UsageError(f"{path}: {name} is not a table", f"write it as [{name}] with its keys below")
+    return table
+
+
 # --- presets: a journey at three sizes, each a shipped journey file (one per device where the
 # journey is scaled to a few cores) whose [preset_workload.cuda] / [preset_workload.cpu] tables
 # are its workload defaults on that device (on top of the device's own; under the command line's)

@@ -29,7 +29,14 @@ BAD = [
     ("--timeout", "0", "allowed more than 0 seconds"),
     ("--timeout", "-3", "allowed more than 0 seconds"),
     ("--timeout", "nan", "allowed more than 0 seconds"),
-    ("--workload", "odd", "allowed fixed or mixed"),
+    ("--workload", "odd", "unknown kind 'odd', allowed fixed, mixed, random, shared-prefix, multi-turn, trace"),
+    ("--workload", "shared-prefix:groups=0", "groups: 0 is out of range, allowed 1 or more"),
+    ("--workload", "random:in=5..3", "a range A..B needs 1 <= A <= B"),
+    ("--workload", "random:colour=red", "unknown key 'colour'"),
+    ("--workload", "multi-turn:think=2", "has no unit"),
+    ("--workload", "random:in=normal:100", "normal takes MEAN:SD"),
+    ("--workload", "trace:speedup=2", "file= is required"),
+    ("--workload", "trace:file=no-such-trace.jsonl", "trace file not found"),
     ("--min-quality", "1.5", "not a fraction in (0, 1]"),
 ]
 IDS = [f"{o}={v}" for o, v, _ in BAD]
