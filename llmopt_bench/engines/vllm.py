@@ -173,13 +173,14 @@ class _Live:
     t_submit: float
     times: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
+    cached: int | None = None  # prompt tokens served from the prefix cache (RequestOutput.num_cached_tokens)
 
     def sample(self, t: float) -> RequestSample:
         s = self.send
         return RequestSample(request_id=s.id, prompt_id=s.prompt_id, repeat=s.repeat, prompt_tokens=len(s.token_ids),
                              output_tokens=len(self.times), t_submit=self.t_submit,
                              t_first=self.times[0] if self.times else t, t_done=self.times[-1] if self.times else t,
-                             token_times=self.times, ok=bool(self.times))
+                             token_times=self.times, ok=bool(self.times), cached_tokens=self.cached)
 
 
 class _InOrder:
@@ -258,6 +259,8 @@ def _step(engine: Any, live: dict[str, _Live], dispatcher: Dispatcher, tokens_ou
             continue
         state = live[key]
         new = list(out.outputs[0].token_ids) if out.outputs else []
+        if getattr(out, "num_cached_tokens", None) is not None:  # set at the first scheduling, not gated by log stats
+            state.cached = max(state.cached or 0, int(out.num_cached_tokens))
         state.times.extend([t] * len(new))
         state.tokens.extend(new)
         if out.finished:

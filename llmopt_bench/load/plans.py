@@ -15,16 +15,20 @@ the same requests at the same offsets every run."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.records import PlanRecord
+from llmopt_bench.core.workload import Request
 from llmopt_bench.load.arrivals import arrival_offsets
 from llmopt_bench.load.conversations import ConversationLoop
 from llmopt_bench.load.dispatchers import ClosedLoop, OpenLoop
 from llmopt_bench.load.point import LoadPoint
 from llmopt_bench.workloads.plan import Plan
 
+WARMUP_START = 1_000_000  # a generated plan's warm-up requests: far past any measured index, never sent measured
 Loop = OpenLoop | ClosedLoop | ConversationLoop
 
 
@@ -36,8 +40,50 @@ class PlanLoad:
     tag: str = ""
     start: int = 0  # the plan index the first request takes (warm-up draws past the measured ones)
 
-    def request(self, i: int):
+    @classmethod
+    def of_requests(cls, requests: Sequence[Request], output_len: int) -> PlanLoad:
+        """A given list of requests (cycled), each at output_len unless it carries its own."""
+        from llmopt_bench.workloads.synth import RequestsPlan
+
+        return cls(RequestsPlan(spec="fixed", seed=0, items=list(requests), output_len=output_len))
+
+    def request(self, i: int) -> Request:
         return self.plan.request(self.start + i, self.tag)
+
+    @cached_property
+    def record(self) -> PlanRecord:
+        return self.plan.record()
+
+    def lengths(self) -> tuple[int | None, int | None]:
+        """The prompt and output length a row names: the first request's for the prompt file (as
+        always), the plan's medians for the other kinds."""
+        items = getattr(self.plan, "items", None)
+        if items:
+            return len(items[0].token_ids), items[0].output_len or getattr(self.plan, "output_len", None)
+        r = self.record
+        return int(r.input_tokens["p50"]), int(r.output_tokens["p50"])
+
+    def prompt_lengths(self) -> list[int]:
+        items = getattr(self.plan, "items", None)
+        if items:
+            return [len(r.token_ids) for r in items]
+        return [int(self.record.input_tokens[k]) for k in ("min", "max")]
+
+    def distinct_prompts(self) -> int | None:
+        """The prompt file's distinct prompts; None for a generated plan (every prompt its own)."""
+        items = getattr(self.plan, "items", None)
+        return len({r.prompt_id for r in items}) if items else None
+
+    def warmup(self, n: int) -> list[Request]:
+        """n untimed requests: a generated plan's from far past the measured ones (first turns of
+        conversations never measured), the prompt file's and a trace's first ones."""
+        if self.plan.size is not None:
+            return [self.plan.request(i, "w") for i in range(n)]
+        out = []
+        for i in range(WARMUP_START, WARMUP_START + n):
+            c = self.plan.conversation(i)
+            out.append(Request("w" + c.request_id(0), c.prompt_id or c.id, c.turns[0].new_ids, c.turns[0].output_len))
+        return out
 
     def dispatcher(self, point: LoadPoint, repeat: int = 0, on_answer: Callable[[int], None] | None = None) -> Loop:
         point.check()

@@ -56,9 +56,10 @@ class TokenSpace:
         return [i for i in range(self.vocab_size) if i not in self.special_ids]
 
     @classmethod
-    def of(cls, tokenizer) -> TokenSpace:
-        """A transformers tokenizer's: len(tokenizer) ids, its all_special_ids left out."""
-        return cls(len(tokenizer), frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", []) or []))
+    def of(cls, tokenizer, vocab_size: int | None = None) -> TokenSpace:
+        """A transformers tokenizer's: its ids (at most the model's vocab_size), all_special_ids left out."""
+        n = min(len(tokenizer), vocab_size) if vocab_size else len(tokenizer)
+        return cls(n, frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", []) or []))
 
 
 def rng(seed: int, *role: object) -> random.Random:
