@@ -65,11 +65,15 @@ def given_workload(values: dict[str, Any]) -> dict[str, Any]:
 
 def checked_spec(text: str) -> str:
     """A --workload spec (or a journey's [workload] table made one) as canonical text, its trace read."""
+    from llmopt_bench.core.errors import UsageError
     from llmopt_bench.workloads.spec import TraceKind, parse_spec
 
     params = parse_spec(text)
     if isinstance(params, TraceKind):
         from llmopt_bench.workloads.traces import read_trace
 
-        read_trace(params)
+        try:
+            read_trace(params)
+        except UsageError as e:  # the file's own error, named as the option that gave it
+            raise UsageError(f"--workload {text.strip()}: {e.message}", e.fix) from None
     return params.canonical()

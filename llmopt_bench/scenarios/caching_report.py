@@ -33,7 +33,10 @@ def _arm(rec: PrefixCachingRecord, on: bool) -> CachingArm | None:
 
 
 def _hit(row: LoadRow) -> Any:
-    return pct(row.cache.hit_rate) if row.cache and row.cache.hit_rate is not None else "-"
+    c = row.cache
+    if c is not None and c.hits == 0 and not c.queries:
+        return "0 hits"  # prefix caching off: vLLM looks nothing up
+    return pct(c.hit_rate) if c is not None and c.hit_rate is not None else "-"
 
 
 def _ratio(off: float | None, on: float | None) -> str:

@@ -56,7 +56,7 @@ def trace_text(file: str) -> tuple[str, Path]:
         return res.read_text(encoding="utf-8"), Path(name)
     path = Path(file)
     if not path.is_file():
-        raise UsageError(f"trace file not found: {file}", "pass trace:file=PATH (a .jsonl or .csv)")
+        raise UsageError(f"trace file not found: {file}", "pass --workload trace:file=PATH (a .jsonl or .csv, docs/workloads.md)")
     return path.read_text(encoding="utf-8"), path
 
 

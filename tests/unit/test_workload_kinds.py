@@ -132,6 +132,17 @@ def test_another_seed_or_parameter_is_another_digest(spec, changed):
     assert plan(changed).record().digest != d
 
 
+@pytest.mark.parametrize("spec", SPECS)
+def test_another_seed_sends_other_token_ids_at_the_same_lengths(spec):
+    """The seed reaches the token ids themselves, not only the lengths and the order: the same
+    shape under another seed is another prompt (a fixed-length spec, so lengths cannot differ)."""
+    fixed = {"random": "random:in=50,out=4,prefix=8", "shared-prefix": "shared-prefix:groups=2,per_group=2,prefix=40,suffix=6,out=4",
+             "multi-turn": "multi-turn:turns=2,first=30,msg=5,out=3,prefix=8", "trace": spec}[spec.split(":")[0]]
+    a, b = plan(fixed, seed=0).conversation(0), plan(fixed, seed=1).conversation(0)
+    assert [len(t.new_ids) for t in a.turns] == [len(t.new_ids) for t in b.turns]
+    assert a.turns[0].new_ids != b.turns[0].new_ids
+
+
 def test_the_digest_is_the_same_in_another_process_with_another_hash_seed():
     """vLLM's timed_trace seeds its token draws with hash(str), salted per process: two runs then
     send different tokens. The plan's digest must not move with PYTHONHASHSEED."""
