@@ -79,3 +79,39 @@ def caching_claim(result: Any) -> Claim:
                  measured=f"{num(ms(off.ttft_p50_s))} -> {num(ms(on.ttft_p50_s))} ms ({times(value)}) at {where}{hit}" if value and off and on
                  else "-", value=value, verdict=verdict(None if value is None else value > 1.0),
                  detail=f"workload {rec.workload}" if rec else "needs both arms of the prefix-caching stage")
+
+
+def _point(r: LoadRow) -> str:
+    return f"{r.phase} {'c=' + str(r.concurrency) if r.mode == 'closed' else num(r.rate_rps) + ' req/s'}"
+
+
+def _tokens(v: float | None) -> str:
+    return num(int(v)) if v is not None and float(v).is_integer() else num(v)
+
+
+def workload_blocks(result: Any, rows: list[LoadRow]) -> list[Block]:
+    """What a serving stage's generated workload was, its prefix cache over each point, and a
+    multi-turn point's TTFT by turn (docs/workloads.md)."""
+    out = []
+    plan = result.facts.workload if result.facts else None
+    if plan is not None:
+        out.append(Block(text=f"Workload `{plan.spec}`, seed {plan.seed}: {plan.requests} requests in the first {plan.conversations} "
+                              f"conversations, prompts {_tokens(plan.input_tokens.get('min'))}-{_tokens(plan.input_tokens.get('max'))} tokens, "
+                              f"outputs {_tokens(plan.output_tokens.get('min'))}-{_tokens(plan.output_tokens.get('max'))} tokens forced"
+                              + (f", at most {pct(plan.shareable_fraction)} of prompt tokens a prefix cache of 16-token blocks can serve"
+                                 if plan.shareable_fraction is not None else "") + f"; digest {plan.digest}."))
+    cached = [r for r in rows if r.cache is not None]
+    if cached:
+        out.append(Block(text="Prefix cache and KV cache over each point (the engine's counters, the requests' own cached tokens, "
+                              "the KV-cache gauge sampled during the point):",
+                         headers=["point", "looked up", "hits", "hit rate", "requests' cached tokens", "KV use peak", "KV use mean",
+                                  "preemptions", "emptied before"],
+                         rows=[[_point(r), r.cache.queries, r.cache.hits, _hit(r), r.cache.cached_tokens, pct(r.cache.kv_usage_peak),
+                                pct(r.cache.kv_usage_mean), r.cache.preemptions, num(r.cache.reset)] for r in cached if r.cache]))
+    for r in rows:
+        if r.turns:
+            out.append(Block(text=f"{_point(r)}, by turn (a later turn's prompt carries the conversation so far):",
+                             headers=["turn", "requests", "prompt tokens p50", "cached tokens p50", "TTFT p50 ms", "TTFT p99 ms"],
+                             rows=[[t.turn, t.n, t.prompt_tokens_p50, t.cached_tokens_p50, ms(t.ttft_p50_s), ms(t.ttft_p99_s)]
+                                   for t in r.turns]))
+    return out

@@ -97,3 +97,17 @@ def test_a_generated_workload_skips_the_stages_that_measure_the_prompt_file():
     reason, fix = prompt_file_only(load_stage("hf-fp16"), shaped)
     assert "hf-fp16 measures the prompt file's workload" in reason and "--workload shared-prefix" in fix
     assert prompt_file_only(load_stage("hf-fp16"), WorkloadConfig()) is None
+
+
+def test_a_serving_report_shows_the_cache_and_the_turns_of_its_points():
+    from llmopt_bench.core.records import TurnRow
+    from llmopt_bench.scenarios.caching_report import workload_blocks
+
+    rows = [_row("sweep", 1, 0.05, 0.5), _row("sweep", 2, 0.07)]
+    rows[0].cache = CacheRecord(source="vllm /metrics", queries=1000, hits=500, hit_rate=0.5, cached_tokens=500, kv_usage_peak=0.2)
+    rows[1].turns = [TurnRow(turn=0, n=3, prompt_tokens_p50=300, cached_tokens_p50=0, ttft_p50_s=0.05),
+                     TurnRow(turn=1, n=3, prompt_tokens_p50=432, cached_tokens_p50=384, ttft_p50_s=0.02)]
+    result = StageResult(name="vllm-serve", stage="vllm-serve", status="ok", extra=ServingExtra(curve=rows).model_dump(mode="json"))
+    cache, turns = workload_blocks(result, rows)
+    assert cache.rows == [["sweep c=1", 1000, 500, "50.0%", 500, "20.0%", "-", None, "no"]]  # a row without cache: no line
+    assert turns.text.startswith("sweep c=2, by turn") and [r[:4] for r in turns.rows] == [[0, 3, 300, 0], [1, 3, 432, 384]]
