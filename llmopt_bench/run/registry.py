@@ -132,7 +132,7 @@ def validate_params(cls: type[Stage], params: dict[str, Any]) -> dict[str, Any]:
 
 def journey_path(name: str = "journey") -> Path:
     """A shipped journey by name: journey (the default, `--stages all`), journey-cpu, quick, full,
-    full-cpu (the presets'), serving, batching-vllm-only, tp-scaling."""
+    full-cpu (the presets'), serving, batching-vllm-only, tp-scaling, prefix-caching, prefix-caching-cpu."""
     return JOURNEY_DIR / f"{name}.toml"
 
 
