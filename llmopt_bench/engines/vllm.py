@@ -185,10 +185,11 @@ class _Live:
 
 class _InOrder:
     """The fixed workload's dispatcher: the requests in order, at most `limit` in flight, each
-    submitted when a slot frees (core/dispatch.py; the load machine's loops live in load/)."""
+    submitted when a slot frees (core/dispatch.py; the load machine's loops live in load/), each
+    forced to its own output length where it has one (a generated plan's), else output_len."""
 
     def __init__(self, requests: Sequence[Request], output_len: int, limit: int, repeat: int):
-        self.pending = [Send(r.id, r.prompt_id, tuple(r.token_ids), output_len, 0.0, repeat) for r in requests]
+        self.pending = [Send(r.id, r.prompt_id, tuple(r.token_ids), r.output_len or output_len, 0.0, repeat) for r in requests]
         self.limit, self.live = limit, 0
 
     def due(self, now: float) -> list[Send]:

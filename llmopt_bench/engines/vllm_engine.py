@@ -16,6 +16,7 @@ from llmopt_bench.engines import vllm as V
 from llmopt_bench.engines.engine_pool import EnginePool, Pooled, pool_for, shared_info
 from llmopt_bench.engines.vllm_kv import KVCacheRecord, kv_cache_record
 from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config, prepare_engine_env, share_key, weights_estimate
+from llmopt_bench.workloads.plan import TokenSpace
 
 DUMMY_NOTE = "load_format=dummy: random weights generated in place; speed only, no quality"
 
@@ -83,9 +84,15 @@ class VLLMEngine:
     def encode(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
+    def token_space(self) -> TokenSpace:
+        """The ids a generated workload draws from: the same as transformers' on this checkpoint
+        (its tokenizer, the model's vocab_size), so both engines get the same requests."""
+        return TokenSpace.of(self.tok, self.model_info.vocab_size)
+
     def serve(self, requests: Sequence[Request], max_new_tokens: int, *, batch_size: int, repeat: int,
               tokens_out: dict[str, list[int]] | None, progress: Callable[[int], None]) -> list[RequestSample]:
-        """At most batch_size requests in flight (1: one request at a time)."""
+        """At most batch_size requests in flight (1: one request at a time), each forced to its own
+        output length (Request.output_len) or max_new_tokens."""
         return V.serve(self.llm, requests, max_new_tokens, concurrency=batch_size, repeat=repeat, tokens_out=tokens_out,
                        on_done=progress)
 

@@ -28,6 +28,8 @@ from llmopt_bench.run.outcomes import Reference, Reporter, skipped
 from llmopt_bench.run.registry import StagePlan, journey_order, load_stage, plan_of, unavailable
 from llmopt_bench.run.rundir import RunDir
 from llmopt_bench.run.supervisor import supervise, supervise_group
+from llmopt_bench.scenarios.fixed_requests import multi_turn_refusal
+from llmopt_bench.workloads.spec import parse_spec
 
 # Multi-GPU hosts here forbid NVLink multicast; engines' own processes inherit this.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
@@ -108,8 +110,11 @@ def prompt_file_only(cls: type[Stage], workload: WorkloadConfig) -> tuple[str, s
     """(reason, fix) when the run's workload is a generated kind the stage does not send."""
     if workload.from_prompt_file or cls.any_workload:
         return None
-    return (f"{cls.name} measures the prompt file's workload (fixed, mixed), not --workload {workload.kind}; "
-            "the serving stages (vllm-serve, openai-endpoint, prefix-caching) send every kind",
+    if cls.single_turn_workload:
+        return None if parse_spec(workload.spec).single_turn else multi_turn_refusal(cls.name)
+    return (f"{cls.name} measures the prompt file's workload (fixed, mixed) or its own sweep, not --workload {workload.kind}; "
+            "the serving stages (vllm-serve, openai-endpoint, prefix-caching) send every kind, the fixed-workload stages "
+            "(hf-fp16, bnb-*, awq-int4, vllm, vllm-fp8) every kind but multi-turn",
             f"run {cls.name} in a run without --workload {workload.kind} (docs/workloads.md)")
 
 

@@ -11,6 +11,7 @@ from llmopt_bench.analysis.claims import verdict
 from llmopt_bench.core.fmt import ms, num, pct, times
 from llmopt_bench.core.records import Block, Claim
 from llmopt_bench.scenarios.serving_record import CachingArm, LoadRow, PrefixCachingRecord, ServingExtra
+from llmopt_bench.scenarios.workload_report import plan_sentence
 
 
 def _key(row: LoadRow) -> tuple[str, float | None]:
@@ -85,21 +86,13 @@ def _point(r: LoadRow) -> str:
     return f"{r.phase} {'c=' + str(r.concurrency) if r.mode == 'closed' else num(r.rate_rps) + ' req/s'}"
 
 
-def _tokens(v: float | None) -> str:
-    return num(int(v)) if v is not None and float(v).is_integer() else num(v)
-
-
 def workload_blocks(result: Any, rows: list[LoadRow]) -> list[Block]:
     """What a serving stage's generated workload was, its prefix cache over each point, and a
     multi-turn point's TTFT by turn (docs/workloads.md)."""
     out = []
     plan = result.facts.workload if result.facts else None
     if plan is not None:
-        out.append(Block(text=f"Workload `{plan.spec}`, seed {plan.seed}: {plan.requests} requests in the first {plan.conversations} "
-                              f"conversations, prompts {_tokens(plan.input_tokens.get('min'))}-{_tokens(plan.input_tokens.get('max'))} tokens, "
-                              f"outputs {_tokens(plan.output_tokens.get('min'))}-{_tokens(plan.output_tokens.get('max'))} tokens forced"
-                              + (f", at most {pct(plan.shareable_fraction)} of prompt tokens a prefix cache of 16-token blocks can serve"
-                                 if plan.shareable_fraction is not None else "") + f"; digest {plan.digest}."))
+        out.append(Block(text=plan_sentence(plan)))
     cached = [r for r in rows if r.cache is not None]
     if cached:
         out.append(Block(text="Prefix cache and KV cache over each point (the engine's counters, the requests' own cached tokens, "

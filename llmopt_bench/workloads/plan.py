@@ -122,13 +122,14 @@ class Plan:
             return list(self.notes)
         return self.notes + [f"{len(self.cut)} conversation(s) cut to fit max_model_len={self.max_len} with their outputs"]
 
-    def summary_of(self) -> int:
-        return DIGEST_OF if self.size is None else min(DIGEST_OF, self.size)
+    def summary_of(self, sent: int | None = None) -> int:
+        return min(n for n in (DIGEST_OF, self.size, sent) if n is not None)
 
-    def record(self) -> PlanRecord:
+    def record(self, sent: int | None = None) -> PlanRecord:
         """What run.json keeps of the plan: its spec and seed, a digest of the first conversations
-        (ids, lengths, think times, send times, token ids) and their shape."""
-        n = self.summary_of()
+        (ids, lengths, think times, send times, token ids) and their shape; `sent`: a stage that
+        sends only the first `sent` (the fixed workload's --num-prompts) has those summarized."""
+        n = self.summary_of(sent)
         convs = [self.conversation(i) for i in range(n)]
         return PlanRecord(spec=self.spec, seed=self.seed, digest=digest(convs), digest_of=n, multi_turn=self.multi_turn,
                           **shape(convs, self), notes=self.fitting_notes())

@@ -174,8 +174,8 @@ class TracePlan(GeneratedPlan):
     def file_sha256(self) -> str:
         return hashlib.sha256(trace_text(self.params.file)[0].encode()).hexdigest()[:16]
 
-    def record(self) -> PlanRecord:
-        rec = super().record()
+    def record(self, sent: int | None = None) -> PlanRecord:
+        rec = super().record(sent)
         rec.trace = {"file": self.params.file, "sha256": self.file_sha256, "format": self.format, "rows": self.file_rows,
                      "used": len(self.rows), "speedup": self.params.speedup, "window_s": [self.params.start, self.params.end],
                      "span_s": round(self.span_s, 3), "rate_rps": round(self.rate_rps, 4) if self.rate_rps else None}

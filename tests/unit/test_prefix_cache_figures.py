@@ -90,12 +90,17 @@ def test_a_slower_cache_is_not_held_and_one_arm_is_not_measured():
     assert caching_claim(_result([on])).verdict == "not measured"
 
 
-def test_a_generated_workload_skips_the_stages_that_measure_the_prompt_file():
+def test_a_generated_workload_skips_only_the_stages_that_cannot_send_it():
     shaped = WorkloadConfig(spec="shared-prefix:groups=2", kind="shared-prefix")
-    assert prompt_file_only(load_stage("vllm-serve"), shaped) is None
-    assert prompt_file_only(load_stage("openai-endpoint"), shaped) is None
-    reason, fix = prompt_file_only(load_stage("hf-fp16"), shaped)
-    assert "hf-fp16 measures the prompt file's workload" in reason and "--workload shared-prefix" in fix
+    for name in ("vllm-serve", "openai-endpoint", "hf-fp16", "vllm", "awq-int4", "bnb-nf4"):
+        assert prompt_file_only(load_stage(name), shaped) is None, name
+    reason, fix = prompt_file_only(load_stage("flash-attn"), shaped)  # its own context sweep
+    assert "flash-attn measures the prompt file's workload (fixed, mixed) or its own sweep" in reason
+    assert "--workload shared-prefix" in fix
+    multi = WorkloadConfig(spec="multi-turn:turns=2")
+    reason, fix = prompt_file_only(load_stage("hf-fp16"), multi)
+    assert "the engine's own answers" in reason and "--workload random, shared-prefix or trace" in fix
+    assert prompt_file_only(load_stage("vllm-serve"), multi) is None
     assert prompt_file_only(load_stage("hf-fp16"), WorkloadConfig()) is None
 
 
