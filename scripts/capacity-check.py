@@ -49,6 +49,7 @@ from llmopt_bench.engines.http_load import HTTPLoad
 from llmopt_bench.engines.openai_http import Endpoint
 from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config, prepare_engine_env
 from llmopt_bench.engines.vllm_server import VLLMServer, vllm_cli_works, vllm_python
+from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.measure.energy import TimedMeter
 from llmopt_bench.scenarios import peer
 from llmopt_bench.scenarios.serving import ServingRun
@@ -143,8 +144,9 @@ def run_llmopt(args: argparse.Namespace, server: VLLMServer, requests: list[Requ
     ctx = StageContext(run_dir=args.out, stage_dir=args.out, device="cpu", meter=TimedMeter(read_mj=lambda: None),
                        progress=lambda msg, done=None, total=None: budget.say(f"llmopt {msg}") if done is None else None)
     engine = HTTPLoad(Endpoint(server.base_url, server.served_model_name, request_timeout_s=600.0))
-    samples, extra, facts = ServingRun(engine, {"url": server.base_url, "command": server.reproduce()}, p, requests,
-                                       args.output_len, tp, ctx, args.seed).run()
+    samples, extra, facts = ServingRun(engine, {"url": server.base_url, "command": server.reproduce()}, p,
+                                       PlanLoad.of_requests(requests, args.output_len), PlanLoad.of_requests(tp, p.throughput_output_len),
+                                       ctx, args.seed).run()
     out = {"params": p.model_dump(mode="json"), "extra": extra.model_dump(mode="json", exclude_none=True),
            "facts": facts.model_dump(mode="json", exclude={"slo_points"})}
     (args.out / "llmopt.json").write_text(json.dumps(out, indent=1))

@@ -15,8 +15,8 @@ from pathlib import Path
 import typer
 
 from llmopt_bench.cli.app import app
+from llmopt_bench.cli.workload_options import given_workload, with_workload_options
 from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
-from llmopt_bench.core.workload import PROMPT_FILE_HELP, WorkloadOptions, option_help
 from llmopt_bench.measure.pinning import ENV as PIN_ENV
 
 
@@ -104,29 +104,20 @@ def exit_status(run, out: Path, named: bool) -> None:
 def presets_epilog() -> str:
     """The presets, one line each, under the options of `llmopt bench --help`."""
     from llmopt_bench.run.registry import PRESETS
+    from llmopt_bench.workloads.spec import kinds_help
 
     lines = [f"--preset {name}: {p.description}" for name, p in PRESETS.items()]
-    return "Presets (their times: README.md, Presets):\n\n" + "\n\n".join(lines)
+    kinds = [f"--workload {line}" for line in kinds_help().split("; ")]
+    return ("Presets (their times: README.md, Presets):\n\n" + "\n\n".join(lines) +
+            "\n\nWorkloads (--workload KIND:key=value,...; or a journey file's workload table; docs/workloads.md):\n\n" + "\n\n".join(kinds))
 
 
 @app.command("bench", epilog=presets_epilog())
+@with_workload_options(after="model")
 def bench_cmd(
-    ctx: typer.Context,
     stages: str | None = typer.Option(None, "--stages", "-s", help="all (stages/journey.toml), a comma list (hf-fp16,vllm), or a journey .toml file (default: all). With --resume: stages added to the run's journey."),
     preset: str | None = typer.Option(None, "--preset", help="quick, standard or full: a journey at one of three sizes with its workload defaults (listed below; a workload option given wins). Not with --stages, --endpoint or --resume.", show_default=False),
     model: str | None = typer.Option(None, "--model", "-m", help="synthetic:tiny | synthetic:llama2-7b | bundled:smollm2-135m | a local checkpoint dir | a hub id. Default: synthetic:llama2-7b on CUDA, synthetic:tiny on CPU."),
-    prompts: str | None = typer.Option(None, "--prompts", help=f"The prompt file: {PROMPT_FILE_HELP}. Default: the shipped set."),
-    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", help=option_help("max_new_tokens")),
-    num_prompts: int | None = typer.Option(None, "--num-prompts", help=option_help("num_prompts")),
-    input_len: int | None = typer.Option(None, "--input-len", help=option_help("input_len")),
-    max_prompt_len: int | None = typer.Option(None, "--max-prompt-len", help=option_help("max_prompt_len")),
-    warmup: int | None = typer.Option(None, "--warmup", help=option_help("warmup")),
-    repeats: int | None = typer.Option(None, "--repeats", help=option_help("repeats")),
-    max_repeats: int | None = typer.Option(None, "--max-repeats", help=option_help("max_repeats")),
-    stop_within: float | None = typer.Option(None, "--stop-within", help=option_help("stop_within")),
-    seed: int | None = typer.Option(None, "--seed", help=option_help("seed")),
-    batch_size: int | None = typer.Option(None, "--batch-size", help=option_help("batch_size")),
-    kind: str | None = typer.Option(None, "--workload", help=option_help("kind")),
     output: Path | None = typer.Option(None, "--output", "-o", help="Run directory, created if missing; never another run's (use --resume). (default: results/runs/<timestamp>)"),
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run in DIR: the journey it was started with, only the stages missing from its run.json or interrupted there."),
     fail_fast: bool = typer.Option(False, "--fail-fast", help="Stop at the first stage that fails (error, oom, timeout)."),
@@ -142,6 +133,7 @@ def bench_cmd(
     hold: float | None = typer.Option(None, "--hold", help="Seconds the serving stages hold the capacity they found, judged again (default: each stage's hold_s, 60 s; 600 for an MLPerf-like check; 0: no hold, the capacity is reported as not held). Sets the hold_s of every serving stage in the journey."),
     min_quality: str | None = typer.Option(None, "--min-quality", help="Quality gate: a stage whose perplexity exceeds FP16's by more than 1 - Q is flagged as a quality regression (0.99 or 99%: within 1%; default: 0.99)."),
     pin_cpu: bool = typer.Option(False, "--pin-cpu", callback=pin_stages, help="Pin each fixed-workload stage's main thread to one core during its repeats, that core kept busy 0.2 s before each (sets LLMOPT_PIN_CPU=1; recorded in each repeat's conditions; docs/regression.md)."),
+    **workload,
 ) -> None:
     """Run the journey's stages and write run.json, requests.jsonl and logs into the run directory."""
     from llmopt_bench.core.models import default_model, parse_model
@@ -150,8 +142,8 @@ def bench_cmd(
     from llmopt_bench.run.registry import cuda_devices
     from llmopt_bench.run.runner import RunOptions, run_journey
 
-    given = WorkloadOptions(**{f: ctx.params[f] for f in WorkloadOptions.__dataclass_fields__})  # checked before anything else
-    given.check()
+    # the workload options (cli/workload_options.py: one per WorkloadConfig field), in range before anything else is looked at
+    given = given_workload(workload)
     gate, timeout = parse_min_quality(min_quality), check_timeout(timeout)
     check_preset_use(preset, stages=stages, endpoint=endpoint, resume=resume)
     previous, cuda = (load_run(resume) if resume is not None else None), bool(cuda_devices())
@@ -193,7 +185,7 @@ def check_preset_use(preset: str | None, *, stages: str | None, endpoint: str | 
             raise UsageError(f"--preset {preset} and {option} both choose the stages to run", fix)
 
 
-def plans_and_workload(preset: str | None, given: WorkloadOptions, previous, cuda: bool, stages: str | None,
+def plans_and_workload(preset: str | None, given: dict, previous, cuda: bool, stages: str | None,
                        model: str | None, endpoint: str | None, api_key_env: str | None, tokenizer: str | None,
                        slo: str | None, hold: float | None = None) -> tuple[list, bool, str | None, object]:
     """The stages to run, whether the user named them, the run's model and its workload: the
@@ -207,6 +199,7 @@ def plans_and_workload(preset: str | None, given: WorkloadOptions, previous, cud
         named = False
     else:
         plans, named, model = journey_plans(stages, previous, model, endpoint, api_key_env, tokenizer, slo)
+        given = {**journey_workload(stages), **given}  # --workload wins over the journey's [workload] table
         # the lighter CPU defaults are for work this machine does; an endpoint's server does it elsewhere
         device = "cuda" if cuda or endpoint is not None else "cpu"
         cfg = resolve_workload(given, previous.workload if previous else None, device)
@@ -215,7 +208,19 @@ def plans_and_workload(preset: str | None, given: WorkloadOptions, previous, cud
     return plans, named, model, cfg
 
 
-def preset_run(name: str, given: WorkloadOptions) -> tuple[list, object]:
+def journey_workload(stages: str | None) -> dict:
+    """A journey file's [workload] table, as the --workload it stands for (none: {})."""
+    from llmopt_bench.cli.workload_options import checked_spec
+    from llmopt_bench.run.registry import journey_table
+    from llmopt_bench.workloads.spec import spec_of_table
+
+    if not stages or not stages.endswith(".toml"):
+        return {}
+    table = journey_table(stages, "workload")
+    return {"spec": checked_spec(spec_of_table(table, stages))} if table else {}
+
+
+def preset_run(name: str, given: dict) -> tuple[list, object]:
     """--preset NAME -> its journey's plans on this machine (with CUDA or without) and the run's
     workload: the preset's defaults for the device, under the workload options given."""
     from llmopt_bench.core.workload import resolve_workload

@@ -88,6 +88,13 @@ class Stage:
     # True for a stage that measures its own workload (a sweep), not the fixed prompt set: its
     # row is kept out of stage-to-stage speedups, the waterfall and the overall claim.
     own_workload: ClassVar[bool] = False
+    # True for a stage that sends any workload kind (--workload random, shared-prefix,
+    # multi-turn, trace: workloads/); single_turn_workload: it sends the kinds whose requests
+    # stand alone (random, shared-prefix, trace's rows; the fixed-workload stages), and is
+    # skipped with the reason in a multi-turn run; the others measure the prompt file (fixed,
+    # mixed) or their own sweep, and are skipped, with the reason, in a run of a generated kind
+    any_workload: ClassVar[bool] = False
+    single_turn_workload: ClassVar[bool] = False
     # True for the stage whose outputs the others' quality is measured against (the FP16
     # baseline in the journey): the run records which result it is, nobody names it.
     quality_reference: ClassVar[bool] = False

@@ -65,6 +65,8 @@ class RequestSample(StrictModel):
     token_times: list[float] = Field(default_factory=list)  # one per output token
     ok: bool = True
     error: str | None = None
+    turn: int | None = None  # a multi-turn conversation's turn (0 first); None: a single-turn workload
+    cached_tokens: int | None = None  # prompt tokens the engine served from its prefix cache, where it says
 
 
 class LoadInfo(StrictModel):
@@ -104,6 +106,56 @@ class SLOPoint(StrictModel):
     hold: bool = False  # the hold of a capacity (load/hold.py), not a search's short trial
 
 
+class PlanRecord(StrictModel):
+    """What a stage's workload plan was (workloads/plan.py): its canonical spec and seed, a digest
+    of its first conversations (two runs with one digest sent the same requests) and their shape;
+    docs/workloads.md defines each field."""
+
+    spec: str
+    seed: int
+    digest: str  # sha256 over the first digest_of conversations: ids, token ids, lengths, think and send times
+    digest_of: int
+    multi_turn: bool = False
+    conversations: int
+    requests: int
+    groups: int | None = None
+    turns: dict[str, float] = Field(default_factory=dict)  # min, p50, mean, p99, max
+    input_tokens: dict[str, float] = Field(default_factory=dict)  # prompt tokens as sent (answers of the forced length)
+    output_tokens: dict[str, float] = Field(default_factory=dict)
+    think_s: dict[str, float] | None = None
+    shareable_fraction: float | None = None  # prompt tokens a prefix cache could serve (16-token blocks)
+    trace: dict[str, Any] | None = None  # file, sha256, rows, used, speedup, window, span, rate
+    notes: list[str] = Field(default_factory=list)
+
+
+class CacheRecord(StrictModel):
+    """The engine's prefix cache and KV-cache use over one load point (engines/vllm_cache.py):
+    lookups and hits in tokens from its counters, KV-cache usage sampled during the point."""
+
+    source: str  # "llm.get_metrics()", "vllm /metrics", or "per request" (num_cached_tokens, usage.cached_tokens)
+    queries: int | None = None  # prompt tokens looked up
+    hits: int | None = None  # of them, served from the cache
+    hit_rate: float | None = None
+    cached_tokens: int | None = None  # the requests' own cached prompt tokens, summed (where the engine says)
+    prompt_tokens: int | None = None  # the requests' prompt tokens, summed
+    kv_usage_peak: float | None = None  # fraction of the KV cache's blocks in use, 0..1
+    kv_usage_mean: float | None = None
+    kv_samples: int = 0
+    preemptions: int | None = None
+    reset: bool = False  # the cache was emptied before the point
+
+
+class TurnRow(StrictModel):
+    """A multi-turn point's requests of one turn: how many, their prompt and cached tokens, TTFT."""
+
+    turn: int
+    n: int
+    prompt_tokens_p50: float | None = None
+    cached_tokens_p50: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p99_s: float | None = None
+
+
 class StageFacts(StrictModel):
     """What the generic analyses (roofline, tensor-parallel scaling, what to deploy) need from a
     stage's own measurements, typed, so that they read no stage's extra."""
@@ -132,6 +184,7 @@ class StageFacts(StrictModel):
     slo_points: list[SLOPoint] = Field(default_factory=list)
     devices: int | None = None  # GPUs the served engine used (tensor x pipeline parallel); None: not known
     serve_command: str | None = None  # the exact `vllm serve ...` line that reproduces the server
+    workload: PlanRecord | None = None  # the workload plan the stage sent, where it ran one (not the prompt file's)
 
 
 class StageRun(StrictModel):

@@ -10,9 +10,10 @@ import random
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
-from pydantic import Field
+from pydantic import Field, ValidationError, model_validator
+from pydantic.config import JsonDict
 
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.records import StrictModel
@@ -20,6 +21,8 @@ from llmopt_bench.core.records import StrictModel
 DEFAULT_PROMPTS = "builtin:prompts.jsonl"
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")  # any other file: plain text, one prompt a line
 PROMPT_KEYS = ("text", "prompt")  # "prompt": vLLM's custom dataset and most peers
+PROMPT_FILE_HELP = ('a JSONL file (.jsonl, .ndjson or .json), one {"id": ..., "text": ...} (or "prompt") per line, '
+                    "or any other file as plain text, one prompt a line")
 
 
 class Prompt(StrictModel):
@@ -29,31 +32,64 @@ class Prompt(StrictModel):
     kind: str = "user"
 
 
-class WorkloadConfig(StrictModel):
-    """The workload every fixed-workload stage runs. Each constraint here is also the range the
-    command line enforces (resolve_workload), so the CLI and a journey agree on what is valid."""
+PROMPT_FILE_KINDS = ("fixed", "mixed")  # built from the prompt file; the other kinds (workloads/) generate token ids
 
-    prompts: str = Field(DEFAULT_PROMPTS, description="the prompt file")
-    num_prompts: int = Field(8, ge=1, description="requests per repeat, chosen from the prompt set with --seed")
-    max_new_tokens: int = Field(100, ge=1, description="output length, forced (EOS ignored) so every stage does the same work")
-    input_len: int | None = Field(None, ge=1, description="force every prompt to exactly N tokens (truncate or repeat)")
-    max_prompt_len: int = Field(2048, ge=1, description="longer prompts keep their last N tokens")
+
+def option(cpu: int | None = None, name: str | None = None) -> JsonDict:
+    """A WorkloadConfig field that is a `llmopt bench` option: its name when it is not the
+    field's (--workload), and its default on a CPU where it is lighter than on a GPU."""
+    return {"cli": name or True, **({"cpu_default": cpu} if cpu is not None else {})}
+
+
+class WorkloadConfig(StrictModel):
+    """The run's workload. Each field marked option() is a `llmopt bench` option, declared here
+    once: its default, bounds, help (description) and CPU default; cli/workload_options.py builds
+    the command line from these fields and validates each value against them, so the CLI and a
+    journey agree on what is valid."""
+
+    prompts: str = Field(DEFAULT_PROMPTS, description="the prompt file of the fixed and mixed kinds: " + PROMPT_FILE_HELP,
+                         json_schema_extra=option())
+    num_prompts: int = Field(8, ge=1, description="requests per repeat of the fixed-workload stages, the first of the workload's "
+                                                  "plan (the prompt file's chosen with --seed)", json_schema_extra=option(cpu=4))
+    max_new_tokens: int = Field(100, ge=1, description="output length of the fixed and mixed kinds, forced (EOS ignored) so every "
+                                                       "stage does the same work", json_schema_extra=option(cpu=32))
+    input_len: int | None = Field(None, ge=1, description="force every prompt of the fixed and mixed kinds to exactly N tokens "
+                                                          "(truncate or repeat)", json_schema_extra=option())
+    max_prompt_len: int = Field(2048, ge=1, description="longer prompts of the prompt file keep their last N tokens",
+                                json_schema_extra=option())
     warmup: int = Field(2, ge=0, description="untimed requests before measuring (transformers stages: one generation "
-                                             "of 16 tokens, their warmup_tokens param; 0: none)")
-    repeats: int = Field(3, ge=1, description="times the workload is measured; the spread is reported")
+                                             "of 16 tokens, their warmup_tokens param; 0: none)", json_schema_extra=option(cpu=1))
+    repeats: int = Field(3, ge=1, description="times the workload is measured; the spread is reported", json_schema_extra=option(cpu=2))
     max_repeats: int | None = Field(None, ge=1, le=1000, description="go on past --repeats, one repeat at a time, until the "
                                     "headline figure's 95% interval over the repeats is within --stop-within (default: "
-                                    "--repeats, a fixed count)")
+                                    "--repeats, a fixed count)", json_schema_extra=option())
     stop_within: float = Field(2.0, ge=0.1, le=100, description="the stopping rule's target: TPOT p50's 95% interval "
-                                                                "half-width over the repeats, in % of the value")
-    seed: int = Field(0, ge=0, le=2**32 - 1, description="seed for prompt choice and arrivals")
-    batch_size: int = Field(1, ge=1, description="requests generated together by one-shot stages")
-    kind: Literal["fixed", "mixed"] = Field("fixed", description="the prompt mix: fixed, or mixed (a quarter long documents, "
-                                                                 "the rest short questions)")
+                                                                "half-width over the repeats, in % of the value", json_schema_extra=option())
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="seed for prompt choice, generated workloads and arrivals",
+                      json_schema_extra=option())
+    batch_size: int = Field(1, ge=1, description="requests generated together by one-shot stages", json_schema_extra=option())
+    spec: str = Field("fixed", description="the workload, KIND[:key=value,...]: fixed (the prompt file), mixed (a quarter long "
+                                           "documents), random, shared-prefix, multi-turn or trace (docs/workloads.md)",
+                      json_schema_extra=option(name="--workload"))
+    kind: str = Field("fixed", description="the spec's kind (set from spec)")
     # what the run learnt rather than what the user set: kept so run.json says how it was read
     prompt_key: str = Field("text", description='the key the prompts were read from: "text", "prompt", both '
                                                 '("text+prompt"), or "line" for a plain text file')
     notes: list[str] = Field(default_factory=list, description="defaults chosen for this machine, and why")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_of_spec(cls, data: Any) -> Any:
+        """kind follows spec; a run.json written before spec existed had only kind (fixed or mixed)."""
+        if isinstance(data, dict):
+            data = dict(data)
+            spec = data.get("spec") or data.get("kind") or "fixed"
+            data.update(spec=spec, kind=str(spec).split(":", 1)[0])
+        return data
+
+    @property
+    def from_prompt_file(self) -> bool:
+        return self.kind in PROMPT_FILE_KINDS
 
 
 @dataclass(frozen=True)
@@ -61,12 +97,11 @@ class Request:
     id: str
     prompt_id: str
     token_ids: tuple[int, ...]
+    output_len: int | None = None  # forced output tokens; None: the stage's (--max-new-tokens)
 
 
 # --- prompt files -------------------------------------------------------------------------
 
-PROMPT_FILE_HELP = ('a JSONL file (.jsonl, .ndjson or .json), one {"id": ..., "text": ...} (or "prompt") per line, '
-                    "or any other file as plain text, one prompt a line")
 
 
 def _read_prompt_text(source: str) -> tuple[str, str]:
@@ -152,18 +187,28 @@ def load_prompts(source: str = DEFAULT_PROMPTS) -> list[Prompt]:
     return load_prompt_set(source)[0]
 
 
-# --- the workload options of `llmopt bench`: validated here, before anything starts ---------
+# --- the workload options of `llmopt bench`: the fields marked option(), checked against their own bounds
 
-OPTION_FIELDS = ("prompts", "num_prompts", "max_new_tokens", "input_len", "max_prompt_len", "warmup", "repeats",
-                 "max_repeats", "stop_within", "seed", "batch_size", "kind")
-OPTION_NAMES = {"kind": "--workload"}  # the command-line name, where it is not the field's
-# On a CPU the GPU defaults (8 prompts x 3 repeats + 2 warm-up, 100 tokens each) make the journey
-# take tens of minutes on 2 cores; the lighter set keeps `make bench` within 10.
-CPU_DEFAULTS = {"num_prompts": 4, "max_new_tokens": 32, "warmup": 1, "repeats": 2}
+def option_fields() -> list[str]:
+    """The WorkloadConfig fields that are `llmopt bench` options, in declared order."""
+    return [f for f, info in WorkloadConfig.model_fields.items() if isinstance(info.json_schema_extra, dict)
+            and info.json_schema_extra.get("cli")]
+
+
+def _extra(field: str) -> dict[str, Any]:
+    extra = WorkloadConfig.model_fields[field].json_schema_extra
+    return extra if isinstance(extra, dict) else {}
 
 
 def option_name(field: str) -> str:
-    return OPTION_NAMES.get(field, "--" + field.replace("_", "-"))
+    cli = _extra(field).get("cli")
+    return cli if isinstance(cli, str) else "--" + field.replace("_", "-")
+
+
+def cpu_defaults() -> dict[str, Any]:
+    """The options whose default on a CPU is lighter than on a GPU: on 2 cores the GPU defaults
+    (8 prompts x 3 repeats + 2 warm-up, 100 tokens each) make the journey take tens of minutes."""
+    return {f: _extra(f)["cpu_default"] for f in option_fields() if "cpu_default" in _extra(f)}
 
 
 def allowed_range(field: str) -> tuple[int | None, int | None]:
@@ -179,64 +224,47 @@ def option_help(field: str) -> str:
     info = WorkloadConfig.model_fields[field]
     desc = info.description or field
     text = desc[0].upper() + desc[1:] + "."
-    if field in CPU_DEFAULTS:
-        return f"{text} (default: {info.default}; on CPU {CPU_DEFAULTS[field]})"  # [...] would be read as rich markup
+    cpu = cpu_defaults()
+    if field in cpu:
+        return f"{text} (default: {info.default}; on CPU {cpu[field]})"  # [...] would be read as rich markup
     return text + (f" (default: {info.default})" if info.default is not None else "")
 
 
-@dataclass(frozen=True)
-class WorkloadOptions:
-    """The workload options as given on the command line; None: not given."""
-
-    prompts: str | None = None
-    num_prompts: int | None = None
-    max_new_tokens: int | None = None
-    input_len: int | None = None
-    max_prompt_len: int | None = None
-    warmup: int | None = None
-    repeats: int | None = None
-    max_repeats: int | None = None
-    stop_within: float | None = None
-    seed: int | None = None
-    batch_size: int | None = None
-    kind: str | None = None
-
-    def given(self) -> dict[str, object]:
-        return {f: getattr(self, f) for f in OPTION_FIELDS if getattr(self, f) is not None}
-
-    def check(self) -> None:
-        """Each value in its allowed range, or a one-line UsageError naming option, value and range."""
-        for field, value in self.given().items():
-            if field == "kind":
-                if value not in ("fixed", "mixed"):
-                    raise UsageError(f"--workload {value!r}: unknown, allowed fixed or mixed", "use --workload fixed or --workload mixed")
-                continue
-            if field == "prompts":
-                continue
-            lo, hi = allowed_range(field)
-            assert isinstance(value, (int, float))
-            if (lo is not None and value < lo) or (hi is not None and value > hi):
-                span = f"{lo} to {hi}" if hi is not None else f"{lo} or more"
-                default = WorkloadConfig.model_fields[field].default
-                example = "" if default is None else f" (the default is {default}" + (
-                    f", {CPU_DEFAULTS[field]} on CPU)" if field in CPU_DEFAULTS else ")")
-                raise UsageError(f"{option_name(field)} {value}: out of range, allowed {span}",
-                                 f"pass {option_name(field)} with a value of {span}{example}")
+def check_option(field: str, value: object) -> None:
+    """One option's value against its field (type and bounds), or a one-line UsageError naming
+    the option, the value and the range, with the default as an example."""
+    info = WorkloadConfig.model_fields[field]
+    try:
+        WorkloadConfig.model_validate({field: value})  # every other field at its default: only this value is judged
+    except ValidationError:
+        lo, hi = allowed_range(field)
+        span = f"{lo} to {hi}" if hi is not None else f"{lo} or more"
+        cpu = cpu_defaults()
+        example = "" if info.default is None else f" (the default is {info.default}" + (
+            f", {cpu[field]} on CPU)" if field in cpu else ")")
+        raise UsageError(f"{option_name(field)} {value}: out of range, allowed {span}",
+                         f"pass {option_name(field)} with a value of {span}{example}") from None
 
 
-def resolve_workload(given: WorkloadOptions, previous: WorkloadConfig | None = None,
+NOT_FOR_GENERATED = ("prompts", "max_new_tokens", "input_len", "max_prompt_len")  # the prompt file's kinds' options
+
+
+def resolve_workload(given: dict[str, Any], previous: WorkloadConfig | None = None,
                      device: str = "cuda", preset: dict[str, object] | None = None) -> WorkloadConfig:
     """The run's workload: the resumed run's, else the defaults (lighter on a CPU, said in
-    notes) under a preset's workload (`llmopt bench --preset`), with what the user gave on top;
-    the prompt file is read here, so a bad one fails before any stage starts."""
-    given.check()
-    values = given.given()
+    notes) under a preset's workload (`llmopt bench --preset`), with what the user gave on top
+    (`given`: option field -> value, the options given only; the spec already canonical); the
+    prompt file is read here, so a bad one fails before any stage starts."""
+    values = {k: v for k, v in given.items() if v is not None}
+    for field, value in values.items():
+        if field != "spec":
+            check_option(field, value)
     if previous is not None:
         base = previous.model_dump()
     else:
         base = {k: v for k, v in (preset or {}).items() if k not in values}
         chosen_elsewhere = {**base, **values}  # the CPU note names only the defaults it chose
-        lighter = {k: v for k, v in CPU_DEFAULTS.items() if k not in chosen_elsewhere} if device != "cuda" else {}
+        lighter = {k: v for k, v in cpu_defaults().items() if k not in chosen_elsewhere} if device != "cuda" else {}
         if lighter:
             chosen = ", ".join(f"{option_name(k)} {v}" for k, v in lighter.items())
             gpu = ", ".join(str(WorkloadConfig.model_fields[k].default) for k in lighter)
@@ -246,6 +274,10 @@ def resolve_workload(given: WorkloadOptions, previous: WorkloadConfig | None = N
     if cfg.max_repeats is not None and cfg.max_repeats < cfg.repeats:
         raise UsageError(f"--max-repeats {cfg.max_repeats}: below --repeats {cfg.repeats}, the minimum it extends",
                          f"pass --max-repeats {cfg.repeats} or more, or leave it out for a fixed count")
+    wrong = [f for f in NOT_FOR_GENERATED if f in values] if not cfg.from_prompt_file else []
+    if wrong:
+        raise UsageError(f"{option_name(wrong[0])} is an option of the fixed and mixed workloads, not of --workload {cfg.kind}",
+                         f"set the {cfg.kind} workload's lengths inside --workload (docs/workloads.md), or drop {option_name(wrong[0])}")
     _, read_as = load_prompt_set(cfg.prompts)
     return cfg.model_copy(update={"prompt_key": read_as})
 

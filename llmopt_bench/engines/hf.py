@@ -85,7 +85,10 @@ def generate_batch(model: Any, pad_id: int, requests: Sequence[Request], max_new
                    repeat: int = 0, batch: int = 0, streamer: bool = True,
                    tokens_out: dict[str, list[int]] | None = None) -> list[RequestSample]:
     """Generate for requests together (left-padded); every request shares the step times.
-    tokens_out, when given, receives each request's generated token ids."""
+    A request's output length is its own (Request.output_len, a generated plan's) or
+    max_new_tokens; a batch runs to its longest, and each request's sample and ids end at its
+    own length (its last token is when a streaming client would have it; the batch's later
+    steps are its neighbours'). tokens_out, when given, receives each request's generated ids."""
     import torch
 
     sync = make_sync(device)
@@ -99,8 +102,9 @@ def generate_batch(model: Any, pad_id: int, requests: Sequence[Request], max_new
     clock = TokenClock() if streamer else None
     sync()
     t_submit = now()
+    wants = [r.output_len or max_new_tokens for r in requests]
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(wants),
                              min_new_tokens=None, do_sample=False, streamer=clock, use_cache=True)
     sync()
     t_done = now()
@@ -111,11 +115,11 @@ def generate_batch(model: Any, pad_id: int, requests: Sequence[Request], max_new
     first = times[0] if times else t_done
     if tokens_out is not None:
         for i, r in enumerate(requests):
-            tokens_out[r.id] = out[i, width:].tolist()
+            tokens_out[r.id] = out[i, width:width + min(wants[i], produced)].tolist()
     return [RequestSample(request_id=r.id, prompt_id=r.prompt_id, repeat=repeat, batch=batch,
-                          prompt_tokens=len(r.token_ids), output_tokens=produced, t_submit=t_submit,
-                          t_first=first, t_done=times[-1] if times else t_done, token_times=list(times))
-            for r in requests]
+                          prompt_tokens=len(r.token_ids), output_tokens=min(n, produced), t_submit=t_submit, t_first=first,
+                          t_done=times[min(n, produced) - 1] if times else t_done, token_times=times[:n])
+            for r, n in zip(requests, wants)]
 
 
 OVERHEAD_MIN_PAIRS, OVERHEAD_MAX_PAIRS = 10, 40  # 10 pairs: the median's interval drops the extreme pair each side

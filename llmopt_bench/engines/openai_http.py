@@ -106,6 +106,8 @@ class _Stream:
     counted_by: str | None = None
     finished: bool = False
     count_text: Callable[[str], int] | None = None  # the tokenizer's count of a chunk's text
+    answer_ids: list[int] = field(default_factory=list)  # the answer's token ids, where the stream carries them
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, where the server reports it
     clock: RequestClock = field(default_factory=RequestClock)  # its chunks as timed and as read
 
     def __post_init__(self) -> None:
@@ -161,6 +163,18 @@ def _chunk_tokens(data: dict[str, Any], state: _Stream) -> int:
         return state.count_text(text)
     state.counted_by = "chunks"
     return 1 if (text or choice.get("finish_reason") is None) else 0
+
+
+def _keep_answer(data: dict[str, Any], state: _Stream) -> None:
+    """What a multi-turn workload needs of a chunk: the answer's token ids (a next turn carries
+    them) and the prompt tokens the server served from its prefix cache (OpenAI's usage field;
+    vLLM's with --enable-prompt-tokens-details)."""
+    choices = data.get("choices") or []
+    if choices and isinstance(choices[0].get("token_ids"), list):
+        state.answer_ids.extend(int(i) for i in choices[0]["token_ids"])
+    details = (data.get("usage") or {}).get("prompt_tokens_details") or {}
+    if isinstance(details, dict) and details.get("cached_tokens") is not None:
+        state.cached_tokens = int(details["cached_tokens"])
 
 
 class OpenAIClient:
@@ -220,8 +234,9 @@ class OpenAIClient:
         return body
 
     async def complete(self, request_id: str, prompt_id: str, prompt: str | Sequence[int], max_tokens: int,
-                       *, prompt_tokens: int | None = None, repeat: int = 0) -> RequestSample:
-        """Send one streaming completion; returns its sample, failed ones included."""
+                       *, prompt_tokens: int | None = None, repeat: int = 0, answer: list[int] | None = None) -> RequestSample:
+        """Send one streaming completion; returns its sample, failed ones included; `answer`, when
+        given, receives the answer's token ids (where the stream carries them)."""
         state = _Stream(t_submit=now(), count_text=self.count_text)
         try:
             await asyncio.wait_for(self._stream(prompt, max_tokens, state), self.endpoint.request_timeout_s)
@@ -241,10 +256,13 @@ class OpenAIClient:
             self._check(request_id, state, max_tokens)
             state.clock.request_id = request_id
             self.clocks.append(state.clock)
+        if answer is not None:
+            answer.extend(state.answer_ids)
         return RequestSample(request_id=request_id, prompt_id=prompt_id, repeat=repeat, prompt_tokens=n_prompt,
                              output_tokens=len(state.times), t_submit=state.t_submit,
                              t_first=state.times[0] if state.times else t_end, t_done=t_end,
-                             token_times=state.times, ok=error is None, error=str(error) if error else None)
+                             token_times=state.times, ok=error is None, error=str(error) if error else None,
+                             cached_tokens=state.cached_tokens)
 
     async def _stream(self, prompt: str | Sequence[int], max_tokens: int, state: _Stream) -> None:
         from httpx_sse import SSEError, aconnect_sse
@@ -297,6 +315,7 @@ class OpenAIClient:
             else:
                 state.clock.add(read, True, end.stamp, end.exact, end.segments, end.since)
             state.times.extend([state.clock.timed[-1]] * k)
+        _keep_answer(data, state)
         return k
 
     def _check(self, request_id: str, state: _Stream, requested: int) -> None:

@@ -11,6 +11,7 @@ from llmopt_bench.core.records import LoadInfo, QualityRecord, RequestSample, St
 from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests
 from llmopt_bench.engines import hf
 from llmopt_bench.engines.lifecycle import release_cached_memory
+from llmopt_bench.workloads.plan import TokenSpace
 
 # what a transformers stage's worker imports ahead of its turn (Stage.prefetch, run/prefetch.py)
 PREFETCH = ("torch", "transformers:AutoModelForCausalLM", "transformers:AutoTokenizer")
@@ -42,9 +43,18 @@ class TransformersEngine:
     def encode(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
+    def token_space(self) -> TokenSpace:
+        """The ids a generated workload draws from (workloads/plan.py): the vocabulary without special tokens."""
+        return TokenSpace.of(self.tok, self.model_info.vocab_size)
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.model_info.max_position_embeddings
+
     def serve(self, requests: Sequence[Request], max_new_tokens: int, *, batch_size: int, repeat: int,
               tokens_out: dict[str, list[int]] | None, progress: Callable[[int], None]) -> list[RequestSample]:
-        """The requests in batches of batch_size, one generate() each."""
+        """The requests in batches of batch_size, one generate() each; each request's output
+        length is its own (Request.output_len) or max_new_tokens."""
         samples: list[RequestSample] = []
         for b, start in enumerate(range(0, len(requests), batch_size)):
             chunk = requests[start:start + batch_size]
@@ -81,8 +91,10 @@ class TransformersEngine:
         if not self.params.measure_overhead:
             return {}
         ctx.progress("measuring the per-token clock's own cost", None, None)
-        return {"instrumentation": hf.instrumentation_overhead(self.model, self.pad_id, requests[0],
-                                                               min(workload.max_new_tokens, hf.OVERHEAD_TOKENS), self.device)}
+        first = requests[0]
+        return {"instrumentation": hf.instrumentation_overhead(self.model, self.pad_id, first,
+                                                               min(first.output_len or workload.max_new_tokens, hf.OVERHEAD_TOKENS),
+                                                               self.device)}
 
     def close(self) -> None:
         if self.model is not None:

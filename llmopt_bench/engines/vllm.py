@@ -171,21 +171,23 @@ class _Live:
     t_submit: float
     times: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
+    cached: int | None = None  # prompt tokens served from the prefix cache (RequestOutput.num_cached_tokens)
 
     def sample(self, t: float) -> RequestSample:
         s = self.send
         return RequestSample(request_id=s.id, prompt_id=s.prompt_id, repeat=s.repeat, prompt_tokens=len(s.token_ids),
                              output_tokens=len(self.times), t_submit=self.t_submit,
                              t_first=self.times[0] if self.times else t, t_done=self.times[-1] if self.times else t,
-                             token_times=self.times, ok=bool(self.times))
+                             token_times=self.times, ok=bool(self.times), cached_tokens=self.cached)
 
 
 class _InOrder:
     """The fixed workload's dispatcher: the requests in order, at most `limit` in flight, each
-    submitted when a slot frees (core/dispatch.py; the load machine's loops live in load/)."""
+    submitted when a slot frees (core/dispatch.py; the load machine's loops live in load/), each
+    forced to its own output length where it has one (a generated plan's), else output_len."""
 
     def __init__(self, requests: Sequence[Request], output_len: int, limit: int, repeat: int):
-        self.pending = [Send(r.id, r.prompt_id, tuple(r.token_ids), output_len, 0.0, repeat) for r in requests]
+        self.pending = [Send(r.id, r.prompt_id, tuple(r.token_ids), r.output_len or output_len, 0.0, repeat) for r in requests]
         self.limit, self.live = limit, 0
 
     def due(self, now: float) -> list[Send]:
@@ -256,6 +258,8 @@ def _step(engine: Any, live: dict[str, _Live], dispatcher: Dispatcher, tokens_ou
             continue
         state = live[key]
         new = list(out.outputs[0].token_ids) if out.outputs else []
+        if getattr(out, "num_cached_tokens", None) is not None:  # set at the first scheduling, not gated by log stats
+            state.cached = max(state.cached or 0, int(out.num_cached_tokens))
         state.times.extend([t] * len(new))
         state.tokens.extend(new)
         if out.finished:

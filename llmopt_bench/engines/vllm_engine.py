@@ -10,12 +10,13 @@ from typing import Any, Callable, Sequence
 
 from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.dispatch import Dispatcher
-from llmopt_bench.core.records import LoadInfo, QualityRecord, RequestSample
+from llmopt_bench.core.records import CacheRecord, LoadInfo, QualityRecord, RequestSample
 from llmopt_bench.core.workload import Request, WorkloadConfig
 from llmopt_bench.engines import vllm as V
 from llmopt_bench.engines.engine_pool import EnginePool, Pooled, pool_for, shared_info
 from llmopt_bench.engines.vllm_kv import KVCacheRecord, kv_cache_record
 from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config, prepare_engine_env, share_key, weights_estimate
+from llmopt_bench.workloads.plan import TokenSpace
 
 # what a vLLM stage's worker imports ahead of its turn (Stage.prefetch, run/prefetch.py): the
 # offline engine's class, the bulk of build_engine's import_s; no engine, no CUDA
@@ -33,10 +34,15 @@ class VLLMEngine:
         self.key = share_key(params)
         self.pool: EnginePool | None = None  # set when a stage group shares this engine
         self.baseline: dict[str, Any] = {}  # device memory and processes before it started (pooled engines)
+        # the prefix cache across load points (engines/vllm_cache.py): emptied before each, its
+        # counters and the KV gauge read around and during each (needs the engine's log stats)
+        self.reset_cache_each_point = False
+        self.watch_cache = False
+        self.last_cache: CacheRecord | None = None
 
     @classmethod
     def launch(cls, model_info: Any, params: VLLMEngineParams, ctx: StageContext,
-               max_len_cap: int | None = None) -> tuple["VLLMEngine", LoadInfo]:
+               max_len_cap: int | None = None, log_stats: bool = False) -> tuple["VLLMEngine", LoadInfo]:
         """The engine started, and what vLLM itself said of its start (start() adds llmopt's
         records); in a stage group, the engine an earlier stage of this process started."""
         key = share_key(params)
@@ -46,7 +52,7 @@ class VLLMEngine:
             ctx.progress(f"vLLM engine shared with {pooled.owner}: not started again", None, None)
             return pooled.engine, shared_info(pooled, pool.current or "this stage")
         baseline = _baseline() if pool else {}
-        engine, info = cls._build(model_info, params, ctx, max_len_cap)
+        engine, info = cls._build(model_info, params, ctx, max_len_cap, log_stats)
         if pool:
             engine.pool, engine.baseline = pool, baseline
             pool.put(engine.key, Pooled(engine, copy.deepcopy(info), pool.current or "?", baseline))
@@ -54,9 +60,11 @@ class VLLMEngine:
 
     @classmethod
     def _build(cls, model_info: Any, params: VLLMEngineParams, ctx: StageContext,
-               max_len_cap: int | None) -> tuple["VLLMEngine", LoadInfo]:
+               max_len_cap: int | None, log_stats: bool = False) -> tuple["VLLMEngine", LoadInfo]:
         prepare_engine_env(params, ctx.device)
         cfg = engine_config(params, ctx.device, max_len_cap or model_info.max_position_embeddings)
+        if log_stats:  # the counters llm.get_metrics() reads (vLLM's default offline: off)
+            cfg.extra["disable_log_stats"] = False
         limits = "".join(f", {k}={getattr(params, k)}" for k in ("max_num_seqs", "max_num_batched_tokens")
                          if getattr(params, k) is not None)
         ctx.progress(f"starting vLLM ({cfg.dtype}{', ' + cfg.quantization if cfg.quantization else ''}{limits}): "
@@ -66,8 +74,8 @@ class VLLMEngine:
 
     @classmethod
     def start(cls, model_info: Any, params: VLLMEngineParams, ctx: StageContext,
-              max_len_cap: int | None = None) -> tuple["VLLMEngine", LoadInfo]:
-        engine, info = cls.launch(model_info, params, ctx, max_len_cap)
+              max_len_cap: int | None = None, log_stats: bool = False) -> tuple["VLLMEngine", LoadInfo]:
+        engine, info = cls.launch(model_info, params, ctx, max_len_cap, log_stats)
         if params.load_format == "dummy":
             info.notes.append(DUMMY_NOTE)
         elif info.weights_bytes is None:  # vLLM-CPU does not log the model's memory
@@ -80,9 +88,15 @@ class VLLMEngine:
     def encode(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
+    def token_space(self) -> TokenSpace:
+        """The ids a generated workload draws from: the same as transformers' on this checkpoint
+        (its tokenizer, the model's vocab_size), so both engines get the same requests."""
+        return TokenSpace.of(self.tok, self.model_info.vocab_size)
+
     def serve(self, requests: Sequence[Request], max_new_tokens: int, *, batch_size: int, repeat: int,
               tokens_out: dict[str, list[int]] | None, progress: Callable[[int], None]) -> list[RequestSample]:
-        """At most batch_size requests in flight (1: one request at a time)."""
+        """At most batch_size requests in flight (1: one request at a time), each forced to its own
+        output length (Request.output_len) or max_new_tokens."""
         return V.serve(self.llm, requests, max_new_tokens, concurrency=batch_size, repeat=repeat, tokens_out=tokens_out,
                        on_done=progress)
 
@@ -92,8 +106,17 @@ class VLLMEngine:
 
     def drive(self, dispatcher: Dispatcher) -> None:
         """The load machine's engine (load/engine.LoadEngine): requests join the running batch
-        as the dispatcher releases them."""
-        V.drive(self.llm, dispatcher)
+        as the dispatcher releases them; with watch_cache, the point's cache figures in last_cache."""
+        from llmopt_bench.engines.vllm_cache import CacheWatch, Watched, offline_reader
+
+        if self.reset_cache_each_point and not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache: requests still running")
+        if not self.watch_cache:
+            V.drive(self.llm, dispatcher)
+            return
+        watch = CacheWatch(offline_reader(self.llm), "llm.get_metrics()", reset=self.reset_cache_each_point)
+        V.drive(self.llm, Watched(dispatcher, watch))
+        self.last_cache = watch.stop()
 
     def kv_cache(self, max_num_seqs: int | None = None, log_path: Path | None = None) -> KVCacheRecord | None:
         """The KV cache; with the engine's log, also the concurrency vLLM said it holds (the log of

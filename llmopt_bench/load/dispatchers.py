@@ -37,7 +37,7 @@ def cycled(requests: Sequence[Request]) -> RequestSource:
 
     def at(i: int) -> Request:
         r, cycle = requests[i % len(requests)], i // len(requests)
-        return r if cycle == 0 else Request(f"{r.id}.{cycle}", r.prompt_id, r.token_ids)
+        return r if cycle == 0 else Request(f"{r.id}.{cycle}", r.prompt_id, r.token_ids, r.output_len)
     return at
 
 
@@ -50,6 +50,7 @@ class Timeline:
     sent: float = math.nan
     answered: float = math.nan
     sample: RequestSample | None = None
+    output_len: int | None = None  # the tokens it asked for (forced): what "complete" is judged against
 
 
 class _Loop:
@@ -66,10 +67,11 @@ class _Loop:
     def _release(self, arrival: float, now: float) -> Send:
         i = len(self.timelines)
         r = self.source(i)
-        tl = Timeline(i, arrival, sent=now)
+        n = r.output_len or self.output_len  # a workload plan's request carries its own length
+        tl = Timeline(i, arrival, sent=now, output_len=n)
         self.timelines.append(tl)
         self._live[r.id] = tl
-        return Send(r.id, r.prompt_id, r.token_ids, self.output_len, arrival, self.repeat)
+        return Send(r.id, r.prompt_id, r.token_ids, n, arrival, self.repeat)
 
     def done(self, send: Send, sample: RequestSample, t: float | None = None,
              answer_ids: Sequence[int] | None = None) -> None:

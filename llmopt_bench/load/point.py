@@ -146,7 +146,8 @@ def summarize(point: LoadPoint, timelines: Sequence[Timeline], t0: float, expect
     if not measured:
         raise UsageError(f"{point.label}: all {len(timelines)} requests arrived during the warm-up",
                          "lengthen the load point (LoadPoint.at_rate sizes it by requests), or shorten the warm-up")
-    samples = [_short(t.sample, expected_tokens) for t in measured if t.sample is not None]
+    forced = expected_tokens is not None  # each request judged against its own length (a plan's vary)
+    samples = [_short(t.sample, (t.output_len or expected_tokens) if forced else None) for t in measured if t.sample is not None]
     ok = [s for s in samples if s.ok]
     w_start, w_end, gaps = _window(point, measured, t0)
     window = w_end - w_start

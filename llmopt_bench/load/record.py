@@ -13,8 +13,9 @@ from pydantic import Field
 
 from llmopt_bench.analysis import metrics as M
 from llmopt_bench.analysis.slo import SLO, Verdict, judge, meets
-from llmopt_bench.core.records import RequestSample, SLOPoint, StrictModel
+from llmopt_bench.core.records import CacheRecord, RequestSample, SLOPoint, StrictModel, TurnRow
 from llmopt_bench.load.point import PointResult
+from llmopt_bench.load.turns import turn_rows
 
 
 class PointRow(StrictModel):
@@ -54,6 +55,8 @@ class PointRow(StrictModel):
     completion_rps: float | None = None  # open loop: answers a second over the window's later half
     energy: dict[str, Any] | None = None  # J per output token over this point's timed window
     error: str | None = None  # the point itself could not run
+    cache: CacheRecord | None = None  # the engine's prefix cache and KV use over the point (load/turns.with_requests)
+    turns: list[TurnRow] | None = None  # a multi-turn point's requests by turn (load/turns.turn_rows)
 
 
 def goodput_rps(samples: Sequence[RequestSample], slo: SLO) -> float | None:
@@ -89,6 +92,9 @@ def figures(res: PointResult, slo: SLO | None) -> dict[str, Any]:
         itl_p50_s=_p(m and m.itl_s, "p50"), itl_p99_s=_p(m and m.itl_s, "p99"),
         e2e_p50_s=_p(m and m.e2e_s, "p50"), e2e_p99_s=_p(m and m.e2e_s, "p99"),
         goodput_rps=goodput_rps(res.samples, slo) if slo else None)
+    turns = turn_rows(res.samples)
+    if turns is not None:  # a multi-turn point only: the other rows keep the keys they always had
+        out["turns"] = turns
     if open_loop:
         out.update(achieved_rate=res.achieved_rate, in_flight_at_end=res.in_flight_at_end, queued_at_end=res.queued_at_end,
                    drain_s=res.drain_s, send_delay_p50_s=_p(res.send_delay_s, "p50"),

@@ -153,7 +153,7 @@ def validate_params(cls: type[Stage], params: dict[str, Any]) -> dict[str, Any]:
 
 def journey_path(name: str = "journey") -> Path:
     """A shipped journey by name: journey (the default, `--stages all`), journey-cpu, quick, full,
-    full-cpu (the presets'), serving, batching-vllm-only, tp-scaling."""
+    full-cpu (the presets'), serving, batching-vllm-only, tp-scaling, prefix-caching, prefix-caching-cpu."""
     return JOURNEY_DIR / f"{name}.toml"
 
 
@@ -179,6 +179,18 @@ def parse_journey(path: Path) -> list[StagePlan]:
     if not plans:
         raise UsageError(f"{path}: no [[stage]] entries")
     return plans
+
+
+def journey_table(path: str, name: str) -> dict[str, Any] | None:
+    """A journey file's top-level table `name` ([workload]), None when it has none."""
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return None  # parse_journey has said what is wrong with the file
+    table = data.get(name)
+    if table is not None and not isinstance(table, dict):
+        raise UsageError(f"{path}: {name} is not a table", f"write it as [{name}] with its keys below")
+    return table
 
 
 # --- presets: a journey at three sizes, each a shipped journey file (one per device where the

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from llmopt_bench.analysis.quality_gate import apply_gate
+from llmopt_bench.core.contract import Stage
 from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
 from llmopt_bench.core.models import ModelInfo, ModelSpec, portable_path
 from llmopt_bench.core.results import FAILED, RunResult, StageResult, utc_at, utcnow
@@ -31,6 +32,8 @@ from llmopt_bench.run.prefetch import Ahead, Launched, Turn
 from llmopt_bench.run.registry import StagePlan, journey_order, load_stage, plan_of, unavailable
 from llmopt_bench.run.rundir import RunDir
 from llmopt_bench.run.supervisor import launch, supervise, supervise_group
+from llmopt_bench.scenarios.fixed_requests import multi_turn_refusal
+from llmopt_bench.workloads.spec import parse_spec
 
 # Multi-GPU hosts here forbid NVLink multicast; engines' own processes inherit this.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
@@ -117,13 +120,25 @@ def find_reference(rd: RunDir, plans: list[StagePlan], previous: RunResult | Non
 def run_stage(plan: StagePlan, run: RunResult, model: ModelInfo, rd: RunDir, opts: RunOptions, ref: Reference,
               reporter: Reporter, turn: Turn | None = None) -> StageResult:
     cls = load_stage(plan.stage)
-    why = unavailable(cls)
+    why = unavailable(cls) or prompt_file_only(cls, opts.workload)
     if why:
         if turn is not None:
             turn.start_ahead()  # the next stage's worker, as if this one had started
         return skipped(plan, cls, "skipped", why[0], why[1])
     return supervise(plan, cls, run, model, rd, opts.timeout_s or plan.timeout_s, ref,
                      env_for_children(opts), reporter, turn)
+
+
+def prompt_file_only(cls: type[Stage], workload: WorkloadConfig) -> tuple[str, str] | None:
+    """(reason, fix) when the run's workload is a generated kind the stage does not send."""
+    if workload.from_prompt_file or cls.any_workload:
+        return None
+    if cls.single_turn_workload:
+        return None if parse_spec(workload.spec).single_turn else multi_turn_refusal(cls.name)
+    return (f"{cls.name} measures the prompt file's workload (fixed, mixed) or its own sweep, not --workload {workload.kind}; "
+            "the serving stages (vllm-serve, openai-endpoint, prefix-caching) send every kind, the fixed-workload stages "
+            "(hf-fp16, bnb-*, awq-int4, vllm, vllm-fp8) every kind but multi-turn",
+            f"run {cls.name} in a run without --workload {workload.kind} (docs/workloads.md)")
 
 
 def _matches(old: RunResult, model: ModelSpec, workload: WorkloadConfig) -> str | None:
@@ -218,7 +233,7 @@ def _run_plans(run: RunResult, previous: RunResult | None, model: ModelInfo, rd:
     for plan in opts.plans:
         if plan not in todo:
             reporter.progress(plan.name, f"already in the run ({previous.stage(plan.name).status}): kept (resume)", None, None)
-    keys = share_keys(todo) if opts.share_engines else {}
+    keys = share_keys(todo, opts.workload) if opts.share_engines else {}
     groups = plan_groups(todo, keys, ref.name)
     ahead: Ahead | None = None
     try:
@@ -313,13 +328,13 @@ def _record(plan: StagePlan, result: StageResult, run: RunResult, rd: RunDir, op
     return not (opts.fail_fast and result.status in FAILED)
 
 
-def share_keys(plans: list[StagePlan]) -> dict[str, str]:
-    """Each plan's engine share key (Stage.share_key), for the stages that can run here and
-    declare one."""
+def share_keys(plans: list[StagePlan], workload: WorkloadConfig | None = None) -> dict[str, str]:
+    """Each plan's engine share key (Stage.share_key), for the stages that can run here, on
+    this workload, and declare one."""
     keys = {}
     for plan in plans:
         cls = load_stage(plan.stage)
-        if unavailable(cls):
+        if unavailable(cls) or (workload is not None and prompt_file_only(cls, workload)):
             continue
         key = cls.share_key(cls.Params(**plan.params))
         if key:

@@ -1,5 +1,7 @@
 """The fixed workload: the run's prompt set, the output length forced, `repeats` times, one
-batch of `batch_size` requests at a time, on any engine that offers `FixedEngine`. Every
+batch of `batch_size` requests at a time, on any engine that offers `FixedEngine`. In a run of a
+generated kind (random, shared-prefix, trace) the requests are the plan's first --num-prompts,
+each with its own prompt and forced output length (scenarios/fixed_requests.py). Every
 stage of the journey that compares with the others (hf-fp16, bnb, awq, vllm, vllm-fp8) is this
 scenario on one engine; the stage says which engine (FixedWorkloadStage.start_engine).
 
@@ -12,14 +14,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar, Protocol, Sequence
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from llmopt_bench.analysis.first_repeat import first_repeat_warning
 from llmopt_bench.analysis.stopping import StoppingRecord, StoppingRule, headline_metric, stopping_sentence
 from llmopt_bench.core.contract import Stage, StageContext
 from llmopt_bench.core.errors import describe
 from llmopt_bench.core.records import Block, LoadInfo, QualityRecord, RequestSample, StageFacts, StageRun, StrictModel
-from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests
+from llmopt_bench.core.workload import Request, WorkloadConfig
 from llmopt_bench.engines.vllm_kv import KVCacheRecord, kv_line
 from llmopt_bench.measure import gpu_busy, pinning
 from llmopt_bench.measure.conditions import (
@@ -30,6 +32,8 @@ from llmopt_bench.measure.conditions import (
     repeats_differ,
 )
 from llmopt_bench.measure.gpu_busy import GpuBusy
+from llmopt_bench.scenarios.fixed_requests import measured_requests, warmup_requests
+from llmopt_bench.scenarios.workload_report import plan_sentence
 
 
 class FixedParams(StrictModel):
@@ -37,6 +41,16 @@ class FixedParams(StrictModel):
     # the warm-up's output length: None, the engine's own (a transformers engine: one generation of
     # 16 tokens; vLLM: the workload's warm-up requests at full length); a number: one generation of it
     warmup_tokens: int | None = Field(None, ge=1)
+
+    @field_validator("enable_prefix_caching", check_fields=False)
+    @classmethod
+    def _no_prefix_cache(cls, on: bool) -> bool:
+        """A vLLM engine's prefix cache would serve every repeat after the first (and a shared
+        prefix's later requests) from the first's KV: the fixed stages measure the work itself."""
+        if on:
+            raise ValueError("must stay false in a fixed-workload stage (its repeats would be served from the cache); "
+                             "the prefix-caching stage measures what the cache buys")
+        return on
 
 
 class Instrumentation(StrictModel):
@@ -57,7 +71,9 @@ class FixedExtra(StrictModel):
 
 
 class FixedEngine(Protocol):
-    """What the fixed workload needs of an engine."""
+    """What the fixed workload needs of an engine. A generated --workload also needs
+    token_space() and max_model_len (engines/transformers.py; scenarios/fixed_requests.py), and
+    serve() to force each request's own output length (Request.output_len) where it has one."""
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -82,28 +98,33 @@ def warmup_plan(workload: WorkloadConfig, tokens: int | None) -> tuple[int, int]
     return min(workload.warmup, workload.batch_size), min(tokens, workload.max_new_tokens)
 
 
-def warmup(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext, tokens: int | None = None) -> str | None:
-    """Untimed requests before the repeats (warmup_plan); what they were, for the record."""
+def warmup(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext, tokens: int | None = None,
+           stage: str = "this stage") -> str | None:
+    """Untimed requests before the repeats (warmup_plan; a generated workload's first requests,
+    each at its own length); what they were, for the record."""
     count, length = warmup_plan(workload, tokens)
     if not count:
         return None
     said = f"{count} request{'s' if count > 1 else ''} x {length} tokens"
     ctx.progress(f"warm-up: {said}", None, None)
-    reqs = build_requests(workload, engine.encode, count=count, tag="w")
+    reqs = warmup_requests(engine, workload, stage)[:count]
     engine.serve(reqs, length, batch_size=workload.batch_size, repeat=0, tokens_out=None, progress=lambda n: None)
     return said
 
 
-def stopping_rule(workload: WorkloadConfig) -> StoppingRule:
+def stopping_rule(workload: WorkloadConfig, output_lens: list[int] | None = None) -> StoppingRule:
+    """Judged on TPOT unless some request's forced output is one token (then on E2E)."""
     return StoppingRule(workload.repeats, workload.max_repeats or workload.repeats, workload.stop_within,
-                        headline_metric(workload.max_new_tokens))
+                        headline_metric(min(output_lens or [workload.max_new_tokens])))
 
 
 def measure(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext, rule: StoppingRule,
-            conditions: list[RepeatConditions] | None = None) -> tuple[list[Request], list[RequestSample], dict]:
-    """The timed repeats, as many as the stopping rule asks: requests, samples, and repeat 0's
-    output token ids; each repeat's conditions appended to `conditions` when given."""
-    reqs = build_requests(workload, engine.encode)
+            conditions: list[RepeatConditions] | None = None,
+            requests: list[Request] | None = None) -> tuple[list[Request], list[RequestSample], dict]:
+    """The timed repeats, as many as the stopping rule asks: requests (default: the prompt
+    file's), samples, and repeat 0's output token ids; each repeat's conditions appended to
+    `conditions` when given."""
+    reqs = requests if requests is not None else measured_requests(engine, workload).measured
     samples: list[RequestSample] = []
     tokens: dict[str, list[int]] = {}
     with pinning.pinned(pinning.requested()) as core:
@@ -165,10 +186,18 @@ def gpu_busy_sentence(name: str, busy: GpuBusy) -> str:
             f"a decode step over {busy.steps} profiled steps, against TPOT p50 {busy.token_s * 1e3:.2f} ms; {busy.method}).")
 
 
+def quality_workload_note(workload: WorkloadConfig) -> str:
+    """Why a generated run's quality is still the prompt file's: agreement means something on text."""
+    return (f"agreement and perplexity are measured on the prompt file's text prompts ({workload.prompts}), as in every run: "
+            f"--workload {workload.kind}'s random token ids are the timed load, not text whose continuation can be judged")
+
+
 class FixedWorkloadStage(Stage):
-    """A stage that runs the fixed workload on the engine start_engine() gives."""
+    """A stage that runs the fixed workload on the engine start_engine() gives: the prompt
+    file's requests, or a generated plan's single-turn ones (single_turn_workload)."""
 
     Extra: ClassVar[type[BaseModel]] = FixedExtra
+    single_turn_workload = True
 
     def start_engine(self, model: Any, params: Any, ctx: StageContext) -> tuple[FixedEngine, LoadInfo]:
         raise NotImplementedError
@@ -182,12 +211,13 @@ class FixedWorkloadStage(Stage):
 
     def warmup(self, workload: WorkloadConfig, ctx: StageContext) -> None:
         short = self.params.warmup_tokens or getattr(self.engine, "WARMUP_TOKENS", None)
-        self.warmed = warmup(self.engine, workload, ctx, short)
+        self.warmed = warmup(self.engine, workload, ctx, short, self.name)
 
     def run(self, workload: WorkloadConfig, ctx: StageContext) -> StageRun:
-        rule = stopping_rule(workload)
+        sent = measured_requests(self.engine, workload, self.name)
+        rule = stopping_rule(workload, sent.output_lens(workload.max_new_tokens))
         conditions: list[RepeatConditions] = []
-        reqs, samples, tokens = measure(self.engine, workload, ctx, rule, conditions)
+        reqs, samples, tokens = measure(self.engine, workload, ctx, rule, conditions, sent.measured)
         busy = measure_gpu_busy(self.engine, reqs, workload, samples, ctx)
         records = self.engine.records(reqs, workload, ctx)
         # an engine's own records (a compiled engine's compile) join the extra as they are: the
@@ -197,8 +227,9 @@ class FixedWorkloadStage(Stage):
         extra = FixedExtra(greedy_tokens=tokens, stopping=rule.record, conditions=conditions, gpu_busy=busy,
                            warmup=getattr(self, "warmed", None), **records)
         quality = quality_or_failure(self.engine, workload, ctx) if self.params.quality else None
+        notes = sent.notes + ([quality_workload_note(workload)] if quality is not None and sent.plan is not None else [])
         return StageRun(samples=samples, extra={**extra.model_dump(mode="json", exclude_none=True), **own}, quality=quality,
-                        facts=StageFacts(gpu_busy_share=busy.share))
+                        facts=StageFacts(gpu_busy_share=busy.share, workload=sent.plan), notes=notes)
 
     def teardown(self) -> None:
         engine = getattr(self, "engine", None)
@@ -211,7 +242,9 @@ class FixedWorkloadStage(Stage):
         from llmopt_bench.analysis.overhead import overhead_sentence
 
         extra = result.extra_as(cls.Extra)
-        out = []
+        plan = result.facts.workload if result.facts else None
+        out = [Block(text=plan_sentence(plan) + " Sent as the fixed workload: in order, --batch-size at a time, "
+                          "each request forced to its own output length.")] if plan else []
         if extra.kv_cache:
             out.append(Block(text=kv_line(extra.kv_cache)))
         if extra.stopping and extra.stopping.max_repeats > extra.stopping.min_repeats:

@@ -11,34 +11,54 @@ sweep point at main_concurrency (default: the largest).
 
 Closed-loop points leave out their ramp (each user's first request, sent all at once);
 open-loop points leave out the arrivals of their warm-up. Each point's arrival schedule is
-drawn from the run's seed and the rate, so two runs send the same times."""
+drawn from the run's seed and the rate, so two runs send the same times.
+
+What each point sends is the run's workload plan (load/plans.PlanLoad: the prompt file's
+prompts, or a generated kind's requests and conversations, never a prompt twice; a trace scaled
+to the point's rate, and replayed once on its own schedule: the "replay" phase). Where the
+engine keeps its prefix cache's figures, each row has them (cache), and a multi-turn point its
+per-turn table (turns)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Any
 
 from llmopt_bench.analysis.slo import SLO, Verdict, client_late, parse_slo
 from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.errors import LlmoptError, UsageError
 from llmopt_bench.core.records import RequestSample, SLOPoint, StageFacts
-from llmopt_bench.core.workload import Request
+from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.engines.client_health import could_not_time
 from llmopt_bench.load.capacity import Ceiling, open_point, trial_of
-from llmopt_bench.load.dispatchers import cycled
-from llmopt_bench.load.engine import LoadEngine, run_point
+from llmopt_bench.load.engine import LoadEngine, run_plan
 from llmopt_bench.load.hold import search_and_hold
+from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.load.point import LoadPoint, PointResult
 from llmopt_bench.load.record import figures, slo_point, verdict
 from llmopt_bench.load.search import Capacity, Search, Trial
+from llmopt_bench.load.turns import with_requests
 from llmopt_bench.scenarios.serving_record import ClientTally, LoadRow, ServingExtra, ServingParams
 from llmopt_bench.scenarios.serving_rows import count_tally, facts_of, main_key
+from llmopt_bench.workloads.build import make_plan
+from llmopt_bench.workloads.plan import Plan, TokenSpace
 
 KEEP = 10  # error examples kept
 
 
 class ServerGone(LlmoptError):
     """Every request of a point failed to connect: the server is not there any more."""
+
+
+def serving_plans(workload: WorkloadConfig, tokenizer: Any, vocab_size: int | None, encode: Callable[[str], list[int]],
+                  max_len: int | None, p: ServingParams) -> tuple[Plan, Plan]:
+    """The run's workload on this engine (enough of the prompt file's prompts for a point: at
+    least requests_per_point, at most 256, cycled beyond), and the throughput point's prompts."""
+    space = TokenSpace.of(tokenizer, vocab_size)
+    plan = make_plan(workload, space, max_len, encode, count=max(workload.num_prompts, min(p.requests_per_point, 256)))
+    tp = workload.model_copy(update={"spec": "fixed", "kind": "fixed", "input_len": p.throughput_input_len,
+                                     "max_new_tokens": p.throughput_output_len})
+    return plan, make_plan(tp, space, max_len, encode, count=p.throughput_requests)
 
 
 def closed_point(concurrency: int, requests: int) -> LoadPoint:
@@ -52,14 +72,13 @@ class ServingRun:
     (the length is forced and the tokens counted exactly: token ids in the stream); else any
     answer counts, and the client's tally keeps the short ones."""
 
-    def __init__(self, engine: LoadEngine, target: dict[str, Any], params: ServingParams, requests: Sequence[Request],
-                 max_tokens: int, throughput_requests: Sequence[Request], ctx: StageContext, run_seed: int = 0,
-                 expected_tokens: bool = True):
+    def __init__(self, engine: LoadEngine, target: dict[str, Any], params: ServingParams, load: PlanLoad,
+                 throughput: PlanLoad | None, ctx: StageContext, run_seed: int = 0, expected_tokens: bool = True):
         if params.arrival == "poisson" and params.burstiness != 1.0:
             raise UsageError(f"arrival poisson has burstiness 1 (got {params.burstiness:g})",
                              'set arrival = "gamma" for another burstiness, or drop burstiness')
         self.engine, self.target, self.p, self.ctx, self.seed = engine, target, params, ctx, run_seed
-        self.requests, self.max_tokens, self.tp_requests = list(requests), max_tokens, list(throughput_requests)
+        self.load, self.tp_load = load, throughput
         self.forced = expected_tokens
         self.slo: SLO = parse_slo(params.slo)
         self.rows: list[LoadRow] = []
@@ -73,17 +92,15 @@ class ServingRun:
 
     # --- one point ------------------------------------------------------------------------
 
-    def measure(self, phase: str, point: LoadPoint, requests: Sequence[Request] | None = None,
-                max_tokens: int | None = None) -> tuple[LoadRow, Verdict | None, PointResult | None]:
+    def measure(self, phase: str, point: LoadPoint, load: PlanLoad | None = None) -> tuple[LoadRow, Verdict | None, PointResult | None]:
         """One load point in its own timed window: its row (kept), the SLO's verdict, the result."""
-        requests, max_tokens = requests or self.requests, max_tokens or self.max_tokens
+        load = load or self.load
         key = f"{phase}: {point.label}"
         size = f"{point.num_requests} requests" if point.num_requests else f"{point.duration_s:g} s"
         self.ctx.progress(f"{key} ({size})", None, None)
         try:
             with self.ctx.meter.window(key) as window:
-                res = run_point(self.engine, point, cycled(requests), max_tokens,
-                                expected_tokens=max_tokens if self.forced else None)
+                res = run_plan(self.engine, point, load, forced=self.forced)
                 window.tokens = res.all_output_tokens
         except UsageError as e:  # a point that cannot run (every arrival in the warm-up): a row that says so
             row = LoadRow(phase=phase, mode="open" if point.rate else "closed", concurrency=point.concurrency,
@@ -91,17 +108,19 @@ class ServingRun:
             self.rows.append(row)
             return row, None, None
         v = verdict(self.slo, res, self.p.max_failure_rate)
-        row = self._row(phase, res, v, key, len(requests[0].token_ids) if requests else None, max_tokens)
+        row = self._row(phase, res, v, key, load)
         self._client_check(row, res)
         self._keep(phase, key, res, v, row)
         return row, v, res
 
-    def _row(self, phase: str, res: PointResult, v: Verdict, key: str, input_len: int | None, output_len: int) -> LoadRow:
+    def _row(self, phase: str, res: PointResult, v: Verdict, key: str, load: PlanLoad) -> LoadRow:
         pt = res.point
+        input_len, output_len = load.lengths()
         return LoadRow(**figures(res, self.slo), phase=phase, mode="open" if pt.rate is not None else "closed",
                        concurrency=pt.concurrency, rate_rps=pt.rate, burstiness=pt.burstiness if pt.rate is not None else None,
                        input_len=input_len, output_len=output_len, slo_ok=v.ok, slo_reason=v.reason,
-                       energy=self.ctx.meter.per_key().get(key))
+                       energy=self.ctx.meter.per_key().get(key),
+                       cache=with_requests(getattr(self.engine, "last_cache", None), res.samples))
 
     def _client_check(self, row: LoadRow, res: PointResult) -> None:
         """The client's own punctuality over the point's measured requests, and whether it could
@@ -137,6 +156,8 @@ class ServingRun:
             self.measure("sweep", closed_point(c, max(self.p.requests_per_point, c)))
         for rate in self.p.rates:
             self.measure("point", open_point(rate, self.p, self.seed, self.in_system))
+        if self.load.plan.own_schedule:  # a trace: once on its own schedule (its speedup), beside the scaled points
+            self.measure("replay", self.load.replay_point(self.p.warmup_s))
 
     def trial(self, rate: float, phase: str = "search") -> Trial:
         """One open-loop point of the search (or its hold), as the search sees it."""
@@ -157,13 +178,14 @@ class ServingRun:
                                attempts=p.hold_attempts, saturation=self.ceiling)
 
     def throughput(self) -> None:
-        n = len(self.tp_requests)
-        self.measure("throughput", LoadPoint(concurrency=n, num_requests=n), self.tp_requests, self.p.throughput_output_len)
+        assert self.tp_load is not None
+        n = self.p.throughput_requests
+        self.measure("throughput", LoadPoint(concurrency=n, num_requests=n), self.tp_load)
 
     def run(self) -> tuple[list[RequestSample], ServingExtra, StageFacts]:
         self.sweep()
         capacity = self.search() if self.p.capacity_search else None
-        if self.p.throughput_point:
+        if self.p.throughput_point and self.tp_load is not None:
             self.throughput()
         main = main_key(self.samples, capacity, self.p, self.untimed)
         if main is not None and self.ctx.meter is not None:
@@ -179,12 +201,12 @@ class ServingRun:
         return self.samples.get(main, []) if main else [], extra, facts
 
     def settings(self) -> dict[str, Any]:
-        lengths = [len(r.token_ids) for r in self.requests]
+        lengths = self.load.prompt_lengths()
         return {"slo": str(self.slo), "max_failure_rate": self.p.max_failure_rate, "arrival": self.p.arrival,
                 "burstiness": self.p.burstiness if self.p.arrival == "gamma" else 1.0, "seed": self.seed,
                 "requests_per_point": self.p.requests_per_point, "warmup_s": self.p.warmup_s, "hold_s": self.p.hold_s,
-                "output_len": self.max_tokens, "prompt_format": self.p.prompt_format,
-                "prompts": len({r.prompt_id for r in self.requests}),
+                "output_len": self.load.lengths()[1], "prompt_format": self.p.prompt_format,
+                "workload": self.load.plan.spec, "prompts": self.load.distinct_prompts(),
                 "input_tokens": [min(lengths), max(lengths)] if lengths else None,
                 "closed_loop_warmup": "each user's first request (the ramp)",
                 "open_loop_warmup": f"arrivals in the first {self.p.warmup_s:g} s (at least one time in system)"}

@@ -30,7 +30,7 @@ class ServingParams(SearchParams):
 class LoadRow(PointRow):
     """One measured load point of a serving stage (the figures: load/record.PointRow)."""
 
-    phase: Literal["sweep", "point", "search", "hold", "throughput"]
+    phase: Literal["sweep", "point", "replay", "search", "hold", "throughput"]  # replay: a trace on its own schedule
     mode: Literal["closed", "open"]
     burstiness: float | None = None
     slo_ok: bool | None = None
@@ -51,6 +51,24 @@ class ClientTally(StrictModel):
     short_count: int = 0
 
 
+class CachingArm(StrictModel):
+    """One arm of the prefix-caching stage: the server with prefix caching off or on, its load points."""
+
+    enable_prefix_caching: bool
+    curve: list[LoadRow] = Field(default_factory=list)
+    capacity_rps: float | None = None
+    capacity_held: bool | None = None
+    main_point: str | None = None
+    command: str | None = None  # the server, as `vllm serve ...`
+
+
+class PrefixCachingRecord(StrictModel):
+    """The prefix-caching stage's two arms on one workload, everything else equal (off first)."""
+
+    workload: str  # the canonical spec both arms sent (workloads/spec.py)
+    arms: list[CachingArm] = Field(default_factory=list)
+
+
 class ServingExtra(StrictModel):
     target: dict[str, Any] = Field(default_factory=dict)  # the server: kind, URL, model name, command (never a key)
     settings: dict[str, Any] = Field(default_factory=dict)  # the load as run: SLO, arrival process, seeds, lengths
@@ -61,5 +79,7 @@ class ServingExtra(StrictModel):
     errors: dict[str, int] = Field(default_factory=dict)  # every point's failed requests by kind
     error_examples: list[str] = Field(default_factory=list)
     tally: ClientTally = Field(default_factory=ClientTally)
+    prefix_caching: PrefixCachingRecord | None = None  # the prefix-caching stage: both arms (the rest is the "on" arm's)
     server: dict[str, Any] = Field(default_factory=dict)  # how it stopped: exit, processes left, memory freed
     owns_device: bool = True  # False: a server llmopt did not start; no GPU or engine figures are its
+

@@ -12,6 +12,7 @@ from llmopt_bench.analysis.selectors import reference
 from llmopt_bench.core.fmt import ms, num, pct, times
 from llmopt_bench.core.records import Block, Claim
 from llmopt_bench.load.search import Capacity
+from llmopt_bench.scenarios.caching_report import workload_blocks
 from llmopt_bench.scenarios.serving_record import LoadRow, ServingExtra
 
 STORY_QPS = (0.03, 0.2)  # the story's customer-service bot: QPS before and after its optimizations
@@ -128,6 +129,7 @@ def serving_blocks(result: Any) -> list[Block]:
                              "server's)" if x.main_untimed else "") + "."))
     if x.curve:
         out.append(curve_block(x.curve))
+    out += workload_blocks(result, x.curve)
     out += capacity_blocks(x)
     out.append(client_block(x))
     if x.server:

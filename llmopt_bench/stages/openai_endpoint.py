@@ -19,11 +19,12 @@ from pydantic import Field
 from llmopt_bench.core.contract import Stage, StageContext, StageSkipped
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.records import Block, LoadInfo, QualityRecord, StageRun
-from llmopt_bench.core.workload import WorkloadConfig, build_requests
+from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.engines.http_load import HTTPLoad
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient, error_kind, fix_for
+from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.scenarios import serving_report as R
-from llmopt_bench.scenarios.serving import ServingRun
+from llmopt_bench.scenarios.serving import ServingRun, serving_plans
 from llmopt_bench.scenarios.serving_record import ServingExtra, ServingParams
 
 NO_QUALITY = "a server llmopt did not start: its weights are not known to llmopt, so quality is not measured"
@@ -44,6 +45,7 @@ class OpenAIEndpointStage(Stage):
     description = "any OpenAI-compatible server the user runs, under the serving load over HTTP"
     changes = "the engine is the user's: the same load on any server"
     own_workload = True
+    any_workload = True
     owns_device = False
     Params = EndpointParams
     Extra = ServingExtra
@@ -93,16 +95,14 @@ class OpenAIEndpointStage(Stage):
     def run(self, workload: WorkloadConfig, ctx: StageContext) -> StageRun:
         p = self.params
         encode = lambda text: self.tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-        requests = build_requests(workload.model_copy(update={"num_prompts": max(workload.num_prompts, min(p.requests_per_point, 256))}),
-                                  encode)
-        tp_requests = build_requests(workload.model_copy(update={"input_len": p.throughput_input_len,
-                                                                 "num_prompts": p.throughput_requests}), encode, tag="t")
+        plan, tp_plan = serving_plans(workload, self.tok, None, encode, None, p)
         prompt_of = (lambda s: list(s.token_ids)) if p.prompt_format == "tokens" else (lambda s: self.tok.decode(list(s.token_ids)))
         client = HTTPLoad(self.endpoint, prompt_of, count_text=self.count_text if p.tokenizer else None)
         target = {"kind": "OpenAI-compatible endpoint (not started by llmopt)", "url": p.endpoint, "model": p.model,
                   "api_key_env": p.api_key_env}
-        samples, extra, facts = ServingRun(client, target, p, requests, workload.max_new_tokens, tp_requests, ctx, workload.seed,
+        samples, extra, facts = ServingRun(client, target, p, PlanLoad(plan), PlanLoad(tp_plan), ctx, workload.seed,
                                            expected_tokens=p.force_length and p.return_token_ids).run()
+        facts.workload = None if workload.from_prompt_file else plan.record()
         extra.owns_device = False
         quality = QualityRecord(perplexity_meaningful=False, perplexity_note=NO_QUALITY, agreement_note=NO_QUALITY,
                                 engine="openai-endpoint")

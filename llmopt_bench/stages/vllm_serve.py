@@ -11,20 +11,23 @@ checkpoint) are labelled entries of this one stage: stages/serving.toml."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from llmopt_bench.core.contract import Requirements, Stage, StageContext, StageSkipped
 from llmopt_bench.core.records import Block, Claim, LoadInfo, QualityRecord, StageRun
-from llmopt_bench.core.workload import WorkloadConfig, build_requests
+from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.engines.awq_weights import AWQCheckpointParams, awq_engine
 from llmopt_bench.engines.http_load import HTTPLoad
 from llmopt_bench.engines.openai_http import Endpoint
 from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config, prepare_engine_env, weights_estimate, worker_ranks
 from llmopt_bench.engines.vllm_server import VLLMServer
+from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.scenarios import serving_report as R
-from llmopt_bench.scenarios.serving import ServingRun
-from llmopt_bench.scenarios.serving_record import ServingExtra, ServingParams
+from llmopt_bench.scenarios.caching_report import caching_claim, comparison_blocks
+from llmopt_bench.scenarios.serving import ServingRun, serving_plans
+from llmopt_bench.scenarios.serving_record import CachingArm, PrefixCachingRecord, ServingExtra, ServingParams
 
 
 class VLLMServeParams(VLLMEngineParams, ServingParams):
@@ -56,6 +59,7 @@ class VLLMServeStage(Stage):
     description = "vLLM's OpenAI-compatible server (vllm serve) under load over HTTP: sweep, capacity under an SLO"
     changes = "the deployment: vLLM behind its HTTP API, requests arriving like users"
     own_workload = True
+    any_workload = True
     requires = Requirements(imports={"vllm": "vllm"}, engine="vllm", child_in_engine=False)
     prefetch = ("httpx", "transformers:AutoTokenizer")  # its own process: the client and the tokenizer, not vLLM
     Params = VLLMServeParams
@@ -74,8 +78,12 @@ class VLLMServeStage(Stage):
         self.served_model, self.engine_params = served, engine_params
         cfg = engine_config(engine_params, ctx.device, model.max_position_embeddings)
         log = ctx.log_path.with_suffix(".server.log") if ctx.log_path else ctx.stage_dir / "server.log"
+        caching = bool(cfg.extra.get("enable_prefix_caching"))
+        # with prefix caching: each answer's cached tokens in its usage, and the cache emptied before each point
         self.server = VLLMServer(served.path, cfg, log_path=log, served_model_name=served_name(model.source),
-                                 api_key_env=params.api_key_env, own_session=False)
+                                 api_key_env=params.api_key_env, own_session=False,
+                                 env={"VLLM_SERVER_DEV_MODE": "1"} if caching else None,
+                                 extra_args=["--enable-prompt-tokens-details"] if caching else None)
         ctx.progress(f"starting vllm serve ({cfg.dtype}{', ' + cfg.quantization if cfg.quantization else ''}"
                      f"{', AWQ' if awq_meta else ''})", None, None)
         info = self.server.start(timeout_s=params.server_timeout_s)
@@ -95,6 +103,12 @@ class VLLMServeStage(Stage):
         return Endpoint(self.server.base_url, self.server.served_model_name, api_key_env=self.params.api_key_env,
                         request_timeout_s=timeout_s)
 
+    def loads(self, workload: WorkloadConfig) -> tuple[PlanLoad, PlanLoad]:
+        """The run's workload as this server's load (its tokenizer, its max_model_len), and the throughput point's."""
+        p, max_len = self.params, self.server.cfg.max_model_len if self.server else None
+        plans = serving_plans(workload, self.tok, self.model_info.vocab_size, self.encode, max_len, p)
+        return PlanLoad(plans[0]), PlanLoad(plans[1])
+
     def warmup(self, workload: WorkloadConfig, ctx: StageContext) -> None:
         """A few requests one at a time, untimed: the server's first answers pay for lazy set-up."""
         import asyncio
@@ -103,23 +117,22 @@ class VLLMServeStage(Stage):
 
         async def go():
             async with OpenAIClient(self.endpoint(self.params.request_timeout_s)) as client:
-                for r in build_requests(workload, self.encode, count=max(1, workload.warmup), tag="w"):
-                    await client.complete(r.id, r.prompt_id, list(r.token_ids), workload.max_new_tokens)
+                for r in self.loads(workload)[0].warmup(max(1, workload.warmup)):
+                    await client.complete(r.id, r.prompt_id, list(r.token_ids), r.output_len or workload.max_new_tokens)
         ctx.progress("warm-up", None, None)
         asyncio.run(go())
 
     def run(self, workload: WorkloadConfig, ctx: StageContext) -> StageRun:
         p = self.params
-        requests = build_requests(workload.model_copy(update={"num_prompts": max(workload.num_prompts, min(p.requests_per_point, 256))}),
-                                  self.encode)
-        tp_requests = build_requests(workload.model_copy(update={"input_len": p.throughput_input_len,
-                                                                 "num_prompts": p.throughput_requests}), self.encode, tag="t")
+        load, tp_load = self.loads(workload)
         prompt_of = (lambda s: list(s.token_ids)) if p.prompt_format == "tokens" else (lambda s: self.tok.decode(list(s.token_ids)))
         assert self.server is not None
-        client = HTTPLoad(self.endpoint(p.request_timeout_s), prompt_of)
+        caching = bool(self.server.cfg.extra.get("enable_prefix_caching"))
+        client = HTTPLoad(self.endpoint(p.request_timeout_s), prompt_of, reset_cache_each_point=caching, watch_cache=True)
         target = {"kind": "vllm serve (started by llmopt)", "url": self.server.base_url, "model": self.server.served_model_name,
                   "command": self.server.reproduce(), "entry": " ".join(self.server.entry)}
-        samples, extra, facts = ServingRun(client, target, p, requests, workload.max_new_tokens, tp_requests, ctx, workload.seed).run()
+        samples, extra, facts = ServingRun(client, target, p, load, tp_load, ctx, workload.seed).run()
+        facts.workload = None if workload.from_prompt_file else load.record
         quality = self.quality(ctx) if p.quality else None
         facts.devices = worker_ranks(self.engine_params)
         facts.serve_command = self.server.reproduce()
@@ -173,3 +186,77 @@ class VLLMServeStage(Stage):
 ENGINE_KEYS = ("dtype", "load_format", "enforce_eager", "tensor_parallel_size", "pipeline_parallel_size",
                "attention_backend", "enable_prefix_caching", "max_model_len")
 SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization")
+
+
+def checked_workload(text: str) -> str:
+    """A stage's workload spec, canonical; a bad one is the spec's own one-line error, named as the stage's param."""
+    from llmopt_bench.core.errors import UsageError
+    from llmopt_bench.workloads.spec import parse_spec
+
+    try:
+        return parse_spec(text).canonical()
+    except UsageError as e:
+        raise UsageError(f"stage prefix-caching: bad param 'workload': {e.message.removeprefix('--workload ')}",
+                         (e.fix or "").replace("--workload ", "workload = ")) from None
+
+
+class PrefixCachingParams(VLLMServeParams):
+    # the workload both arms send when the run's is the prompt file (a --workload of a generated kind wins)
+    workload: Annotated[str, AfterValidator(checked_workload)] = Field(
+        "shared-prefix:groups=4,per_group=8,prefix=1024,suffix=32,out=32", validate_default=True)
+    concurrency: list[int] = Field(default_factory=lambda: [1, 16])
+    throughput_point: bool = False  # the throughput point sends fixed prompts: nothing to cache
+    quality: bool = False  # the weights and kernels are vllm-serve's; the cache changes no output
+
+
+class PrefixCachingStage(VLLMServeStage):
+    """vllm-serve twice on one workload with shared prefixes: the server with prefix caching off,
+    then on, every other setting equal; the stage's figures are the "on" arm's, the "off" arm's
+    beside them in extra.prefix_caching (scenarios/caching_report.py)."""
+
+    name = "prefix-caching"
+    description = "vLLM's server with prefix caching off, then on, on prompts that share a prefix: TTFT and capacity"
+    changes = "prefix caching: the KV of a prompt's leading blocks already computed for an earlier prompt is reused"
+    Params = PrefixCachingParams
+
+    def load(self, model, params: PrefixCachingParams, ctx: StageContext) -> LoadInfo:
+        self.both = params
+        return super().load(model, params.model_copy(update={"enable_prefix_caching": False}), ctx)
+
+    def shaped(self, workload: WorkloadConfig) -> WorkloadConfig:
+        """The run's workload if it is a generated kind, else the stage's own (params.workload)."""
+        if not workload.from_prompt_file:
+            return workload
+        spec = self.both.workload  # canonical (checked_workload)
+        return workload.model_copy(update={"spec": spec, "kind": spec.split(":", 1)[0]})
+
+    def warmup(self, workload: WorkloadConfig, ctx: StageContext) -> None:
+        super().warmup(self.shaped(workload), ctx)
+
+    def run(self, workload: WorkloadConfig, ctx: StageContext) -> StageRun:
+        shaped = self.shaped(workload)
+        ctx.progress("prefix caching off", None, None)
+        off = super().run(shaped, ctx)  # stops the server
+        ctx.progress("prefix caching on: restarting vllm serve", None, None)
+        super().load(self.model_info, self.both.model_copy(update={"enable_prefix_caching": True}), ctx)
+        super().warmup(shaped, ctx)
+        on = super().run(shaped, ctx)
+        extra = ServingExtra(**on.extra)
+        extra.prefix_caching = PrefixCachingRecord(workload=shaped.spec, arms=[arm(off, False), arm(on, True)])
+        on.extra = extra.model_dump(mode="json", exclude_none=True)
+        return on
+
+    @classmethod
+    def report_blocks(cls, result, run) -> list[Block]:
+        return comparison_blocks(result) + R.serving_blocks(result)
+
+    @classmethod
+    def claims(cls, result, run) -> list[Claim]:
+        return [caching_claim(result)]
+
+
+def arm(result: StageRun, on: bool) -> CachingArm:
+    x, f = ServingExtra(**result.extra), result.facts
+    return CachingArm(enable_prefix_caching=on, curve=x.curve, capacity_rps=f.slo_capacity_rps if f else None,
+                      capacity_held=f.slo_capacity_held if f else None, main_point=x.main_point,
+                      command=f.serve_command if f else None)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from testkit import ROOT
+from testkit import ROOT, run_cli, worktree_stages_env
 
 # (option, bad value, what the error must say is allowed)
 BAD = [
@@ -29,7 +29,21 @@ BAD = [
     ("--timeout", "0", "allowed more than 0 seconds"),
     ("--timeout", "-3", "allowed more than 0 seconds"),
     ("--timeout", "nan", "allowed more than 0 seconds"),
-    ("--workload", "odd", "allowed fixed or mixed"),
+    ("--workload", "odd", "unknown kind 'odd', allowed fixed, mixed, random, shared-prefix, multi-turn, trace"),
+    ("--workload", "shared-prefix:groups=0", "groups: 0 is out of range, allowed 1 or more"),
+    ("--workload", "random:in=5..3", "a range A..B needs 1 <= A <= B"),
+    ("--workload", "random:colour=red", "unknown key 'colour'"),
+    ("--workload", "multi-turn:think=2", "has no unit"),
+    ("--workload", "random:in=normal:100", "normal takes MEAN:SD"),
+    ("--workload", "trace:speedup=2", "file= is required"),
+    ("--workload", "trace:file=no-such-trace.jsonl", "trace file not found"),
+    ("--workload", "trace:file=builtin:example-trace.jsonl,start=5,end=2", "end=2 is not after start=5"),
+    ("--workload", "shared-prefix:order=sideways", "order: Input should be 'shuffled' or 'grouped'"),
+    ("--workload", "shared-prefix:groups", "'groups' is not key=value"),
+    ("--workload", "multi-turn:turns=0", "a length is at least 1 token"),
+    ("--workload", "multi-turn:think=exp:-1s", "a duration is 0 or more"),
+    ("--workload", "random:out=1.5", "is not a whole number"),
+    ("--workload", "random:in=hist:no-such-histogram.txt", "no such file"),
     ("--min-quality", "1.5", "not a fraction in (0, 1]"),
 ]
 IDS = [f"{o}={v}" for o, v, _ in BAD]
@@ -121,3 +135,23 @@ PARSER = [
 def test_parser_errors_are_one_line_with_the_fix(args, says, fix):
     _, fix_line = refused(run(*args), says)
     assert fix in fix_line
+
+
+def test_a_prompt_file_option_with_a_generated_kind(tmp_path):
+    """--max-new-tokens is the fixed workload's: with --workload random the length goes inside the spec."""
+    _, fix = refused(run("bench", "--stages", "vllm-serve", "--model", "synthetic:tiny", "--workload", "random:in=64",
+                         "--max-new-tokens", "16", "--output", str(tmp_path / "run")),
+                     "--max-new-tokens", "not of --workload random")
+    assert "inside --workload" in fix
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_bad_workload_in_a_journey_file(tmp_path):
+    """The prefix-caching stage's own workload (a journey's params) is checked like --workload, before anything starts."""
+    journey = tmp_path / "j.toml"
+    journey.write_text('[[stage]]\nname = "prefix-caching"\nparams = { workload = "shared-prefix:groups=0" }\n')
+    _, fix = refused(run_cli("bench", "--stages", str(journey), "--model", "synthetic:tiny", "--output", str(tmp_path / "run"),
+                             env=worktree_stages_env(tmp_path)),
+                     "stage prefix-caching: bad param 'workload'", "groups: 0 is out of range")
+    assert "workload = shared-prefix:" in fix
+    assert not (tmp_path / "run").exists()

@@ -14,12 +14,13 @@ import pytest
 from testkit import ROOT, read_run
 
 from llmopt_bench.cli.bench import preset_run
-from llmopt_bench.core.workload import CPU_DEFAULTS, WorkloadConfig, WorkloadOptions
+from llmopt_bench.core.workload import WorkloadConfig, cpu_defaults
 from llmopt_bench.measure import nvml
 from llmopt_bench.run.registry import JOURNEY_DIR, PRESETS, parse_journey, resolve_stages
 
 H200 = {"index": 0, "name": "NVIDIA H200", "compute_capability": "9.0", "memory_total_bytes": 150_000_000_000}
 QUICK_STAGES = ["hf-fp16", "awq-int4", "vllm", "vllm-fp8"]
+CPU_DEFAULTS = cpu_defaults()
 GPU_DEFAULTS = {f: WorkloadConfig.model_fields[f].default for f in CPU_DEFAULTS}
 
 
@@ -52,7 +53,7 @@ def as_run(plans) -> list[tuple]:
 # --- what each preset is ------------------------------------------------------------------
 
 def test_quick_on_a_gpu_is_the_headline_at_a_lighter_workload(gpu):
-    plans, cfg = preset_run("quick", WorkloadOptions())
+    plans, cfg = preset_run("quick", {})
     assert [p.name for p in plans] == QUICK_STAGES
     standard = {p.name: p for p in resolve_stages("all")[0]}
     assert all(p.params == standard[p.name].params for p in plans)  # the journey's own params
@@ -61,20 +62,20 @@ def test_quick_on_a_gpu_is_the_headline_at_a_lighter_workload(gpu):
 
 
 def test_quick_on_cpu_keeps_the_cpu_defaults(cpu):
-    plans, cfg = preset_run("quick", WorkloadOptions())
+    plans, cfg = preset_run("quick", {})
     assert [p.name for p in plans] == QUICK_STAGES
     assert sizes(cfg) == CPU_DEFAULTS and cfg.repeats >= 2  # the least the regression gate judges
     assert cfg.notes and "lighter defaults on CPU" in cfg.notes[0]
 
 
 def test_standard_is_stages_all_on_a_gpu(gpu):
-    plans, cfg = preset_run("standard", WorkloadOptions())
+    plans, cfg = preset_run("standard", {})
     assert as_run(plans) == as_run(resolve_stages("all")[0])
     assert sizes(cfg) == GPU_DEFAULTS and cfg.notes == []
 
 
 def test_standard_on_cpu_is_make_bench_journey(cpu):
-    plans, cfg = preset_run("standard", WorkloadOptions())
+    plans, cfg = preset_run("standard", {})
     assert as_run(plans) == as_run(resolve_stages(str(JOURNEY_DIR / "journey-cpu.toml"))[0])
     assert sizes(cfg) == CPU_DEFAULTS
 
@@ -82,7 +83,7 @@ def test_standard_on_cpu_is_make_bench_journey(cpu):
 @pytest.mark.parametrize("device, base", [("gpu", "journey"), ("cpu", "journey-cpu")])
 def test_full_is_the_journey_and_the_served_configs_at_ten_repeats(request, device, base):
     request.getfixturevalue(device)
-    plans, cfg = preset_run("full", WorkloadOptions())
+    plans, cfg = preset_run("full", {})
     journey_plans = as_run(resolve_stages(str(JOURNEY_DIR / f"{base}.toml"))[0])
     assert as_run(plans)[:len(journey_plans)] == journey_plans
     extra = {p.name: p for p in plans[len(journey_plans):]}
@@ -98,7 +99,7 @@ def test_full_is_the_journey_and_the_served_configs_at_ten_repeats(request, devi
 
 
 def test_full_on_cpu_notes_only_the_defaults_it_chose(cpu):
-    _, cfg = preset_run("full", WorkloadOptions())
+    _, cfg = preset_run("full", {})
     assert "--repeats" not in cfg.notes[0] and "--num-prompts 4" in cfg.notes[0]  # 10 repeats came from the preset
 
 
@@ -112,13 +113,13 @@ def test_every_preset_journey_is_shipped_and_listed():
 # --- the command line wins ------------------------------------------------------------------
 
 def test_a_workload_option_given_beats_the_preset(gpu):
-    _, cfg = preset_run("quick", WorkloadOptions(repeats=5, max_new_tokens=16, seed=7))
+    _, cfg = preset_run("quick", dict(repeats=5, max_new_tokens=16, seed=7))
     assert (cfg.repeats, cfg.max_new_tokens, cfg.seed) == (5, 16, 7)
     assert (cfg.num_prompts, cfg.warmup) == (4, 1)  # the preset's, where nothing was given
 
 
 def test_repeats_given_beats_full_on_cpu(cpu):
-    _, cfg = preset_run("full", WorkloadOptions(repeats=3))
+    _, cfg = preset_run("full", dict(repeats=3))
     assert cfg.repeats == 3
 
 
@@ -183,7 +184,7 @@ def test_a_full_run_compares_with_a_standard_one_on_cpu(cpu):
 
     def run(preset: str) -> RunResult:
         return RunResult(run_id=preset, created_at="2026-12-04T00:00:00Z", command=f"llmopt bench --preset {preset}",
-                         workload=preset_run(preset, WorkloadOptions())[1], env={"cpu": "same"})
+                         workload=preset_run(preset, {})[1], env={"cpu": "same"})
 
     assert mismatches(run("standard"), run("full")) == []
     assert mismatches(run("standard"), run("quick")) == []  # on CPU quick keeps the standard workload

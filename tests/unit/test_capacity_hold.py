@@ -15,6 +15,7 @@ from simserver import SimServer
 from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.workload import Request
 from llmopt_bench.load.hold import search_and_hold
+from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.load.search import Search, Trial
 from llmopt_bench.measure.energy import TimedMeter
 from llmopt_bench.scenarios.serving import ServingRun
@@ -128,7 +129,7 @@ def serving(hold_s: float, **kw):
                       search_precision=0.05, search_max_probes=10, hold_s=hold_s, throughput_point=False, **kw)
     reqs = [Request(f"r{i}", f"p{i}", (1, 2, 3, 4)) for i in range(16)]
     ctx = StageContext(run_dir=None, stage_dir=None, device="cpu", meter=TimedMeter(read_mj=lambda: None))
-    return ServingRun(sim, {"kind": "simulated"}, p, reqs, 20, [], ctx, run_seed=1).run(), sim
+    return ServingRun(sim, {"kind": "simulated"}, p, PlanLoad.of_requests(reqs, 20), None, ctx, run_seed=1).run(), sim
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import pytest
 from llmopt_bench.core.errors import ExitCode, UsageError
 from llmopt_bench.core.workload import (
     WorkloadConfig,
-    WorkloadOptions,
     build_requests,
     fit_length,
     load_prompt_set,
@@ -262,14 +261,14 @@ def test_empty_text_file(tmp_path, content):
                                                  ("batch_size", 0, "1 or more"), ("input_len", 0, "1 or more")])
 def test_each_option_checked_against_the_configs_own_range(field, value, allowed):
     with pytest.raises(UsageError) as info:
-        resolve_workload(WorkloadOptions(**{field: value}))
+        resolve_workload({field: value})
     flag = option_name(field)
     assert info.value.message == f"{flag} {value}: out of range, allowed {allowed}"
     assert flag in info.value.fix and info.value.code == ExitCode.USAGE
 
 
 def test_cpu_gets_lighter_defaults_and_says_so():
-    cfg = resolve_workload(WorkloadOptions(), device="cpu")
+    cfg = resolve_workload({}, device="cpu")
     assert (cfg.num_prompts, cfg.max_new_tokens, cfg.warmup, cfg.repeats) == (4, 32, 1, 2)
     assert cfg.max_prompt_len == 2048 and cfg.batch_size == 1  # the rest as on a GPU
     assert len(cfg.notes) == 1 and cfg.notes[0].startswith("lighter defaults on CPU: --num-prompts 4, --max-new-tokens 32, "
@@ -278,23 +277,23 @@ def test_cpu_gets_lighter_defaults_and_says_so():
 
 
 def test_cuda_keeps_the_defaults():
-    assert resolve_workload(WorkloadOptions(), device="cuda") == WorkloadConfig()
+    assert resolve_workload({}, device="cuda") == WorkloadConfig()
 
 
 def test_what_the_user_set_is_kept_and_not_named():
-    cfg = resolve_workload(WorkloadOptions(max_new_tokens=100, repeats=3), device="cpu")
+    cfg = resolve_workload(dict(max_new_tokens=100, repeats=3), device="cpu")
     assert (cfg.num_prompts, cfg.max_new_tokens, cfg.warmup, cfg.repeats) == (4, 100, 1, 3)
     assert "--max-new-tokens" not in cfg.notes[0] and "--repeats" not in cfg.notes[0]
-    everything = WorkloadOptions(num_prompts=8, max_new_tokens=100, warmup=2, repeats=3)
+    everything = dict(num_prompts=8, max_new_tokens=100, warmup=2, repeats=3)
     assert resolve_workload(everything, device="cpu").notes == []
 
 
 def test_a_resumed_run_keeps_its_workload():
-    before = resolve_workload(WorkloadOptions(seed=7), device="cpu")
-    assert resolve_workload(WorkloadOptions(), previous=before, device="cuda") == before
+    before = resolve_workload(dict(seed=7), device="cpu")
+    assert resolve_workload({}, previous=before, device="cuda") == before
 
 
 def test_the_prompt_files_key_is_recorded(tmp_path):
     src = write_lines(tmp_path / "p.txt", ["one", "two"])
-    cfg = resolve_workload(WorkloadOptions(prompts=src), device="cuda")
+    cfg = resolve_workload(dict(prompts=src), device="cuda")
     assert cfg.prompts == src and cfg.prompt_key == "line"
