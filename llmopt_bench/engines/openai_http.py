@@ -10,7 +10,7 @@ the chunk's `token_ids` (vLLM's `return_token_ids`), else the growth of the stre
 chunk's own tokens; merges across chunk edges can move a count by one), else one token per chunk. The server's final `usage` is checked
 against that count and every disagreement is kept (Tally).
 
-A request that fails comes back as a sample with ok=False and error "KIND: detail" (KINDS),
+A request that fails comes back as a sample with ok=False and error "KIND: detail" (openai_errors.KINDS),
 never as an exception: the load point goes on and the caller reports the failure rate. The
 API key is read from an environment variable the caller names; it is sent as a header and
 never stored anywhere else."""
@@ -28,18 +28,8 @@ from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.engines import rx_clock
 from llmopt_bench.engines.client_health import ClientHealth, LoopLag, RequestClock, summarize
+from llmopt_bench.engines.openai_errors import RequestFailed, classify_status, error_message, fix_for, transport_error
 from llmopt_bench.measure.timing import now
-
-# What can go wrong with one request; RequestSample.error starts with one of these and a colon.
-KINDS = ("connection", "unauthorized", "unknown_model", "http", "not_streaming", "timeout", "protocol", "server",
-         "no_tokens")
-
-
-def error_kind(sample: RequestSample) -> str | None:
-    """The KIND of a failed sample's error, None for a sample that succeeded."""
-    if sample.ok or not sample.error:
-        return None
-    return sample.error.split(":", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -88,12 +78,6 @@ class Tally:
                 "short": [list(s) for s in self.short]}
 
 
-class RequestFailed(Exception):
-    def __init__(self, kind: str, detail: str):
-        super().__init__(f"{kind}: {detail}")
-        self.kind, self.detail = kind, detail
-
-
 @dataclass
 class _Stream:
     """One request's stream as it arrives."""
@@ -112,29 +96,6 @@ class _Stream:
 
     def __post_init__(self) -> None:
         self.clock.sent = self.t_submit
-
-
-def classify_status(status: int, body: str, model: str) -> RequestFailed:
-    detail = _error_message(body) or body[:200]
-    if status in (401, 403):
-        return RequestFailed("unauthorized", f"HTTP {status}: {detail}")
-    if status == 404 and ("model" in detail.lower() or model in detail):
-        return RequestFailed("unknown_model", f"HTTP 404: {detail}")
-    return RequestFailed("http", f"HTTP {status}: {detail}")
-
-
-def _error_message(body: str) -> str | None:
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        return None
-    if isinstance(obj, dict):
-        err = obj.get("error", obj.get("detail"))
-        if isinstance(err, dict):
-            return str(err.get("message") or err)
-        if err is not None:
-            return str(err)
-    return None
 
 
 def _chunk_tokens(data: dict[str, Any], state: _Stream) -> int:
@@ -247,7 +208,7 @@ class OpenAIClient:
         except RequestFailed as e:
             error = e
         except Exception as e:  # noqa: BLE001 - any transport failure is this request's, recorded
-            error = _transport_error(e, self.endpoint)
+            error = transport_error(e, self.endpoint)
         if error is None and not state.times:
             error = RequestFailed("no_tokens", "the stream ended without an output token")
         t_end = state.times[-1] if state.times else now()
@@ -307,7 +268,7 @@ class OpenAIClient:
         if not isinstance(data, dict):
             raise RequestFailed("protocol", f"a chunk is not a JSON object: {text[:80]!r}")
         if "error" in data:
-            raise RequestFailed("server", _error_message(text) or text[:200])
+            raise RequestFailed("server", error_message(text) or text[:200])
         k = _chunk_tokens(data, state)
         if k:
             if end is None or end.stamp is None:  # the kernel clock did not time it
@@ -339,7 +300,7 @@ class OpenAIClient:
         try:
             r = await self._http.get(url)
         except httpx.HTTPError as e:
-            err = _transport_error(e, self.endpoint)
+            err = transport_error(e, self.endpoint)
             raise UsageError(err.detail, fix_for(err.kind, self.endpoint)) from None
         if r.status_code != 200:
             err = classify_status(r.status_code, r.text, self.endpoint.model)
@@ -357,47 +318,3 @@ class OpenAIClient:
             raise UsageError(f"{self.endpoint.base_url} does not serve a model named {self.endpoint.model!r}; "
                              f"it serves: {', '.join(served) or 'none'}", f"pass --model with one of: {', '.join(served)}")
         return served
-
-
-def _transport_error(e: Exception, endpoint: Endpoint) -> RequestFailed:
-    import aiohttp
-    import httpx
-
-    chain = _chain(e)
-    # httpx-aiohttp maps aiohttp's ClientConnectorError (refused, unreachable) to ConnectTimeout,
-    # so a refused connection is found in the chain, not by httpx's class; the reason is the OS
-    # error at its end ("All connection attempts failed" hides "refused")
-    if isinstance(e, httpx.ConnectError) or any(isinstance(x, aiohttp.ClientConnectorError) for x in chain):
-        cause = chain[-1]
-        reason = "connection refused" if isinstance(cause, ConnectionRefusedError) else str(cause) or type(cause).__name__
-        return RequestFailed("connection", f"cannot connect to {endpoint.base_url}: {reason}")
-    if isinstance(e, httpx.TimeoutException):
-        return RequestFailed("timeout", f"{type(e).__name__} after the client's limit ({endpoint.request_timeout_s:g} s)")
-    if isinstance(e, (httpx.RemoteProtocolError, httpx.ReadError)):
-        return RequestFailed("protocol", f"the connection broke mid-answer: {e or type(e).__name__}")
-    return RequestFailed("protocol", f"{type(e).__name__}: {e}")
-
-
-def _chain(e: BaseException) -> list[BaseException]:
-    """e and the exceptions it was raised from, outermost first."""
-    chain = [e]
-    while (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None and nxt not in chain:
-        chain.append(nxt)
-    return chain
-
-
-def fix_for(kind: str, endpoint: Endpoint) -> str:
-    if kind == "connection":
-        return "start the server, or check the endpoint's host and port"
-    if kind == "unauthorized":
-        if endpoint.api_key_env:
-            return f"the key in {endpoint.api_key_env} was refused: set it to the server's key"
-        return ("the server wants an API key: put it in an environment variable and name it with --api-key-env "
-                "(a stage's api_key_env param)")
-    if kind == "timeout":
-        return "the server did not answer in time: check that it is up and not overloaded"
-    if kind == "unknown_model":
-        return "pass the model name the server answers to (its /v1/models lists them)"
-    if kind == "not_streaming":
-        return "llmopt times every token from a stream: use a server (or a setting of it) that streams /v1/completions"
-    return "check that the endpoint is an OpenAI-compatible server"

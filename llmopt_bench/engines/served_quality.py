@@ -12,7 +12,8 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from llmopt_bench.engines.openai_http import Endpoint, RequestFailed, classify_status
+from llmopt_bench.engines.openai_errors import RequestFailed, classify_status
+from llmopt_bench.engines.openai_http import Endpoint
 from llmopt_bench.engines.vllm_quality import PromptLogprobs
 
 BATCH = 16  # prompts a request: one answer holds every position's log-probs of each

@@ -21,7 +21,8 @@ from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.records import Block, LoadInfo, QualityRecord, StageRun
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.engines.http_load import HTTPLoad
-from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient, error_kind, fix_for
+from llmopt_bench.engines.openai_errors import error_kind, fix_for
+from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient
 from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.scenarios import serving_report as R
 from llmopt_bench.scenarios.serving import ServingRun, serving_plans

@@ -19,7 +19,8 @@ from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.workload import WorkloadConfig, build_requests
 from llmopt_bench.engines import vllm as V
 from llmopt_bench.engines.http_load import HTTPLoad
-from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient, error_kind
+from llmopt_bench.engines.openai_errors import error_kind
+from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient
 from llmopt_bench.engines.vllm_server import (
     VLLMServer,
     free_port,

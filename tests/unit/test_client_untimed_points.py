@@ -20,6 +20,7 @@ from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.workload import Request
 from llmopt_bench.engines.client_health import RequestClock, summarize
 from llmopt_bench.load.dispatchers import ClosedLoop, OpenLoop
+from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.load.search import Capacity
 from llmopt_bench.measure.energy import TimedMeter
 from llmopt_bench.scenarios.serving import ServingRun
@@ -70,7 +71,7 @@ def run():
                       search_start_rps=8.0, search_max_probes=8, hold_s=20.0, throughput_point=False)
     reqs = [Request(f"r{i}", f"p{i}", (1, 2, 3, 4)) for i in range(16)]
     ctx = StageContext(run_dir=None, stage_dir=None, device="cpu", meter=TimedMeter(read_mj=lambda: None))
-    return ServingRun(sim, {"kind": "simulated"}, p, reqs, 20, [], ctx, run_seed=1).run(), sim
+    return ServingRun(sim, {"kind": "simulated"}, p, PlanLoad.of_requests(reqs, 20), None, ctx, run_seed=1).run(), sim
 
 
 def test_every_point_keeps_the_clients_health_and_the_late_ones_are_marked(run):
@@ -141,6 +142,6 @@ def test_the_headline_passes_over_untimed_points_and_says_when_all_were():
     # every sweep point untimed: the default, marked (not the throughput point, whose requests may all fail by design)
     assert main_key(keys, None, p, set(sweep)) == "sweep: concurrency 16"
     x = ServingExtra(main_point="sweep: concurrency 16", main_untimed=True)
-    load = serving_blocks(SimpleNamespace(extra_as=lambda cls: x))[1].text
+    load = serving_blocks(SimpleNamespace(extra_as=lambda cls: x, facts=None))[1].text
     assert load.endswith("Headline (the stage's row in the table): sweep: concurrency 16 (the client could not time it, "
                          "nor any other point: its latencies are the client's, not the server's).")

@@ -94,9 +94,8 @@ def test_the_eta_under_a_minute_and_a_half_is_said_in_seconds():
 
 def test_the_endpoint_run_takes_the_workload_defaults_not_this_cpu_s():
     from llmopt_bench.cli.bench import plans_and_workload
-    from llmopt_bench.core.workload import WorkloadOptions
 
-    given = WorkloadOptions(**{f: None for f in WorkloadOptions.__dataclass_fields__})
+    given: dict = {}  # no workload option given
     _, _, model, cfg = plans_and_workload(None, given, None, False, None, "m", "http://127.0.0.1:9", None, None, None)
     assert model == "endpoint:m" and cfg.max_new_tokens == WorkloadConfig().max_new_tokens and not cfg.notes
     _, _, _, local = plans_and_workload(None, given, None, False, "hf-fp16", None, None, None, None, None)

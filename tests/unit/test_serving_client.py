@@ -14,7 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from llmopt_bench.core.errors import UsageError
-from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient, error_kind
+from llmopt_bench.engines.openai_errors import error_kind
+from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient
 
 
 def chunk(text: str = "a", finish: str | None = None, **extra) -> dict:
