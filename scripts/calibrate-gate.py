@@ -151,7 +151,7 @@ def requests_verdict(b: list[list[float]], n: list[list[float]], threshold: floa
     ni = bi if len(bv) == len(nv) else rng.integers(0, len(nv), size=(2000, len(nv)))
     ratios = np.median(nv[ni], axis=1) / np.median(bv[bi], axis=1)
     lo, hi = np.percentile(ratios, [2.5, 97.5])
-    return compare.verdict(float(np.median(nv) / np.median(bv)), (float(lo), float(hi)), threshold, False)
+    return compare.change_verdict(float(np.median(nv) / np.median(bv)), (float(lo), float(hi)), threshold, False)
 
 
 def one_pair(pool: Pool, key: str, repeats: int, rng, methods: list[str], seed: int) -> dict:

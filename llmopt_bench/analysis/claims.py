@@ -13,7 +13,7 @@ from llmopt_bench.core.results import RunResult, StageResult
 HELD_FRACTION = 0.8  # an "N x" claim holds when this run reaches 80% of N
 
 
-def verdict(ok: bool | None) -> Verdict:
+def claim_verdict(ok: bool | None) -> Verdict:
     return "not measured" if ok is None else "held" if ok else "not held"
 
 
@@ -31,7 +31,7 @@ def claim_overall(run: RunResult) -> Claim:
               if value and base and best else "needs the baseline and at least one other ok stage")
     interval, note = with_interval(run, best, base, "e2e", 15) if value else ("", "")
     return Claim(key="overall", claim="30 s to 2 s a request", target="15x lower E2E p50 (held at >= 12x)",
-                 measured=times(value) + interval, value=value, verdict=verdict(holds(value, 15)),
+                 measured=times(value) + interval, value=value, verdict=claim_verdict(holds(value, 15)),
                  detail=detail + (f"; {note}" if note else ""))
 
 

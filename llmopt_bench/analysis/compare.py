@@ -28,8 +28,8 @@ from llmopt_bench.analysis.judge import (  # noqa: F401 - the names compare's ca
     SAMPLE_COLUMNS,
     Metric,
     MetricDelta,
+    change_verdict,
     judge,
-    verdict,
 )
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.results import RunResult, StageResult, peak_memory

@@ -43,9 +43,9 @@ def host_bound(stage: StageResult, run: RunResult) -> Bound:
         return Bound(bound, f"GPU busy {pct(share)} of each token")
     if is_cpu_run(stage, run):
         return Bound(True, "a CPU run: the host is the device")
-    from llmopt_bench.analysis.roofline import stage_rows
+    from llmopt_bench.analysis.roofline import roofline_rows
 
-    decode = next((r for r in stage_rows(stage, run) if r.phase == "decode"), None)
+    decode = next((r for r in roofline_rows(stage, run) if r.phase == "decode"), None)
     if decode is None:
         return Bound(None, "not known (no GPU-busy measurement, no roofline)")
     bound = decode.bound == "overhead-bound"

@@ -63,7 +63,7 @@ class MetricDelta:
         return None if self.ratio is None else self.ratio - 1
 
 
-def verdict(ratio: float | None, ci: tuple[float, float] | None, threshold: float, higher_is_better: bool) -> str:
+def change_verdict(ratio: float | None, ci: tuple[float, float] | None, threshold: float, higher_is_better: bool) -> str:
     """Regressed/improved only when the whole interval (or the single value) lies beyond the threshold."""
     if ratio is None or not math.isfinite(ratio):
         return "n/a"
@@ -104,7 +104,7 @@ def judge(key: str, b_val: float | None, n_val: float | None, b_groups: list[lis
         out.ci, out.method = (iv.lo, iv.hi), _method(b_noise, n_noise)
         out.mde = noise.min_detectable(iv, threshold, m.higher_is_better)
         out.noise = f"baseline: {b_noise.source}; new: {n_noise.source}"
-    out.verdict = verdict(out.ratio, out.ci, threshold, m.higher_is_better)
+    out.verdict = change_verdict(out.ratio, out.ci, threshold, m.higher_is_better)
     # without any between-run information the interval holds the requests' scatter only, and
     # a shift of a whole run passes for a change: report it, do not judge it
     blind = (out.ci is None and m.needs_noise) or one_repeat_each

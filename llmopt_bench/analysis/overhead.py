@@ -59,7 +59,7 @@ def median_ci(values: Sequence[float], level: float = CI_LEVEL) -> tuple[float, 
     return s[k - 1], s[n - k], 1.0 - 2.0 * _binom_cdf_half(k - 1, n)
 
 
-def verdict(ci: tuple[float, float] | None, budget_pct: float = BUDGET_PCT) -> str:
+def overhead_verdict(ci: tuple[float, float] | None, budget_pct: float = BUDGET_PCT) -> str:
     if ci is None:
         return "unresolved"
     lo, hi = ci
@@ -70,7 +70,7 @@ def verdict(ci: tuple[float, float] | None, budget_pct: float = BUDGET_PCT) -> s
     return "below_noise" if lo <= 0 else "inconclusive"
 
 
-def summarize(without_s: Sequence[float], with_s: Sequence[float], step_costs_s: Sequence[float],
+def overhead_estimate(without_s: Sequence[float], with_s: Sequence[float], step_costs_s: Sequence[float],
               budget_pct: float = BUDGET_PCT) -> dict[str, Any]:
     """extra["instrumentation"] from the pairs' per-token times (without[i] and with[i] are one
     pair) and the streamer's per-step work timed apart (one figure per round)."""
@@ -84,7 +84,7 @@ def summarize(without_s: Sequence[float], with_s: Sequence[float], step_costs_s:
             "overhead_pct": median(ratios), "overhead_pct_range": [min(ratios), max(ratios)],
             "pairs": len(ratios), "ratios_pct": ratios,
             "ci_pct": [ci[0], ci[1]] if ci else None, "ci_level": ci[2] if ci else None, "ci_method": CI_METHOD,
-            "budget_pct": budget_pct, "verdict": verdict(ci[:2] if ci else None, budget_pct),
+            "budget_pct": budget_pct, "verdict": overhead_verdict(ci[:2] if ci else None, budget_pct),
             "clock_call_s": call, "clock_call_s_max": max(step_costs_s), "clock_call_rounds": len(step_costs_s),
             "clock_call_pct": 100.0 * call / per_token, "bound_pct": 100.0 * max(step_costs_s) / per_token,
             "clock_call_method": "the streamer's work per step timed apart: the step's tokens copied to the host, "
@@ -127,7 +127,7 @@ def overhead_sentence(inst: dict[str, Any]) -> str:
                 f"(with vs without the clock ranged {_p(lo)} to {_p(hi)}: noise, no interval){bound}.")
     ci_text = (f"{inst.get('ci_level', CI_LEVEL):.0%} interval of the median {_p(ci[0])} to {_p(ci[1])}, "
                f"{pairs} interleaved pairs with and without the clock")
-    v = inst.get("verdict") or verdict((ci[0], ci[1]), budget)
+    v = inst.get("verdict") or overhead_verdict((ci[0], ci[1]), budget)
     if v == "under_budget":
         return f"Per-token clock overhead: {_p(inst['overhead_pct'])} of a token's time ({ci_text}): under the {budget:g}% budget."
     if v == "over_budget":

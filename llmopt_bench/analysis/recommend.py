@@ -29,7 +29,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from llmopt_bench.analysis.recommend_text import caveats, memory_words, no_winner, rounded_size, tradeoffs, verdict
+from llmopt_bench.analysis.recommend_text import caveats, choice_sentence, memory_words, no_winner, rounded_size, tradeoffs
 from llmopt_bench.analysis.rejudge import rejudge
 from llmopt_bench.analysis.scaling import batch1_tpot, saturated
 from llmopt_bench.analysis.selectors import ok_stages, reference
@@ -241,6 +241,6 @@ def _explain(rec: Recommendation, cands: list[Candidate], pool: list[Candidate])
     if rec.winner is None:
         rec.verdict = no_winner(rec, cands)
         return
-    rec.verdict = " ".join([verdict(rec, pool), *memory_words(rec, cands)])
+    rec.verdict = " ".join([choice_sentence(rec, pool), *memory_words(rec, cands)])
     rec.tradeoffs = tradeoffs(rec.winner, rec.runner_up, rec.serving, rec.distinct) if rec.runner_up else []
     rec.command = rec.winner.command

@@ -67,7 +67,7 @@ def gate_words(rec: Any, pool: list[Any]) -> str:
             f"judge ({', '.join(unjudged)})")
 
 
-def verdict(rec: Any, pool: list[Any]) -> str:
+def choice_sentence(rec: Any, pool: list[Any]) -> str:
     """The first sentence: the winner, why, what the gate judged; or, where the winner and the
     runner-up cannot be told apart, both, and why not one."""
     w, r = rec.winner, rec.runner_up

@@ -248,7 +248,7 @@ def ceilings(env: dict[str, Any]) -> tuple[float | None, float | None]:
     return c.get("mem_bandwidth_bytes_s"), c.get("matmul_flops")
 
 
-def stage_rows(stage: Any, run: Any) -> list[RooflineRow]:
+def roofline_rows(stage: Any, run: Any) -> list[RooflineRow]:
     """Decode and prefill rows for one ok stage; [] when the inputs are missing."""
     bandwidth, _ = ceilings(run.env)
     m, model = stage.metrics, run.model
@@ -291,4 +291,4 @@ def busy_note(stage: Any, run: Any) -> str:
 
 
 def roofline(run: Any) -> list[RooflineRow]:
-    return [row for s in run.stages for row in stage_rows(s, run)]
+    return [row for s in run.stages for row in roofline_rows(s, run)]

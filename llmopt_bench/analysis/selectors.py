@@ -78,7 +78,7 @@ def stage_row(stage: StageResult) -> dict[str, Any]:
     }
 
 
-def stage_rows(run: RunResult) -> list[dict[str, Any]]:
+def stage_table_rows(run: RunResult) -> list[dict[str, Any]]:
     return [stage_row(s) for s in run.stages]
 
 

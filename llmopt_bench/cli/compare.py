@@ -95,7 +95,7 @@ def _stage_cells(s) -> list[list[str]]:
     return rows
 
 
-def _stage_rows(s) -> list[str]:
+def _stage_lines(s) -> list[str]:
     return ["| " + " | ".join(cells) + " |" for cells in _stage_cells(s)]
 
 
@@ -134,7 +134,7 @@ def to_markdown(cmp) -> str:
     head = [h if h != "interval" else f"{level} interval" for h in HEADERS]
     lines = _header(cmp) + ["", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for s in cmp.stages:
-        lines += _stage_rows(s)
+        lines += _stage_lines(s)
     return "\n".join(lines + [""] + _summary(cmp)) + "\n"
 
 

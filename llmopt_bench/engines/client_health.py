@@ -180,7 +180,7 @@ def _p(values: list[float], q: float) -> float | None:
     return percentile(values, q) if values else None
 
 
-def summarize(clocks: list[RequestClock], lag: list[float]) -> ClientHealth:
+def health_of(clocks: list[RequestClock], lag: list[float]) -> ClientHealth:
     chunks = sum(len(c.timed) for c in clocks)
     delays = [d for c in clocks for d in c.read_delays]
     sends = [c.send_s for c in clocks if c.send_s is not None]

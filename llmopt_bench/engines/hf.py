@@ -191,7 +191,7 @@ def instrumentation_overhead(model: Any, pad_id: int, request: Request, max_new_
     for i in range(1, pairs):
         pair(i)
     without, with_clock = (decode_per_token(times[c], firsts[c], max_new_tokens) for c in (False, True))
-    out = overhead.summarize(without, with_clock, streamer_step_costs(device, batch=1))
+    out = overhead.overhead_estimate(without, with_clock, streamer_step_costs(device, batch=1))
     out["tokens"] = max_new_tokens
     out["per_token"] = "decode steps: (a generation - the median one-token generation) / (tokens - 1)"
     return out

@@ -27,7 +27,7 @@ from typing import Any
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.engines import rx_clock
-from llmopt_bench.engines.client_health import ClientHealth, LoopLag, RequestClock, summarize
+from llmopt_bench.engines.client_health import ClientHealth, LoopLag, RequestClock, health_of
 from llmopt_bench.engines.openai_errors import RequestFailed, classify_status, error_message, fix_for, transport_error
 from llmopt_bench.measure.timing import now
 
@@ -182,7 +182,7 @@ class OpenAIClient:
         """The client's punctuality since it opened: its loop's lag, and its requests' clocks
         (those of `request_ids` only, where given: a load point's measured requests)."""
         clocks = self.clocks if request_ids is None else [c for c in self.clocks if c.request_id in request_ids]
-        return summarize(clocks, self._lag.samples)
+        return health_of(clocks, self._lag.samples)
 
     def payload(self, prompt: str | Sequence[int], max_tokens: int) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.endpoint.model, "prompt": prompt if isinstance(prompt, str) else list(prompt),

@@ -7,7 +7,7 @@ generated to completion while later arrivals queue. t_submit is each request's a
 includes the wait behind a running batch.
 
 The probes (a capacity probe, a mixed-length configuration: PROBES) take a loaded model. The
-stage runs them through engines/probe_worker.ProbeWorker, one process that loads the model once;
+stage runs them through engines/model_worker.ModelWorker, one process that loads the model once;
 run_isolated() runs one in a fresh process of this interpreter (load, probe, exit), in the
 stage's session (so the runner's memory sampler sees it and a stage timeout kills it):
 `python -m llmopt_bench.engines.static_batching PROBE JOB.json OUT.json`. Either way a CUDA OOM,

@@ -12,7 +12,7 @@ from llmopt_bench.core.dispatch import Dispatcher
 from llmopt_bench.load.conversations import ConversationLoop
 from llmopt_bench.load.dispatchers import ClosedLoop, OpenLoop, RequestSource
 from llmopt_bench.load.plans import PlanLoad
-from llmopt_bench.load.point import LoadPoint, PointResult, summarize
+from llmopt_bench.load.point import LoadPoint, PointResult, point_result
 
 
 class LoadEngine(Protocol):
@@ -31,7 +31,7 @@ def run_point(engine: LoadEngine, point: LoadPoint, source: RequestSource, outpu
     d = dispatcher or point.dispatcher(source, output_len, repeat, on_answer=progress)
     engine.drive(d)
     assert d.t0 is not None, "the engine never asked the dispatcher for a request"
-    return summarize(point, d.timelines, d.t0, expected_tokens)
+    return point_result(point, d.timelines, d.t0, expected_tokens)
 
 
 def run_plan(engine: LoadEngine, point: LoadPoint, load: PlanLoad, *, forced: bool = True, repeat: int = 0,

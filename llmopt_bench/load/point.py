@@ -1,5 +1,5 @@
 """A load point: what it is (LoadPoint: the loop, its size, its warm-up) and what it measured
-(PointResult), computed from its requests' timelines by summarize(), the one place every load
+(PointResult), computed from its requests' timelines by point_result(), the one place every load
 figure of llmopt is defined (docs/serving.md, "The figures of a load point"):
 
 - measured: the requests that arrived after the warm-up (warmup_s) and past the first
@@ -139,7 +139,7 @@ def _window(point: LoadPoint, measured: Sequence[Timeline], t0: float) -> tuple[
     return measured[0].arrival, measured[-1].arrival, len(measured) - 1
 
 
-def summarize(point: LoadPoint, timelines: Sequence[Timeline], t0: float, expected_tokens: int | None = None) -> PointResult:
+def point_result(point: LoadPoint, timelines: Sequence[Timeline], t0: float, expected_tokens: int | None = None) -> PointResult:
     """The point's figures from every request's timeline (the module doc defines each)."""
     start = t0 + point.warmup_s
     measured = [t for t in timelines if t.arrival >= start and t.index >= point.warmup_requests]

@@ -103,7 +103,7 @@ def figures(res: PointResult, slo: SLO | None) -> dict[str, Any]:
     return out
 
 
-def verdict(slo: SLO, res: PointResult, max_failure_rate: float) -> Verdict:
+def slo_verdict(slo: SLO, res: PointResult, max_failure_rate: float) -> Verdict:
     """The SLO's verdict on the point, goodput over its busy window; a point that is not in
     steady state misses whatever its latencies, the reason said first."""
     v = judge(slo, res.samples, res.busy_s, max_failure_rate)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from llmopt_bench.analysis.conclusions import conclusions
-from llmopt_bench.analysis.selectors import STAGE_COLUMNS, speedup_rows, stage_rows
+from llmopt_bench.analysis.selectors import STAGE_COLUMNS, speedup_rows, stage_table_rows
 from llmopt_bench.core.results import RunResult
 from llmopt_bench.render.hooks import collect_claims
 
@@ -19,7 +19,7 @@ def write_csv(run: RunResult, out_dir: Path) -> Path:
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=STAGE_COLUMNS)
         w.writeheader()
-        for row in stage_rows(run):
+        for row in stage_table_rows(run):
             w.writerow({k: "" if v is None else v for k, v in row.items()})
     return path
 
@@ -31,7 +31,7 @@ def report_data(run: RunResult) -> dict[str, Any]:
     claims = collect_claims(run)
     return {"run_id": run.run_id, "status": run.status, "created_at": run.created_at, "command": run.command,
             "model": run.model.model_dump() if run.model else None, "workload": run.workload.model_dump(),
-            "env": run.env, "stages": stage_rows(run), "speedups": speedup_rows(run),
+            "env": run.env, "stages": stage_table_rows(run), "speedups": speedup_rows(run),
             "roofline": [r.as_dict() for r in roofline(run)], "claims": [c.model_dump() for c in claims],
             "conclusions": conclusions(run, claims)}
 

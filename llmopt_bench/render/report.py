@@ -11,7 +11,7 @@ from typing import Sequence
 
 from llmopt_bench.analysis.conclusions import conclusions
 from llmopt_bench.analysis.scaling import scaling_rows
-from llmopt_bench.analysis.selectors import GB, ok_stages, peak_memory, speedup_rows, stage_rows
+from llmopt_bench.analysis.selectors import GB, ok_stages, peak_memory, speedup_rows, stage_table_rows
 from llmopt_bench.core.fmt import num, pct, table, tail, times
 from llmopt_bench.core.results import RunResult
 from llmopt_bench.render.details import details, quality_cell
@@ -63,14 +63,14 @@ def stage_table(run: RunResult) -> list[str]:
     headers = ("stage", "status", "n", "load s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "E2E p50 s",
                "out tok/s", "QPS", "peak mem GB", "quality")
     rows = []
-    for r, s in zip(stage_rows(run), run.stages):
+    for r, s in zip(stage_table_rows(run), run.stages):
         n = r["requests"]
         rows.append((r["stage"], r["status"], n, r["load_s"], r["ttft_p50_ms"], tail(r["ttft_p99_ms"], n, 0.99),
                      r["tpot_p50_ms"], tail(r["tpot_p99_ms"], n, 0.99), r["e2e_p50_s"], r["output_tok_s"], r["qps"],
                      r["peak_mem_gb"], quality_cell(s.quality, s.quality_reference)))
     sources = sorted({src for s in run.stages if (src := peak_memory(s)[1])})
     out = table(headers, rows) + ["", f"Peak memory source: {', '.join(sources) or 'none recorded'}."]
-    if any(r["requests"] and r["requests"] * 0.01 < 1 for r in stage_rows(run)):
+    if any(r["requests"] and r["requests"] * 0.01 < 1 for r in stage_table_rows(run)):
         out.append("n: the requests measured. A p99 marked (~max) rests on fewer than 100 requests: it is "
                    "interpolated from the largest one or two values, not a tail estimate.")
     own = [s.name for s in run.stages if s.own_workload]

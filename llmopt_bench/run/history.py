@@ -157,7 +157,7 @@ class Row:
         return self.status == "ok" and self.value is not None
 
 
-def stage_rows(db: Path, metric: str, stage: str | None = None) -> list[Row]:
+def metric_rows(db: Path, metric: str, stage: str | None = None) -> list[Row]:
     """Every stage row with the metric, oldest first per stage; refuses an unknown metric."""
     key = metric_name(metric)
     conn = connect(db, create=False)
@@ -214,7 +214,7 @@ def trend(db: Path, metric: str = "tpot_p50", stage: str | None = None, threshol
         assert found is not None, "a row of the history is a stage of the run.json stored beside it"
         return found
 
-    for row in stage_rows(db, metric, stage):
+    for row in metric_rows(db, metric, stage):
         p = TrendPoint(row.stage, row.run_id, row.created_at, row.commit, row.status, row.value)
         earlier = seen.setdefault(row.stage, [])
         last = earlier[-1] if earlier else None
@@ -231,7 +231,7 @@ def trend(db: Path, metric: str = "tpot_p50", stage: str | None = None, threshol
         elif row.value is not None and last.value:  # an ok row has its value; a ratio needs a previous one above 0
             ratio = row.value / last.value
             p.change, p.method = ratio - 1, "relative change"
-            p.verdict = compare.verdict(ratio, None, threshold, higher_is_better(key))
+            p.verdict = compare.change_verdict(ratio, None, threshold, higher_is_better(key))
         else:
             p.verdict, p.method = "-", "no relative change from a previous value of 0"
         if row.ok:
@@ -302,7 +302,7 @@ def check(db: Path, metrics: list[str], stage: str | None = None, thresholds: di
     for metric in metrics:
         key = metric_name(metric)
         by_stage: dict[str, list[Row]] = {}
-        for row in stage_rows(db, key, stage):
+        for row in metric_rows(db, key, stage):
             if row.ok and row.created_at >= start:
                 by_stage.setdefault(row.stage, []).append(row)
         for name, rows in by_stage.items():

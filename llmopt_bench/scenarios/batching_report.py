@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmopt_bench.analysis.claims import holds, verdict
+from llmopt_bench.analysis.claims import claim_verdict, holds
 from llmopt_bench.analysis.selectors import p50_of, ratio, reference
 from llmopt_bench.core.fmt import gb, ms, num, pct, times
 from llmopt_bench.core.plotting import legend, log2_axis, plt, save
@@ -85,7 +85,7 @@ def batching_claim(x: BatchingExtra, run: RunResult) -> Claim:
         detail = ("its curve has no static replay and the run no quality reference to compare with: run the stage with "
                   "static_replay = true, or the FP16 baseline in the same run" if x.curve else "needs an ok curve")
     return Claim(key="continuous-batching", claim="Continuous batching: 5x throughput", target="5x output tok/s (held at >= 4x)",
-                 measured=times(value), value=value, verdict=verdict(holds(value, 5)), detail=detail)
+                 measured=times(value), value=value, verdict=claim_verdict(holds(value, 5)), detail=detail)
 
 
 def _load_x(row: CurveRow, by_rate: bool) -> float | None:

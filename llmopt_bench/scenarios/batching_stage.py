@@ -9,7 +9,7 @@ scenario on an engine (BatchingStage.start_engine); run() is its phases, in orde
 5. shutdown: the engine goes; device memory before, with and after it (lifecycle);
 6. static_replay: transformers in this process, the same points (requests, loops, arrivals), static batches;
 7. mixed_probes, transformers_capacity: transformers probes through one probe worker that loads
-   the model once (engines/probe_worker.py: an OOM ends the probe only).
+   the model once (engines/model_worker.py: an OOM ends the probe only).
 
 Each point's serving is a timed window of the energy meter (the main point's continuous one is
 "main", the stage's headline); its joules per token go into its CurveRow. What is measured is
@@ -27,7 +27,7 @@ from llmopt_bench.core.errors import describe, is_oom
 from llmopt_bench.core.records import LoadInfo, RequestSample, StageRun
 from llmopt_bench.core.workload import WorkloadConfig, build_requests
 from llmopt_bench.engines.lifecycle import device_memory, rss, wait_freed
-from llmopt_bench.engines.probe_worker import ProbeWorker
+from llmopt_bench.engines.model_worker import ModelWorker
 from llmopt_bench.engines.static_engine import StaticEngine
 from llmopt_bench.engines.vllm_kv import KVCacheRecord
 from llmopt_bench.load.dispatchers import cycled
@@ -87,7 +87,7 @@ class BatchingStage(Stage):
         self.points: list[CurvePoint] = []
         self.samples: list[RequestSample] = []  # the main point's: the stage's samples
         self.tp_point: CurvePoint | None = None
-        self.prober: ProbeWorker | None = None
+        self.prober: ModelWorker | None = None
         engine, info = self.start_engine(model, params, ctx)
         self.engine = engine
         if info.implementation.get("engine_shared_with"):  # the engine was up before this stage: its baseline
@@ -125,7 +125,7 @@ class BatchingStage(Stage):
         if p.static_replay:
             self.static_replay()
         self.keep()
-        prober = self.prober = ProbeWorker(self.ctx.stage_dir / "probes")
+        prober = self.prober = ModelWorker(self.ctx.stage_dir / "probes")
         try:
             if mixed_point:
                 self.mixed_probes(mixed_point, prober)
@@ -252,7 +252,7 @@ class BatchingStage(Stage):
 
     # --- transformers probes, through the probe worker ------------------------------------
 
-    def mixed_probes(self, point: CurvePoint, prober: ProbeWorker) -> None:
+    def mixed_probes(self, point: CurvePoint, prober: ModelWorker) -> None:
         rows = mixed.static_probes(self.params, point, self.model.path, self.device, self.dtype,
                                    self.ctx.stage_dir / "probes", progress=lambda m: self.ctx.progress(m, None, None),
                                    probe=prober)
@@ -261,7 +261,7 @@ class BatchingStage(Stage):
         if self.device != "cuda":
             self.notes.append(mixed.CPU_NOTE)
 
-    def transformers_capacity(self, prober: ProbeWorker) -> None:
+    def transformers_capacity(self, prober: ModelWorker) -> None:
         p = self.params
         rows, probes = hf_capacity(self.model.path, self.device, self.dtype, p.capacity_attn_implementation, p.contexts,
                                    p.max_batch, p.capacity_decode_steps, p.probe_timeout_s, self.ctx.stage_dir / "probes",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmopt_bench.analysis.claims import verdict
+from llmopt_bench.analysis.claims import claim_verdict
 from llmopt_bench.core.fmt import ms, num, pct, times
 from llmopt_bench.core.records import Block, Claim
 from llmopt_bench.scenarios.serving_record import CachingArm, LoadRow, PrefixCachingRecord, ServingExtra
@@ -78,7 +78,7 @@ def caching_claim(result: Any) -> Claim:
     return Claim(key="prefix-caching-ttft", claim="Prefix caching cuts TTFT on prompts that share a prefix",
                  target="TTFT p50 lower with prefix caching on (> 1x), same server and requests",
                  measured=f"{num(ms(off.ttft_p50_s))} -> {num(ms(on.ttft_p50_s))} ms ({times(value)}) at {where}{hit}" if value and off and on
-                 else "-", value=value, verdict=verdict(None if value is None else value > 1.0),
+                 else "-", value=value, verdict=claim_verdict(None if value is None else value > 1.0),
                  detail=f"workload {rec.workload}" if rec else "needs both arms of the prefix-caching stage")
 
 

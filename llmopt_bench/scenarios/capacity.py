@@ -76,7 +76,7 @@ def hf_capacity(model_path: str, device: str, dtype: str, attn: str, contexts: l
                 progress: Callable[[str], None] = lambda m: None,
                 probe: Callable[..., dict[str, Any]] = run_isolated) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """transformers rows of extra["capacity"], and every probe's answer. probe(kind, job,
-    timeout_s, workdir) runs one batch: the stage's ProbeWorker, or run_isolated (a process each).
+    timeout_s, workdir) runs one batch: the stage's ModelWorker, or run_isolated (a process each).
 
     CUDA: halve from max_batch until a batch fits (a big card fits most sizes, so top-down asks
     fewest; each probe is a prefill of batch x context, and after an OOM a fresh worker may have

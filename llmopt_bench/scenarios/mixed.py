@@ -1,6 +1,6 @@
 """The mixed-length set of the load scenario: mixed_batch requests, a quarter long documents,
 served once through the continuous engine (no padding) and, as probes of transformers (each its
-own answer: an OOM ends that probe only; engines/probe_worker.py), as static batches: padded to the longest prompt (static-mixed), every
+own answer: an OOM ends that probe only; engines/model_worker.py), as static batches: padded to the longest prompt (static-mixed), every
 prompt cut to cap_context (cap-context), and power-of-two length buckets (bucketed).
 docs/batching.md, "The mixed-length pitfall"."""
 
@@ -73,7 +73,7 @@ def static_probes(p: CurveParams, point: CurvePoint, model_path: str, device: st
                   progress: Callable[[str], None] = lambda m: None,
                   probe: Callable[..., dict[str, Any]] = run_isolated) -> list[MixedRow]:
     """The three static configurations, one probe each: probe(kind, job, timeout_s, workdir) is
-    the stage's ProbeWorker (one model load for all), or run_isolated (a process each)."""
+    the stage's ModelWorker (one model load for all), or run_isolated (a process each)."""
     base = {"model_path": model_path, "device": device, "dtype": dtype, "attn_implementation": p.mixed_attn_implementation,
             "requests": [list(r.token_ids) for r in point.requests], "max_new_tokens": point.new,
             "batch_size": p.mixed_batch, "cap_context": p.cap_context, "bucket_token_budget": bucket_budget(p)}

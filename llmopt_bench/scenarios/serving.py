@@ -35,7 +35,7 @@ from llmopt_bench.load.engine import LoadEngine, run_plan
 from llmopt_bench.load.hold import search_and_hold
 from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.load.point import LoadPoint, PointResult
-from llmopt_bench.load.record import figures, slo_point, verdict
+from llmopt_bench.load.record import figures, slo_point, slo_verdict
 from llmopt_bench.load.search import Capacity, Search, Trial
 from llmopt_bench.load.turns import with_requests
 from llmopt_bench.scenarios.serving_record import ClientTally, LoadRow, ServingExtra, ServingParams
@@ -107,7 +107,7 @@ class ServingRun:
                           rate_rps=point.rate, requests=0, completed=0, error=e.message)
             self.rows.append(row)
             return row, None, None
-        v = verdict(self.slo, res, self.p.max_failure_rate)
+        v = slo_verdict(self.slo, res, self.p.max_failure_rate)
         row = self._row(phase, res, v, key, load)
         self._client_check(row, res)
         self._keep(phase, key, res, v, row)

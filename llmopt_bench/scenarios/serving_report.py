@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from llmopt_bench.analysis.claims import holds, verdict
+from llmopt_bench.analysis.claims import claim_verdict, holds
 from llmopt_bench.analysis.selectors import reference
 from llmopt_bench.core.fmt import ms, num, pct, times
 from llmopt_bench.core.records import Block, Claim
@@ -214,7 +214,7 @@ def qps_claim(result: Any, run: Any) -> Claim:
     return Claim(key="serving-qps", claim=f"Serving: QPS {before} -> {after} ({story:.1f}x)",
                  target=f">= {story:.1f}x the FP16 baseline's QPS, as capacity under the SLO",
                  measured=f"{num(base)} -> {num(cap)} req/s ({times(value)}{held})" if value else "-", value=value,
-                 verdict=verdict(holds(value, story)), detail=detail)
+                 verdict=claim_verdict(holds(value, story)), detail=detail)
 
 
 def curve_chart(result: Any, path: Path) -> Path | None:

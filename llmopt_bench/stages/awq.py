@@ -5,7 +5,7 @@ same way (llmopt_bench/awq.py makes the checkpoint; docs/awq.md)."""
 
 from __future__ import annotations
 
-from llmopt_bench.analysis.claims import verdict
+from llmopt_bench.analysis.claims import claim_verdict
 from llmopt_bench.analysis.selectors import of_stage, perplexity, reference
 from llmopt_bench.core.contract import Requirements, StageContext
 from llmopt_bench.core.records import Claim
@@ -51,5 +51,5 @@ class AWQStage(FixedWorkloadStage):
         rise_nf4, rise_awq = nf4 / fp16 - 1, awq_ppl / fp16 - 1
         return [Claim(key="awq-quality", claim=claim, target=target,
                       measured=f"AWQ {rise_awq * 100:+.1f}%, NF4 {rise_nf4 * 100:+.1f}%",
-                      value=rise_awq / rise_nf4 if rise_nf4 else None, verdict=verdict(rise_awq < rise_nf4),
+                      value=rise_awq / rise_nf4 if rise_nf4 else None, verdict=claim_verdict(rise_awq < rise_nf4),
                       detail=f"perplexity {fp16:.4g} (reference), {nf4:.4g} ({NF4_STAGE}), {awq_ppl:.4g} ({result.name})")]

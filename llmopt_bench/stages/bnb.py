@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from llmopt_bench.analysis.claims import verdict
+from llmopt_bench.analysis.claims import claim_verdict
 from llmopt_bench.analysis.selectors import GB, reference
 from llmopt_bench.core.contract import Requirements, StageContext
 from llmopt_bench.core.fmt import num
@@ -98,7 +98,7 @@ class BnbInt8Stage(_BnbStage):
                 detail += "; the reference holds FP32 here, so INT8 is compared with FP32"
         return [Claim(key="int8-memory", claim="INT8 halves the memory", target=f"INT8 / FP16 weights <= {INT8_HALVES_AT}",
                       measured=f"{value:.2f}" if value else "-", value=value,
-                      verdict=verdict(None if value is None else value <= INT8_HALVES_AT), detail=detail)]
+                      verdict=claim_verdict(None if value is None else value <= INT8_HALVES_AT), detail=detail)]
 
 
 class BnbNF4Stage(_BnbStage):

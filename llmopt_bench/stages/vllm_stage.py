@@ -4,7 +4,7 @@ vllm-fp8 is the same engine with dynamic FP8 weights (Hopper and Ada)."""
 
 from __future__ import annotations
 
-from llmopt_bench.analysis.claims import verdict, with_interval
+from llmopt_bench.analysis.claims import claim_verdict, with_interval
 from llmopt_bench.analysis.selectors import p50_of, ratio, reference
 from llmopt_bench.core.contract import Requirements
 from llmopt_bench.core.fmt import num, times
@@ -52,7 +52,7 @@ class VLLMStage(FixedWorkloadStage):
         return [Claim(key="vllm-latency", claim="vLLM cuts per-token latency",
                       target=f">= {VLLM_AT_LEAST:.0f}x lower TPOT p50 than transformers (H200 reference: 4.63 ms vs ~31 ms)",
                       measured=times(value) + interval, value=value,
-                      verdict=verdict(None if value is None else value >= VLLM_AT_LEAST), detail=detail + (f"; {note}" if note else ""))]
+                      verdict=claim_verdict(None if value is None else value >= VLLM_AT_LEAST), detail=detail + (f"; {note}" if note else ""))]
 
 
 class VLLMFP8Stage(VLLMStage):

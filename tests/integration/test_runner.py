@@ -427,7 +427,7 @@ def hf_run(background):
 def check_instrumentation(inst: dict) -> None:
     """The overhead block is what its own pairs say: recomputed here from the recorded ratios
     (the interval's order statistics, the median, the verdict), not taken on trust."""
-    from llmopt_bench.analysis.overhead import median, median_ci, verdict
+    from llmopt_bench.analysis.overhead import median, median_ci, overhead_verdict
 
     ratios = inst["ratios_pct"]
     assert 10 <= inst["pairs"] <= 40 and len(ratios) == inst["pairs"]
@@ -435,7 +435,7 @@ def check_instrumentation(inst: dict) -> None:
     lo, hi, level = median_ci(ratios)
     assert inst["ci_pct"] == [lo, hi] and inst["ci_level"] == level >= 0.95
     assert sorted(ratios)[1] <= lo and hi <= sorted(ratios)[-2]  # 10+ pairs: the interval drops the extremes
-    assert inst["verdict"] == verdict((lo, hi), inst["budget_pct"])
+    assert inst["verdict"] == overhead_verdict((lo, hi), inst["budget_pct"])
     assert inst["clock_call_rounds"] >= 5 and 0 < inst["clock_call_s"] <= inst["clock_call_s_max"]
     assert inst["bound_pct"] == pytest.approx(100 * inst["clock_call_s_max"] / inst["per_token_s_without"])
 

@@ -30,7 +30,7 @@ from llmopt_bench.load.arrivals import arrival_offsets as arrival_times
 from llmopt_bench.load.dispatchers import cycled
 from llmopt_bench.load.engine import run_point
 from llmopt_bench.load.point import LoadPoint
-from llmopt_bench.load.record import verdict
+from llmopt_bench.load.record import slo_verdict
 from llmopt_bench.load.search import Trial, find_capacity
 from llmopt_bench.load.steady import TREND_RATIO
 from llmopt_bench.procs.tree import members
@@ -266,7 +266,7 @@ def test_a_point_the_server_cannot_keep_up_with_is_not_steady_where_the_slo_alon
     res, _ = load(server, LoadPoint(rate=rate, duration_s=9.0, warmup_s=1.0, seed=5), requests, max_tokens=LONG)
     loose = parse_slo("ttft_p99=600s,tpot_p99=600s")
     assert judge(loose, res.samples, res.window_s).ok  # the requests that came back came back (slowly), 99% of them
-    v = verdict(loose, res, 0.01)
+    v = slo_verdict(loose, res, 0.01)
     st = res.steady
     assert not v.ok and st.ok is False and v.reason.startswith("not steady: completions "), st
     assert st.completion_rps < 0.95 * st.arrival_rps

@@ -15,7 +15,7 @@ from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.records import LoadInfo, RequestSample
 from llmopt_bench.core.workload import Request, WorkloadConfig
 from llmopt_bench.load.dispatchers import Timeline
-from llmopt_bench.load.point import LoadPoint, summarize
+from llmopt_bench.load.point import LoadPoint, point_result
 from llmopt_bench.measure.energy import TimedMeter
 from llmopt_bench.scenarios.batching import CurveParams, CurvePoint, EngineRequests, fit_requests, plan_points, point_row
 from llmopt_bench.scenarios.batching_record import BatchingExtra
@@ -110,7 +110,7 @@ def closed_row(samples: list[RequestSample], p: CurveParams, expected: int, mode
                        requests=[Request(s.request_id, "p", (1,)) for s in samples], new=expected,
                        static_batch=len(samples))
     tls = [Timeline(i, s.t_submit, s.t_submit, s.t_done, s) for i, s in enumerate(samples)]
-    return point_row(point, mode, summarize(point.load, tls, 0.0, expected), p, **kw)
+    return point_row(point, mode, point_result(point.load, tls, 0.0, expected), p, **kw)
 
 
 def test_a_row_counts_complete_requests_and_goodput():

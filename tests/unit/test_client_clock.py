@@ -17,7 +17,7 @@ import pytest
 
 from llmopt_bench.engines import client_health as H
 from llmopt_bench.engines import rx_clock
-from llmopt_bench.engines.client_health import RequestClock, could_not_time, summarize
+from llmopt_bench.engines.client_health import RequestClock, could_not_time, health_of
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient
 from llmopt_bench.measure.timing import now
 
@@ -221,17 +221,17 @@ def test_bursts_are_judged_on_the_median_gap_and_need_four_chunks():
 def test_the_point_is_marked_above_a_tenth_of_its_requests_in_bursts():
     late = clock([0.040] * 32, reads=[0.060] * 32, piled=[True] * 32)  # merged by the kernel while the client was away
     ok = clock(STREAM, reads=[t + 1e-4 for t in STREAM])
-    assert could_not_time(summarize([late] + [ok] * 9, []), 0.005) is None  # 10%: not over the limit
-    why = could_not_time(summarize([late] * 2 + [ok] * 8, []), 0.005)
+    assert could_not_time(health_of([late] + [ok] * 9, []), 0.005) is None  # 10%: not over the limit
+    why = could_not_time(health_of([late] * 2 + [ok] * 8, []), 0.005)
     assert "20% of its requests' first or last token was read with others piled up unread" in why
     server = clock([0.040] * 32, reads=[0.0401] * 32)  # the server sent them in one segment, read at once: its burst
-    assert could_not_time(summarize([server] * 10, []), 0.005) is None
+    assert could_not_time(health_of([server] * 10, []), 0.005) is None
 
 
 def test_a_burst_in_the_middle_of_kernel_timed_answers_loses_the_itl_only():
     middle = STREAM[:6] + [STREAM[28]] * 23 + STREAM[29:]
     reads = STREAM[:6] + [STREAM[28] + 0.02] * 23 + STREAM[29:]
-    health = summarize([clock(middle, reads, piled=[False] * 6 + [True] * 23 + [False] * 3)] * 5, [])
+    health = health_of([clock(middle, reads, piled=[False] * 6 + [True] * 23 + [False] * 3)] * 5, [])
     assert health.edge_lost_share == 0.0 and health.burst_share == 1.0
     assert could_not_time(health, 0.005).startswith("the client could not time this point's ITL")
 
@@ -245,7 +245,7 @@ def test_a_last_token_read_with_others_piled_up_loses_the_tpot():
     for _ in STREAM[29:]:  # one read at 60 ms took 4 segments (three tokens and the usage); the last look was at 33 ms
         c.add(0.060, True, 0.0595, False, 4, STREAM[28] + 1e-4)
     assert H.edge_lost(c) and not H.client_burst(c)
-    assert could_not_time(summarize([c] * 3, []), 0.005).startswith("the client could not time this point: 100%")
+    assert could_not_time(health_of([c] * 3, []), 0.005).startswith("the client could not time this point: 100%")
     # read one token late only (looked 1 ms before): known within 1 ms of a 31 ms span, its TPOT holds
     one_late = RequestClock(sent=0.0)
     for t in STREAM[:31]:
@@ -256,7 +256,7 @@ def test_a_last_token_read_with_others_piled_up_loses_the_tpot():
 
 def test_on_the_clients_own_clock_a_lagging_loop_marks_the_point():
     prompt = clock(STREAM, kernel=False)
-    assert could_not_time(summarize([prompt] * 4, [0.0] * 98 + [0.0004] * 2), 0.005) is None  # lag p99 < 10% of TTFT
-    why = could_not_time(summarize([prompt] * 4, [0.0] * 90 + [0.002] * 10), 0.005)
+    assert could_not_time(health_of([prompt] * 4, [0.0] * 98 + [0.0004] * 2), 0.005) is None  # lag p99 < 10% of TTFT
+    why = could_not_time(health_of([prompt] * 4, [0.0] * 90 + [0.002] * 10), 0.005)
     assert "event loop ran 2 ms late (p99), over 10% of the 5 ms TTFT p50" in why
-    assert could_not_time(summarize([clock(STREAM)] * 4, [0.002] * 100), 0.005) is None  # kernel times: lag is harmless
+    assert could_not_time(health_of([clock(STREAM)] * 4, [0.002] * 100), 0.005) is None  # kernel times: lag is harmless

@@ -18,7 +18,7 @@ from simserver import SimServer
 
 from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.workload import Request
-from llmopt_bench.engines.client_health import RequestClock, summarize
+from llmopt_bench.engines.client_health import RequestClock, health_of
 from llmopt_bench.load.dispatchers import ClosedLoop, OpenLoop
 from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.load.search import Capacity
@@ -61,7 +61,7 @@ class LateClientServer(SimServer):
         self._clocks = [clock_of(t.sample, late) for t in dispatcher.timelines if t.sample and t.sample.ok]
 
     def health(self, request_ids):
-        return summarize([c for c in self._clocks if c.request_id in request_ids], [])
+        return health_of([c for c in self._clocks if c.request_id in request_ids], [])
 
 
 @pytest.fixture(scope="module")

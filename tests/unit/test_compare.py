@@ -205,11 +205,11 @@ def test_parse_thresholds_and_allowed_names():
 
 
 def test_verdict_direction():
-    assert C.verdict(0.8, (0.75, 0.85), 0.05, higher_is_better=True) == "regressed"
-    assert C.verdict(1.2, (1.15, 1.25), 0.05, higher_is_better=True) == "improved"
-    assert C.verdict(1.2, (1.15, 1.25), 0.05, higher_is_better=False) == "regressed"
-    assert C.verdict(1.2, (0.9, 1.5), 0.05, higher_is_better=False) == "inconclusive"
-    assert C.verdict(1.06, None, 0.05, higher_is_better=False) == "regressed"
+    assert C.change_verdict(0.8, (0.75, 0.85), 0.05, higher_is_better=True) == "regressed"
+    assert C.change_verdict(1.2, (1.15, 1.25), 0.05, higher_is_better=True) == "improved"
+    assert C.change_verdict(1.2, (1.15, 1.25), 0.05, higher_is_better=False) == "regressed"
+    assert C.change_verdict(1.2, (0.9, 1.5), 0.05, higher_is_better=False) == "inconclusive"
+    assert C.change_verdict(1.06, None, 0.05, higher_is_better=False) == "regressed"
 
 
 def test_three_repeats_against_one_are_still_judged():

@@ -15,7 +15,7 @@ import pytest
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.load.plans import PlanLoad
-from llmopt_bench.load.point import LoadPoint, summarize
+from llmopt_bench.load.point import LoadPoint, point_result
 from llmopt_bench.workloads.build import make_plan
 from llmopt_bench.workloads.plan import TokenSpace
 
@@ -109,7 +109,7 @@ def test_an_open_loop_starts_conversations_at_rate_over_mean_turns_and_samples_k
     for t, s in engine.sent:
         if s.id.endswith(".t1"):
             assert t == pytest.approx(got[s.id[:-1] + "0"][0] + 0.05 + 0.5)
-    res = summarize(point, d.timelines, d.t0, expected_tokens=1)
+    res = point_result(point, d.timelines, d.t0, expected_tokens=1)
     assert {s.turn for s in res.samples} == {0, 1, 2, 3} and res.failed == 0
 
 
@@ -120,7 +120,7 @@ def test_single_turn_plans_send_their_own_lengths_and_never_repeat_a_prompt():
     engine.drive(d)
     assert [s.output_len for _, s in engine.sent] == [p.conversation(i).turns[0].output_len for i in range(20)]
     assert len({s.token_ids for _, s in engine.sent}) == 20
-    res = summarize(LoadPoint(concurrency=2, num_requests=20), d.timelines, d.t0, expected_tokens=1)
+    res = point_result(LoadPoint(concurrency=2, num_requests=20), d.timelines, d.t0, expected_tokens=1)
     assert res.failed == 0  # each judged against its own length, not one length for the point
 
 

@@ -13,8 +13,8 @@ from llmopt_bench.analysis.slo import judge, parse_slo
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.load import steady as S
 from llmopt_bench.load.dispatchers import Timeline
-from llmopt_bench.load.point import LoadPoint, summarize
-from llmopt_bench.load.record import verdict
+from llmopt_bench.load.point import LoadPoint, point_result
+from llmopt_bench.load.record import slo_verdict
 
 
 def tl(i: int, arrival: float, answered: float, first: float | None = None, tokens: int = 4) -> Timeline:
@@ -157,10 +157,10 @@ def test_the_h200_case_was_met_by_the_slo_alone_and_is_a_miss_in_steady_state():
     slo = parse_slo("ttft_p99=2s,tpot_p99=100ms")
     tls = h200_like()
     point = LoadPoint(rate=59.4, duration_s=22.0, warmup_s=2.0)
-    res = summarize(point, tls, 0.0)
+    res = point_result(point, tls, 0.0)
     old = judge(slo, res.samples, res.window_s)
     assert old.ok  # the requests that finished were fast: today's verdict
-    v = verdict(slo, res, 0.01)
+    v = slo_verdict(slo, res, 0.01)
     assert not v.ok and v.reason.startswith("not steady: completions 43.1/s for 59.4/s arriving")
     assert "in flight or queued at the window's end" in v.reason  # Little's law too
     assert res.steady.completion_rps == pytest.approx(43.1) and res.steady.arrival_rps == pytest.approx(59.4)

@@ -29,19 +29,19 @@ def test_median_interval_is_the_kth_order_statistics_with_exact_coverage(n, k):
 
 def test_no_interval_from_fewer_than_six_pairs():
     assert ov.median_ci([1.0, 2.0, 3.0, 4.0, 5.0]) is None
-    assert ov.verdict(None) == "unresolved"
+    assert ov.overhead_verdict(None) == "unresolved"
 
 
 @pytest.mark.parametrize("ci,expected", [((-0.5, 1.9), "under_budget"), ((2.1, 5.0), "over_budget"),
                                          ((-3.0, 4.0), "below_noise"), ((0.0, 2.0), "below_noise"),
                                          ((0.4, 3.0), "inconclusive")])
 def test_verdict_against_the_two_percent_budget(ci, expected):
-    assert ov.verdict(ci) == expected
+    assert ov.overhead_verdict(ci) == expected
 
 
 def summary(ratios_pct: list[float], step_s: float = 1e-6, per_token: float = 0.01) -> dict:
     without = [per_token] * len(ratios_pct)
-    return ov.summarize(without, [per_token * (1 + r / 100) for r in ratios_pct], [step_s * 0.9, step_s, step_s * 1.2])
+    return ov.overhead_estimate(without, [per_token * (1 + r / 100) for r in ratios_pct], [step_s * 0.9, step_s, step_s * 1.2])
 
 
 def test_summary_of_noisy_pairs_is_below_noise_with_the_bound():
@@ -87,7 +87,7 @@ def test_oldest_blocks_without_a_range_are_unresolved():
 
 def test_summarize_refuses_unpaired_times():
     with pytest.raises(ValueError):
-        ov.summarize([0.01, 0.01], [0.01], [1e-6])
+        ov.overhead_estimate([0.01, 0.01], [0.01], [1e-6])
 
 
 def test_per_decode_step_takes_out_the_median_one_token_generation():

@@ -2,7 +2,7 @@
 capacity) through one worker process that loads the model once.
 
 Loading a 7B model takes ~24 s on an H200, and a fresh process per probe (run_isolated) paid
-it for every probe. ProbeWorker keeps one child, `python -m llmopt_bench.engines.probe_worker
+it for every probe. ModelWorker keeps one child, `python -m llmopt_bench.engines.model_worker
 FD`, started like run_isolated's (in the stage's session, so the runner's memory sampler sees
 it and a stage timeout kills it). The parent writes one job a line on its stdin; the child
 loads the model the first time (again only if a job asks another model, dtype or attention),
@@ -38,9 +38,9 @@ from llmopt_bench.procs import spawn
 TIMEOUT = "timeout"
 
 
-class ProbeWorker:
+class ModelWorker:
     """probe(kind, job, timeout_s, workdir) like run_isolated, through a long-lived worker (its
-    files go to the ProbeWorker's own workdir). close() when the probes are done."""
+    files go to the ModelWorker's own workdir). close() when the probes are done."""
 
     def __init__(self, workdir: Path):
         self.workdir = workdir
@@ -107,7 +107,7 @@ class ProbeWorker:
         self.stop()
         read, write = os.pipe()
         try:
-            proc = self.proc = spawn.start([sys.executable, "-m", "llmopt_bench.engines.probe_worker", str(write)],
+            proc = self.proc = spawn.start([sys.executable, "-m", "llmopt_bench.engines.model_worker", str(write)],
                                     own_session=False, pass_fds=(write,), stdin=subprocess.PIPE)
         except BaseException:
             os.close(read)

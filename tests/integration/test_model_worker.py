@@ -1,5 +1,5 @@
 """The continuous-batching stage's transformers probes through one worker process
-(engines/probe_worker.ProbeWorker), for real on CPU with synthetic:tiny: the model is loaded
+(engines/model_worker.ModelWorker), for real on CPU with synthetic:tiny: the model is loaded
 once for many probes, the answers are those of a fresh process per probe (run_isolated), a real
 allocation failure is an OOM the worker recovers from, and what it cannot recover from (an
 error, SIGKILL, a timeout) ends that probe only. Loads are counted from the worker's own record."""
@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from llmopt_bench.core.workload import Request
-from llmopt_bench.engines.probe_worker import ProbeWorker
+from llmopt_bench.engines.model_worker import ModelWorker
 from llmopt_bench.engines.static_batching import PEAK_SINCE_RESET, run_isolated
 from llmopt_bench.load.point import LoadPoint
 from llmopt_bench.scenarios.batching import CurveParams, CurvePoint
@@ -26,7 +26,7 @@ SLOW = {"batch": 16, "context": 2048}  # ~20 s on 2 cores: killed long before it
 
 @pytest.fixture
 def worker(tmp_path):
-    w = ProbeWorker(tmp_path / "probes")
+    w = ModelWorker(tmp_path / "probes")
     yield w
     w.close()
 
