@@ -1,4 +1,10 @@
-"""Command-line entry: one module per command; one exit path with documented codes."""
+"""Command-line entry: one module per command; one exit path with documented codes.
+
+Every command module is imported for `llmopt --help`, so a command imports the machinery it
+drives (run/, render/, analysis/, engines/) inside its function: `llmopt --help` and a bad
+option's error stay instant (~0.3 s) whatever the command needs. That is the one reason for the
+function-level imports under cli/; elsewhere they are for torch, vllm, transformers, matplotlib,
+or an import cycle named beside them."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from llmopt_bench.analysis.conclusions import conclusions
+from llmopt_bench.analysis.roofline import roofline
 from llmopt_bench.analysis.selectors import STAGE_COLUMNS, speedup_rows, stage_table_rows
 from llmopt_bench.core.results import RunResult
 from llmopt_bench.render.hooks import collect_claims
@@ -26,7 +27,6 @@ def write_csv(run: RunResult, out_dir: Path) -> Path:
 
 def report_data(run: RunResult) -> dict[str, Any]:
     """Everything report.md states, as data."""
-    from llmopt_bench.analysis.roofline import roofline
 
     claims = collect_claims(run)
     return {"run_id": run.run_id, "status": run.status, "created_at": run.created_at, "command": run.command,

@@ -11,12 +11,12 @@ from llmopt_bench.analysis.claims import claim_overall
 from llmopt_bench.core.contract import Stage
 from llmopt_bench.core.records import Block, Claim
 from llmopt_bench.core.results import RunResult, StageResult
+from llmopt_bench.run.registry import presentation_class
 
 
 def stage_class(result: StageResult) -> type[Stage]:
     """The registered class of the stage that produced the result; the plain Stage (no hooks)
     for a stage not installed here (a plugin's run read on another machine)."""
-    from llmopt_bench.run.registry import presentation_class
 
     return presentation_class(result.stage_name)
 

@@ -10,13 +10,19 @@ from pathlib import Path
 from typing import Sequence
 
 from llmopt_bench.analysis.conclusions import conclusions
+from llmopt_bench.analysis.recommend import recommend
+from llmopt_bench.analysis.recommend_text import lines
+from llmopt_bench.analysis.roofline import roofline
+from llmopt_bench.analysis.roofline_text import TABLE_HEADERS, ceilings_line, table_cells
 from llmopt_bench.analysis.scaling import scaling_rows
 from llmopt_bench.analysis.selectors import GB, ok_stages, peak_memory, speedup_rows, stage_table_rows
 from llmopt_bench.core.fmt import num, pct, table, tail, times
 from llmopt_bench.core.results import RunResult
+from llmopt_bench.render import exports
 from llmopt_bench.render.details import details, quality_cell
 from llmopt_bench.render.hooks import collect_claims
 from llmopt_bench.render.time_split import time_split
+from llmopt_bench.run.durations import top_phases
 
 SECTIONS = ("Environment and workload", "Stages", "Speedups", "Stages that did not run", "Where the time went",
             "The story's claims", "Conclusions", "What to deploy", "Roofline", "Stage details", "Metric definitions")
@@ -38,7 +44,6 @@ def environment(run: RunResult) -> list[str]:
              f"llmopt {run.llmopt_version} ({env.get('llmopt_commit') or '-'}), python {env.get('python', '-')}",
              "- versions: " + (", ".join(f"{k} {v}" for k, v in (env.get("versions") or {}).items()) or "-")]
     if c:
-        from llmopt_bench.analysis.roofline_text import ceilings_line
 
         lines.append(f"- {ceilings_line(env)}")
     if m:
@@ -124,7 +129,6 @@ def wall_sentence(run: RunResult, stages_s: float) -> str:
 def time_section(run: RunResult) -> list[str]:
     """Each stage's wall time (its process, start to end), load time and where the rest went (its
     phases, from its progress messages), and the run's own."""
-    from llmopt_bench.run.durations import top_phases
 
     timed = [s for s in run.stages if s.duration_s]
     if not timed:
@@ -142,8 +146,6 @@ def time_section(run: RunResult) -> list[str]:
 
 def deploy_section(run: RunResult) -> list[str]:
     """What to deploy (analysis/recommend.py) at the default priority and the run's own SLO."""
-    from llmopt_bench.analysis.recommend import recommend
-    from llmopt_bench.analysis.recommend_text import lines
 
     try:
         return lines(recommend(run))
@@ -152,8 +154,6 @@ def deploy_section(run: RunResult) -> list[str]:
 
 
 def roofline_section(run: RunResult) -> list[str]:
-    from llmopt_bench.analysis.roofline import roofline
-    from llmopt_bench.analysis.roofline_text import TABLE_HEADERS, table_cells
 
     rows = [table_cells(r) for r in roofline(run)]
     if not rows:
@@ -231,7 +231,6 @@ def render_markdown(run: RunResult, charts: dict[str, Path], stage_charts: dict[
 
 def write_outputs(run: RunResult, out_dir: Path, formats: Sequence[str] = ("md",)) -> list[Path]:
     """Write each format (md: report.md + charts/, csv: stages.csv, json: report.json)."""
-    from llmopt_bench.render import exports
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -9,9 +9,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from llmopt_bench.core.models import cache_dir
+from llmopt_bench.run.rundir import atomic_write
+
 
 def _path() -> Path:
-    from llmopt_bench.core.models import cache_dir
 
     return cache_dir() / "durations.json"
 
@@ -31,7 +33,6 @@ def load() -> dict[str, float]:
 
 def record(k: str, seconds: float) -> None:
     """Remember a stage's wall time (a failure to write the cache costs the next ETA only)."""
-    from llmopt_bench.run.rundir import atomic_write
 
     data = load()
     data[k] = round(seconds, 1)

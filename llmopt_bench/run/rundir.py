@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
+from llmopt_bench.core.models import portable_text
 from llmopt_bench.core.results import RunResult, load_run
 
 RUN_JSON, REQUESTS = "run.json", "requests.jsonl"
@@ -122,7 +123,6 @@ class RunDir:
     # --- run.json ------------------------------------------------------------------------------
     def save(self, run: RunResult) -> Path:
         """run.json, atomically, with the machine's paths in portable form ($LLMOPT_CACHE/..., ~/...)."""
-        from llmopt_bench.core.models import portable_text
 
         atomic_write(self.run_json, portable_text(run.model_dump_json(indent=1)))
         return self.run_json
@@ -133,7 +133,6 @@ class RunDir:
     def scrub(self, path: Path) -> None:
         """A log or artefact rewritten with the machine's paths in portable form (engines print
         the model's path, the cache's, the home's)."""
-        from llmopt_bench.core.models import portable_text
 
         try:
             text = path.read_text(encoding="utf-8", errors="replace")

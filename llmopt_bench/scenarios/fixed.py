@@ -17,6 +17,8 @@ from typing import Any, Callable, ClassVar, Protocol, Sequence
 from pydantic import BaseModel, Field, field_validator
 
 from llmopt_bench.analysis.first_repeat import first_repeat_warning
+from llmopt_bench.analysis.metrics import compute
+from llmopt_bench.analysis.overhead import overhead_sentence
 from llmopt_bench.analysis.stopping import StoppingRecord, StoppingRule, headline_metric, stopping_sentence
 from llmopt_bench.core.contract import Stage, StageContext
 from llmopt_bench.core.errors import describe
@@ -147,7 +149,6 @@ def measure(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext, ru
 
 
 def tpot_p50(samples: Sequence[RequestSample]) -> float | None:
-    from llmopt_bench.analysis.metrics import compute
 
     m = compute(samples)
     return m.tpot_s.p50 if m and m.tpot_s else None
@@ -239,7 +240,6 @@ class FixedWorkloadStage(Stage):
 
     @classmethod
     def report_blocks(cls, result, run) -> list[Block]:
-        from llmopt_bench.analysis.overhead import overhead_sentence
 
         extra = result.extra_as(cls.Extra)
         plan = result.facts.workload if result.facts else None
