@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from llmopt_bench.analysis.scaling import NOT_SATURATED
 from llmopt_bench.core.fmt import GB, num, pct
 
 WHY = {"throughput": "the highest capacity under the SLO", "latency": "the lowest TPOT at one request in flight",
        "memory": "the smallest weights", "cost": "the fewest GPU-seconds per request at its capacity"}
 WHY_OFFLINE = {"throughput": "the highest saturated output throughput", "latency": "the lowest TPOT at one request in flight",
                "memory": "the smallest weights", "cost": "the least energy per output token"}
-NOT_SATURATED = "not saturated"  # analysis/scaling.saturated's word for a fixed-workload figure
 
 
 def rounded_size(size: float | None) -> float:
@@ -45,7 +45,7 @@ def _capacity(c: Any) -> str:
 def _why(rec: Any) -> str:
     """What the winner is best at; a fixed-workload throughput is not called saturated."""
     w = rec.winner
-    if not rec.serving and rec.priority == "throughput" and NOT_SATURATED in (w.saturated_how or ""):
+    if not rec.serving and rec.priority == "throughput" and w.saturated_how == NOT_SATURATED:
         return (f"the highest output throughput measured, {num(w.saturated_tok_s)} tok/s on the fixed workload (not a "
                 "saturated figure: no result here measured one)")
     if rec.priority == "memory" and w.quality != "passes":
@@ -118,7 +118,7 @@ def tradeoffs(w: Any, r: Any, serving: bool, distinct: bool = True) -> list[str]
         out.append(f"Capacity: {w.name} {_capacity(w)}, {r.name} {_capacity(r)}{rel}.")
     else:
         out.append(f"Throughput: {w.name} {num(w.saturated_tok_s)} tok/s ({w.saturated_how or '-'}), {r.name} "
-                   f"{num(r.saturated_tok_s)} tok/s ({r.saturated_how or '-'}){_rel(w.saturated_tok_s, r.saturated_tok_s)}.")
+                   f"{num(r.saturated_tok_s)} tok/s ({r.saturated_how or '-'}){_throughput_rel(w, r)}.")
     out.append(f"Latency at one request in flight: {w.name} TPOT p50 {_ms(w.batch1_tpot_s)} (TTFT {_ms(w.batch1_ttft_s)}), "
                f"{r.name} {_ms(r.batch1_tpot_s)} (TTFT {_ms(r.batch1_ttft_s)}).")
     out.append(f"Memory: {w.name}'s weights {_gb(w.weights_bytes)} (peak {_gb(w.peak_bytes)}), {r.name}'s {_gb(r.weights_bytes)} "
@@ -204,3 +204,10 @@ def lines(rec: Any, markdown: bool = True) -> list[str]:
         out += [""] + [f"- {c}" for c in rec.caveats]
     out += ["", "Other priorities and SLOs: `llmopt recommend RUN_DIR --priority latency|throughput|memory|cost --slo ...`."]
     return out
+
+
+def _throughput_rel(w: Any, r: Any) -> str:
+    """The ratio of two throughputs of one kind; a saturated figure against a fixed workload's is no ratio."""
+    if (w.saturated_how == NOT_SATURATED) != (r.saturated_how == NOT_SATURATED):
+        return " (one saturated, one not: no ratio)"
+    return _rel(w.saturated_tok_s, r.saturated_tok_s)

@@ -59,13 +59,16 @@ def batch1_tpot(s: StageResult, batch_size: int) -> float | None:
     return s.metrics.tpot_s.p50
 
 
+NOT_SATURATED = "the fixed workload (not saturated)"
+
+
 def saturated(s: StageResult) -> tuple[float | None, str]:
     """The most output tokens a second the stage saw: what it says (facts: a throughput point, a
     load curve's top), else its own output tok/s (the fixed workload, not saturated, said so)."""
     if s.facts.saturated_tok_s:
         return s.facts.saturated_tok_s, s.facts.saturated_how or ""
     if s.metrics and s.metrics.output_tok_s:
-        return s.metrics.output_tok_s, "the fixed workload (not saturated)"
+        return s.metrics.output_tok_s, NOT_SATURATED
     return None, ""
 
 

@@ -286,6 +286,18 @@ def test_a_fixed_workload_figure_is_not_called_saturated():
     assert "the highest output throughput measured, 7.20 tok/s on the fixed workload (not a saturated figure" in rec.verdict
 
 
+def test_a_saturated_figure_and_a_fixed_workload_one_make_no_ratio():
+    """The re-rendered H200 report said continuous-batching's throughput point was +3641% over
+    vllm-fp8's fixed workload: two different measurements, no ratio between them."""
+    batching = offline("continuous-batching", 1.3e10, None, tok_s=50.0)
+    batching.facts.saturated_tok_s, batching.facts.saturated_how = 10974.0, "throughput point (all requests at once)"
+    run = run_of(offline("hf-fp16", 1.3e10, 1.0, reference=True, tok_s=38.5), batching, offline("vllm-fp8", 7.4e9, 0.99, tok_s=293))
+    line = next(t for t in recommend(run).tradeoffs if t.startswith("Throughput:"))
+    assert "(one saturated, one not: no ratio)" in line and "%)" not in line
+    both_fixed = recommend(run_of(offline("hf-fp16", 1.3e10, 1.0, reference=True, tok_s=38.5), offline("vllm", 1.3e10, 0.99, tok_s=293)))
+    assert any(t.startswith("Throughput:") and "(+661%)" in t for t in both_fixed.tradeoffs)
+
+
 def test_the_terminal_gets_no_markdown_and_a_cache_path_it_can_use(monkeypatch, capsys):
     from llmopt_bench.cli.recommend import local_command, print_lines
 
