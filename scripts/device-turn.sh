@@ -71,7 +71,7 @@ plan() {
     step compare 60 $PY -m llmopt_bench compare "$DEV/journey" "$DEV/journey" --format json -o "$DEV/compare.json"
     step prefix 600 $PY -m llmopt_bench bench --stages stages/prefix-caching-cpu.toml --model "$MODEL" --output "$DEV/prefix"
     step pinning 300 $PY scripts/pinning-spread.py --model "$MODEL" --blocks 2 --repeats 3 --num-prompts 2 --max-new-tokens 16 \
-      --out "$DEV/pinning.json"
+      --json "$DEV/pinning.json"
     step quick 9999 $PY -m llmopt_bench bench --preset quick --model "$MODEL" --output "$DEV/quick-warm"  # skipped: the budget check
     return
   fi
@@ -81,7 +81,7 @@ plan() {
     --format json -o "$DEV/compare.json"
   step prefix 420 $PY -m llmopt_bench bench --stages stages/prefix-caching.toml --model "$MODEL" --output "$DEV/prefix"
   step pinning 240 $PY scripts/pinning-spread.py --model "$MODEL" --blocks 4 --repeats 5 --num-prompts 4 --max-new-tokens 100 \
-    --out "$DEV/pinning.json"
+    --json "$DEV/pinning.json"
   step quick 330 $PY -m llmopt_bench bench --preset quick --model "$MODEL" --output "$DEV/quick-warm"
   log "plan done"
 }
