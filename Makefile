@@ -62,7 +62,7 @@ bench: $(ENGINES)
 	LLMOPT_VLLM_PYTHON=$(VLLM_PY) $(VENV)/bin/llmopt bench --stages $(JOURNEY) $(BENCH_ARGS)
 
 # the layers (import-linter contracts in pyproject.toml), ruff with its complexity limit, mypy on
-# the package (less the files [tool.mypy] still excludes): a minute or two, before the tests
+# the whole package: a minute or two, before the tests
 lint: install-test
 	$(VENV)/bin/ruff check llmopt_bench
 	$(VENV)/bin/lint-imports

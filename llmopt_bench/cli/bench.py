@@ -11,6 +11,7 @@ import sys
 import tempfile
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -18,6 +19,9 @@ from llmopt_bench.cli.app import app
 from llmopt_bench.cli.workload_options import given_workload, with_workload_options
 from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
 from llmopt_bench.measure.pinning import ENV as PIN_ENV
+
+if TYPE_CHECKING:
+    from llmopt_bench.core.workload import WorkloadConfig
 
 
 def parse_min_quality(text: str | None) -> float | None:
@@ -187,7 +191,7 @@ def check_preset_use(preset: str | None, *, stages: str | None, endpoint: str | 
 
 def plans_and_workload(preset: str | None, given: dict, previous, cuda: bool, stages: str | None,
                        model: str | None, endpoint: str | None, api_key_env: str | None, tokenizer: str | None,
-                       slo: str | None, hold: float | None = None) -> tuple[list, bool, str | None, object]:
+                       slo: str | None, hold: float | None = None) -> tuple[list, bool, str | None, WorkloadConfig]:
     """The stages to run, whether the user named them, the run's model and its workload: the
     preset's, or those of --stages (or --endpoint) at the default workload; --slo and --hold set."""
     from llmopt_bench.core.workload import resolve_workload
@@ -220,7 +224,7 @@ def journey_workload(stages: str | None) -> dict:
     return {"spec": checked_spec(spec_of_table(table, stages))} if table else {}
 
 
-def preset_run(name: str, given: dict) -> tuple[list, object]:
+def preset_run(name: str, given: dict) -> tuple[list, WorkloadConfig]:
     """--preset NAME -> its journey's plans on this machine (with CUDA or without) and the run's
     workload: the preset's defaults for the device, under the workload options given."""
     from llmopt_bench.core.workload import resolve_workload

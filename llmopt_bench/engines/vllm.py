@@ -68,7 +68,7 @@ def _worker_attention_backends(worker: Any) -> list[str]:
     names = []
     for groups in getattr(worker.model_runner, "attn_groups", None) or []:
         for group in groups:
-            backend = getattr(group, "backend", None)
+            backend: Any = getattr(group, "backend", None)  # a vLLM backend class, or None
             names.append(backend.get_name() if hasattr(backend, "get_name") else type(backend).__name__)
     return sorted(set(names))
 

@@ -120,7 +120,7 @@ class PlanLoad:
         plan = self.plan
         own = getattr(plan, "rate_rps", None) or rate
         scale = own / rate
-        schedule = []
+        schedule: list[tuple[float, Request]] = []
         for i in range(plan.size or 0):
             at = (plan.conversation(i).at_s or 0.0) * scale
             if (point.duration_s is not None and at >= point.duration_s) or \

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from pydantic import Field
 
@@ -62,7 +63,7 @@ class LoadPoint(StrictModel):
 
     @classmethod
     def at_rate(cls, rate: float, duration_s: float, warmup_s: float = 0.0, min_requests: int = 0,
-                **kw: object) -> LoadPoint:
+                **kw: Any) -> LoadPoint:
         """An open-loop point at `rate`, long enough that about min_requests arrive after the
         warm-up: a capacity search tries low rates too, where a fixed duration holds few."""
         return cls(rate=rate, duration_s=max(duration_s, warmup_s + min_requests / rate), warmup_s=warmup_s, **kw)

@@ -47,7 +47,7 @@ def with_requests(cache: CacheRecord | None, samples: Sequence[RequestSample]) -
         return None
     base = cache or CacheRecord(source="per request")
     prompt = sum(s.prompt_tokens for s in samples)
-    update = {"cached_tokens": sum(cached) if cached else None, "prompt_tokens": prompt}
+    update: dict[str, int | float | None] = {"cached_tokens": sum(cached) if cached else None, "prompt_tokens": prompt}
     if base.hit_rate is None and cached and prompt:
         update["hit_rate"] = round(sum(cached) / prompt, 4)
     return base.model_copy(update=update)

@@ -231,8 +231,8 @@ def _run_plans(run: RunResult, previous: RunResult | None, model: ModelInfo, rd:
     ref = find_reference(rd, opts.plans, previous)
     todo = [p for p in opts.plans if not ((d := previous.stage(p.name) if previous else None) and d.status not in RERUN)]
     for plan in opts.plans:
-        if plan not in todo:
-            reporter.progress(plan.name, f"already in the run ({previous.stage(plan.name).status}): kept (resume)", None, None)
+        if plan not in todo and previous is not None and (done := previous.stage(plan.name)) is not None:
+            reporter.progress(plan.name, f"already in the run ({done.status}): kept (resume)", None, None)
     keys = share_keys(todo, opts.workload) if opts.share_engines else {}
     groups = plan_groups(todo, keys, ref.name)
     ahead: Ahead | None = None
@@ -259,7 +259,7 @@ def _launcher(group: list[StagePlan], keys: dict[str, str], run: RunResult, mode
     classes = [load_stage(p.stage) for p in group]
     if unavailable(classes[0]):
         return None
-    group_keys = [keys[p.name] for p in group] if len(group) > 1 else [None]
+    group_keys: list[str | None] = [keys[p.name] for p in group] if len(group) > 1 else [None]
     return lambda: launch(group, classes, group_keys, run, model, rd, ref, env_for_children(opts), ahead=True)
 
 

@@ -17,7 +17,7 @@ from llmopt_bench.scenarios.workload_report import plan_sentence
 def _key(row: LoadRow) -> tuple[str, float | None]:
     """What makes two rows the same load point in both arms: phase and concurrency or rate
     (the search's trials differ between arms: left out)."""
-    return row.phase, float(row.concurrency) if row.mode == "closed" else row.rate_rps
+    return row.phase, float(row.concurrency) if row.mode == "closed" and row.concurrency is not None else row.rate_rps
 
 
 def paired(rec: PrefixCachingRecord) -> list[tuple[LoadRow, LoadRow]]:

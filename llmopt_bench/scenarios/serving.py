@@ -38,7 +38,7 @@ from llmopt_bench.load.point import LoadPoint, PointResult
 from llmopt_bench.load.record import figures, slo_point, slo_verdict
 from llmopt_bench.load.search import Capacity, Search, Trial
 from llmopt_bench.load.turns import with_requests
-from llmopt_bench.scenarios.serving_record import ClientTally, LoadRow, ServingExtra, ServingParams
+from llmopt_bench.scenarios.serving_record import ClientTally, LoadRow, Phase, ServingExtra, ServingParams
 from llmopt_bench.scenarios.serving_rows import count_tally, facts_of, main_key
 from llmopt_bench.workloads.build import make_plan
 from llmopt_bench.workloads.plan import Plan, TokenSpace
@@ -92,7 +92,7 @@ class ServingRun:
 
     # --- one point ------------------------------------------------------------------------
 
-    def measure(self, phase: str, point: LoadPoint, load: PlanLoad | None = None) -> tuple[LoadRow, Verdict | None, PointResult | None]:
+    def measure(self, phase: Phase, point: LoadPoint, load: PlanLoad | None = None) -> tuple[LoadRow, Verdict | None, PointResult | None]:
         """One load point in its own timed window: its row (kept), the SLO's verdict, the result."""
         load = load or self.load
         key = f"{phase}: {point.label}"
@@ -113,7 +113,7 @@ class ServingRun:
         self._keep(phase, key, res, v, row)
         return row, v, res
 
-    def _row(self, phase: str, res: PointResult, v: Verdict, key: str, load: PlanLoad) -> LoadRow:
+    def _row(self, phase: Phase, res: PointResult, v: Verdict, key: str, load: PlanLoad) -> LoadRow:
         pt = res.point
         input_len, output_len = load.lengths()
         return LoadRow(**figures(res, self.slo), phase=phase, mode="open" if pt.rate is not None else "closed",
@@ -131,7 +131,7 @@ class ServingRun:
         if health is not None:
             row.client, row.client_untimed = health.as_dict(), could_not_time(health, row.ttft_p50_s)
 
-    def _keep(self, phase: str, key: str, res: PointResult, v: Verdict, row: LoadRow) -> None:
+    def _keep(self, phase: Phase, key: str, res: PointResult, v: Verdict, row: LoadRow) -> None:
         self.rows.append(row)
         self.samples[key] = res.samples
         if row.client_untimed:
@@ -159,7 +159,7 @@ class ServingRun:
         if self.load.plan.own_schedule:  # a trace: once on its own schedule (its speedup), beside the scaled points
             self.measure("replay", self.load.replay_point(self.p.warmup_s))
 
-    def trial(self, rate: float, phase: str = "search") -> Trial:
+    def trial(self, rate: float, phase: Phase = "search") -> Trial:
         """One open-loop point of the search (or its hold), as the search sees it."""
         hold = phase == "hold"
         row, v, res = self.measure(phase, open_point(rate, self.p, self.seed, self.in_system, self.p.hold_s if hold else None))

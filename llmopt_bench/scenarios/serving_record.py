@@ -27,10 +27,14 @@ class ServingParams(SearchParams):
     prompt_format: Literal["tokens", "text"] = "tokens"  # token ids (exact lengths) or the decoded text
 
 
+# replay: a trace on its own schedule
+Phase = Literal["sweep", "point", "replay", "search", "hold", "throughput"]
+
+
 class LoadRow(PointRow):
     """One measured load point of a serving stage (the figures: load/record.PointRow)."""
 
-    phase: Literal["sweep", "point", "replay", "search", "hold", "throughput"]  # replay: a trace on its own schedule
+    phase: Phase
     mode: Literal["closed", "open"]
     burstiness: float | None = None
     slo_ok: bool | None = None

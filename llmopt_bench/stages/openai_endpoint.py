@@ -11,12 +11,14 @@ the stage is skipped with the reason and the fix; a request that fails later fai
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
 from llmopt_bench.core.contract import Stage, StageContext, StageSkipped
+from llmopt_bench.core.dispatch import Send
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.records import Block, LoadInfo, QualityRecord, StageRun
 from llmopt_bench.core.workload import WorkloadConfig
@@ -51,10 +53,10 @@ class OpenAIEndpointStage(Stage):
     Params = EndpointParams
     Extra = ServingExtra
 
-    def load(self, model, params: EndpointParams, ctx: StageContext) -> LoadInfo:
+    def load(self, model, params, ctx: StageContext) -> LoadInfo:  # params: an EndpointParams (Params)
         from transformers import AutoTokenizer
 
-        self.params = params
+        self.params: EndpointParams = params
         notes = []
         try:
             self.tok = AutoTokenizer.from_pretrained(params.tokenizer or model.path)
@@ -97,7 +99,11 @@ class OpenAIEndpointStage(Stage):
         p = self.params
         encode = lambda text: self.tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
         plan, tp_plan = serving_plans(workload, self.tok, None, encode, None, p)
-        prompt_of = (lambda s: list(s.token_ids)) if p.prompt_format == "tokens" else (lambda s: self.tok.decode(list(s.token_ids)))
+
+        def text_of(s: Send) -> str:
+            return self.tok.decode(list(s.token_ids))  # type: ignore[return-value]  # stubs say str | list[str]: one id list decodes to a str
+
+        prompt_of: Callable[[Send], str | list[int]] = (lambda s: list(s.token_ids)) if p.prompt_format == "tokens" else text_of
         client = HTTPLoad(self.endpoint, prompt_of, count_text=self.count_text if p.tokenizer else None)
         target = {"kind": "OpenAI-compatible endpoint (not started by llmopt)", "url": p.endpoint, "model": p.model,
                   "api_key_env": p.api_key_env}

@@ -10,12 +10,14 @@ checkpoint) are labelled entries of this one stage: stages/serving.toml."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
 from llmopt_bench.core.contract import Requirements, Stage, StageContext, StageSkipped
+from llmopt_bench.core.dispatch import Send
 from llmopt_bench.core.records import Block, Claim, LoadInfo, QualityRecord, StageRun
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.engines.awq_weights import AWQCheckpointParams, awq_engine
@@ -67,10 +69,11 @@ class VLLMServeStage(Stage):
 
     server: VLLMServer | None = None
 
-    def load(self, model, params: VLLMServeParams, ctx: StageContext) -> LoadInfo:
+    def load(self, model, params, ctx: StageContext) -> LoadInfo:  # params: a VLLMServeParams (Params)
         from transformers import AutoTokenizer
 
-        self.params, self.model_info, self.ctx = params, model, ctx
+        self.params: VLLMServeParams = params
+        self.model_info, self.ctx = model, ctx
         check_fp8(params, ctx.device)
         prepare_engine_env(params, ctx.device)  # the CPU build's KV cache and cores reach the server's environment
         served, engine_params, awq_meta, note = (model, params, None, None) if params.awq is None else \
@@ -125,7 +128,11 @@ class VLLMServeStage(Stage):
     def run(self, workload: WorkloadConfig, ctx: StageContext) -> StageRun:
         p = self.params
         load, tp_load = self.loads(workload)
-        prompt_of = (lambda s: list(s.token_ids)) if p.prompt_format == "tokens" else (lambda s: self.tok.decode(list(s.token_ids)))
+
+        def text_of(s: Send) -> str:
+            return self.tok.decode(list(s.token_ids))  # type: ignore[return-value]  # stubs say str | list[str]: one id list decodes to a str
+
+        prompt_of: Callable[[Send], str | list[int]] = (lambda s: list(s.token_ids)) if p.prompt_format == "tokens" else text_of
         assert self.server is not None
         caching = bool(self.server.cfg.extra.get("enable_prefix_caching"))
         client = HTTPLoad(self.endpoint(p.request_timeout_s), prompt_of, reset_cache_each_point=caching, watch_cache=True)
@@ -219,8 +226,8 @@ class PrefixCachingStage(VLLMServeStage):
     changes = "prefix caching: the KV of a prompt's leading blocks already computed for an earlier prompt is reused"
     Params = PrefixCachingParams
 
-    def load(self, model, params: PrefixCachingParams, ctx: StageContext) -> LoadInfo:
-        self.both = params
+    def load(self, model, params, ctx: StageContext) -> LoadInfo:  # params: a PrefixCachingParams (Params)
+        self.both: PrefixCachingParams = params
         return super().load(model, params.model_copy(update={"enable_prefix_caching": False}), ctx)
 
     def shaped(self, workload: WorkloadConfig) -> WorkloadConfig:

@@ -4,6 +4,7 @@ tokenizer) and max_model_len; the prompt file's kinds encoded with that tokenize
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypedDict
 
 from llmopt_bench.core.workload import WorkloadConfig, build_requests
 from llmopt_bench.workloads.plan import Plan, TokenSpace
@@ -12,12 +13,20 @@ from llmopt_bench.workloads.synth import MultiTurnPlan, RandomPlan, RequestsPlan
 from llmopt_bench.workloads.traces import TracePlan
 
 
+class _Common(TypedDict):
+    """What every plan is made with."""
+
+    spec: str
+    seed: int
+    max_len: int | None
+
+
 def make_plan(cfg: WorkloadConfig, space: TokenSpace, max_len: int | None, encode: Callable[[str], list[int]],
               count: int | None = None, spec: str | None = None) -> Plan:
     """The plan of `spec` (default: the run's workload): a generated kind's from the seed, or the
     prompt file's `count` requests (default: num_prompts) at --max-new-tokens."""
     params = parse_spec(spec or cfg.spec)
-    common = dict(spec=params.canonical(), seed=cfg.seed, max_len=max_len)
+    common = _Common(spec=params.canonical(), seed=cfg.seed, max_len=max_len)
     if isinstance(params, RandomKind):
         return RandomPlan(**common, space=space, params=params)
     if isinstance(params, SharedPrefixKind):
