@@ -49,7 +49,7 @@ def with_workload_options(after: str) -> Callable[[Callable], Callable]:
         # keyword-only parameters after the command's own: typer only reads names and defaults
         params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[:at]] + added + \
                  [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[at:]]
-        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]  # typer reads it; functions have no declared slot
         return command
     return add
 

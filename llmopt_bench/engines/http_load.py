@@ -98,7 +98,8 @@ class HTTPLoad:
     async def _drive(self, dispatcher: Dispatcher) -> None:
         async with OpenAIClient(self.endpoint, count_text=self.count_text) as client:
             async def send(s: Send) -> tuple[RequestSample, list[int] | None]:
-                prompt, answer = self.prompt_of(s), []  # type: ignore[var-annotated]
+                prompt = self.prompt_of(s)
+                answer: list[int] = []  # the answer's token ids, where the stream carries them
                 sample = await client.complete(s.id, s.prompt_id, prompt, s.output_len, repeat=s.repeat, answer=answer,
                                                prompt_tokens=len(prompt) if isinstance(prompt, list) else None)
                 return sample, answer or None
