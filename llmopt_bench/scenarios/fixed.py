@@ -109,7 +109,7 @@ def warmup(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext, tok
         return None
     said = f"{count} request{'s' if count > 1 else ''} x {length} tokens"
     ctx.progress(f"warm-up: {said}", None, None)
-    reqs = warmup_requests(engine, workload, stage)[:count]
+    reqs = warmup_requests(engine, workload, stage, count)
     engine.serve(reqs, length, batch_size=workload.batch_size, repeat=0, tokens_out=None, progress=lambda n: None)
     return said
 

@@ -65,8 +65,10 @@ def measured_requests(engine: Any, workload: WorkloadConfig, stage: str = "this 
     return FixedRequests(reqs, record, notes + record.notes)
 
 
-def warmup_requests(engine: Any, workload: WorkloadConfig, stage: str = "this stage") -> list[Request]:
-    """The untimed requests before the repeats: the first `warmup` of the same list ("w" ids)."""
+def warmup_requests(engine: Any, workload: WorkloadConfig, stage: str = "this stage", count: int | None = None) -> list[Request]:
+    """The untimed requests before the repeats: the first `count` (default `warmup`) of the same
+    list ("w" ids)."""
+    count = workload.warmup if count is None else count
     if workload.from_prompt_file:
-        return build_requests(workload, engine.encode, count=workload.warmup, tag="w")
-    return generated_plan(engine, workload, stage).requests(workload.warmup, tag="w")
+        return build_requests(workload, engine.encode, count=count, tag="w")
+    return generated_plan(engine, workload, stage).requests(count, tag="w")

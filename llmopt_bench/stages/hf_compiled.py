@@ -12,6 +12,7 @@ from llmopt_bench.core.fmt import num, pct
 from llmopt_bench.core.records import Block
 from llmopt_bench.core.workload import build_requests
 from llmopt_bench.engines.hf_compiled import CompiledEngineParams, CompiledTransformersEngine, CompileRecord
+from llmopt_bench.engines.transformers import PREFETCH
 from llmopt_bench.scenarios.fixed import FixedExtra, FixedParams, FixedWorkloadStage
 
 
@@ -28,6 +29,7 @@ class HFCompiledStage(FixedWorkloadStage):
     description = "transformers FP16, static KV cache + torch.compile of the decode step (CUDA graphs on a GPU), one request at a time"
     changes = "the baseline compiled: the host's share of each token taken out, same model and generate()"
     requires = Requirements(imports={"transformers": "test", "torch": "test"})
+    prefetch = PREFETCH  # as hf-fp16's: the same imports, started ahead with --prefetch
     Params = HFCompiledParams
     Extra = CompiledExtra
     engine: CompiledTransformersEngine
