@@ -9,15 +9,13 @@
 #
 # The steps, highest priority first; each runs only if its estimate fits the budget left, else
 # it is logged as skipped with the minutes it needs (plan.log, steps.tsv):
-#   1. journey    `llmopt bench --stages all` on synthetic:llama2-7b, default workload, empty caches
-#                 (issue 24's cold journey; it also records issue 25's host-speed index and GPU-busy
-#                 share, and issue 23's serving entry with steady-state trials)
-#   2. capacity   scripts/capacity-check.py: llmopt's capacity under the SLO on one vllm serve,
-#                 held, then vLLM's own client at C and 1.15 C, concurrency 1 and all at once (issue 23)
-#   3. compare    llmopt compare of the cold journey against the committed H200 baseline (no GPU)
-#   4. prefix     the prefix-caching stage on the shared-prefix workload (issue 27)
-#   5. pinning    scripts/pinning-spread.py on the Llama-2-7B shape (issue 25)
-#   6. quick      `llmopt bench --preset quick` with the journey's caches warm (issue 24)
+#   1. prefix     the prefix-caching stage on the shared-prefix workload (issue 27)
+#   2. quick      `llmopt bench --preset quick` cold: the refactored package on CUDA (issue 26)
+#   3. compare    llmopt compare of that run against the committed H200 baseline (no GPU)
+#   4. capacity   scripts/capacity-check.py: llmopt's capacity under the SLO on one vllm serve,
+#                 held, then vLLM's own client at C and 1.15 C (issue 23, ended blocked)
+#   5. pinning    scripts/pinning-spread.py on the Llama-2-7B shape (issue 25, ended blocked)
+#   6. journey    `llmopt bench --stages all` cold (issue 24, ended blocked; ~23 min: a session of its own)
 #
 # Env: DEV (/tmp/llmopt-turn), MODEL (synthetic:llama2-7b), BUDGET_S (seconds from `start` the
 # plan may use; default 1560: 30 minutes less the kit's ~3 and a margin), LLMOPT_COMMIT.
@@ -64,25 +62,29 @@ plan() {
   [ -e "$DEV/t0" ] || cp "$DEV/t0.plan" "$DEV/t0"
   nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm --format=csv > "$DEV/gpu.csv" 2>&1
   if [ "$DRY" = 1 ]; then  # every step's command as on the device, at a CPU's size
-    step journey 600 $PY -m llmopt_bench bench --preset quick --model "$MODEL" --num-prompts 2 --max-new-tokens 8 \
-      --output "$DEV/journey"
+    step prefix 600 $PY -m llmopt_bench bench --stages stages/prefix-caching-cpu.toml --model "$MODEL" --output "$DEV/prefix"
+    step quick 600 $PY -m llmopt_bench bench --preset quick --model "$MODEL" --num-prompts 2 --max-new-tokens 8 \
+      --output "$DEV/quick"
+    step compare 60 $PY -m llmopt_bench compare "$DEV/quick" "$DEV/quick" --format json -o "$DEV/compare.json"
     step capacity 600 $PY scripts/capacity-check.py --model "$MODEL" --dtype float32 --slo ttft_p99=250ms,tpot_p99=20ms \
       --input-len 64 --output-len 16 --hold 10 --bench-s 10 --budget-s 420 --out "$DEV/capacity"
-    step compare 60 $PY -m llmopt_bench compare "$DEV/journey" "$DEV/journey" --format json -o "$DEV/compare.json"
-    step prefix 600 $PY -m llmopt_bench bench --stages stages/prefix-caching-cpu.toml --model "$MODEL" --output "$DEV/prefix"
     step pinning 300 $PY scripts/pinning-spread.py --model "$MODEL" --blocks 2 --repeats 3 --num-prompts 2 --max-new-tokens 16 \
       --json "$DEV/pinning.json"
-    step quick 9999 $PY -m llmopt_bench bench --preset quick --model "$MODEL" --output "$DEV/quick-warm"  # skipped: the budget check
+    step journey 9999 $PY -m llmopt_bench bench --stages all --model "$MODEL" --output "$DEV/journey"  # skipped: the budget check
     return
   fi
-  step journey 1380 $PY -m llmopt_bench bench --stages all --model "$MODEL" --output "$DEV/journey"
-  step capacity 300 $PY scripts/capacity-check.py --model "$MODEL" --budget-s "$(( $(left) - 20 ))" --out "$DEV/capacity"
-  step compare 30 $PY -m llmopt_bench compare results/baselines/nvidia-h200-synthetic-llama2-7b.json "$DEV/journey" \
+  # 2026-12-05: issues 23-25 ended blocked last session; the open ones need the prefix-caching
+  # figures (27) and the refactored package run on CUDA (26), so those come first, the journey last.
+  step prefix 780 $PY -m llmopt_bench bench --stages stages/prefix-caching.toml --model "$MODEL" --output "$DEV/prefix"
+  # the default workload (not the preset's lighter one), so compare pairs it with the baseline's stages
+  step quick 540 $PY -m llmopt_bench bench --preset quick --model "$MODEL" --num-prompts 8 --max-new-tokens 100 \
+    --warmup 2 --repeats 3 --output "$DEV/quick"
+  step compare 30 $PY -m llmopt_bench compare results/baselines/nvidia-h200-synthetic-llama2-7b.json "$DEV/quick" \
     --format json -o "$DEV/compare.json"
-  step prefix 420 $PY -m llmopt_bench bench --stages stages/prefix-caching.toml --model "$MODEL" --output "$DEV/prefix"
+  step capacity 300 $PY scripts/capacity-check.py --model "$MODEL" --budget-s "$(( $(left) - 20 ))" --out "$DEV/capacity"
   step pinning 240 $PY scripts/pinning-spread.py --model "$MODEL" --blocks 4 --repeats 5 --num-prompts 4 --max-new-tokens 100 \
     --json "$DEV/pinning.json"
-  step quick 330 $PY -m llmopt_bench bench --preset quick --model "$MODEL" --output "$DEV/quick-warm"
+  step journey 1380 $PY -m llmopt_bench bench --stages all --model "$MODEL" --output "$DEV/journey"
   log "plan done"
 }
 

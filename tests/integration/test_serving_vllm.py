@@ -258,9 +258,11 @@ def test_a_point_the_server_cannot_keep_up_with_is_not_steady_where_the_slo_alon
     """2.5 times what the server completes with 128 in flight (at most 200 req/s: the host's
     client and server share two cores), for 9 s: an SLO loose enough that the requests that
     finished meet it (today's verdict), and the load machine's steady-state judgement that calls
-    it a miss, completions short of arrivals first. (In 4-5 s windows the shortfall can stay
-    within the backlog's allowed jitter, which grows with the time in system: the window and
-    trend criteria said "not steady" there instead; over 8 s it does not.)"""
+    it a miss. Which criterion says so depends on the host: completions short of arrivals where
+    the time in system stays short, or, on a slower host where the queue makes the time in system
+    long (2.8 s in CI), the window too short to see it form, since the backlog's allowed jitter
+    grows with the time in system. Either way the point is not credited, and the measured
+    completions fall short of the arrivals."""
     server, _ = served
     rate = min(2.5 * saturated(server, requests), 200.0)
     res, _ = load(server, LoadPoint(rate=rate, duration_s=9.0, warmup_s=1.0, seed=5), requests, max_tokens=LONG)
@@ -268,7 +270,7 @@ def test_a_point_the_server_cannot_keep_up_with_is_not_steady_where_the_slo_alon
     assert judge(loose, res.samples, res.window_s).ok  # the requests that came back came back (slowly), 99% of them
     v = slo_verdict(loose, res, 0.01)
     st = res.steady
-    assert not v.ok and st.ok is False and v.reason.startswith("not steady: completions "), st
+    assert not v.ok and st.ok is False and v.reason.startswith("not steady: "), st
     assert st.completion_rps < 0.95 * st.arrival_rps
     assert len(res.samples) == res.sent  # every measured request awaited, the drain included
 
