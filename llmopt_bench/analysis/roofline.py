@@ -267,18 +267,38 @@ def roofline_rows(stage: Any, run: Any) -> list[RooflineRow]:
     batch = stage_batch(stage, run.workload)
     prompt, output = m.prompt_tokens / m.requests, m.output_tokens / m.requests
     kvb = kv_dtype_bytes(stage, model)
+    tpot, ttft = step_times(stage)
     rows = []
-    if m.tpot_s and m.tpot_s.p50 > 0:  # a TPOT of 0 (every token read at once) is no decode step
+    if tpot and tpot > 0:  # a TPOT of 0 (every token read at once) is no decode step
         ctx = decode_context(prompt, output)
         row = make_row(stage.name, "decode", batch, ctx, weights, source, kv_cache_bytes(layers, kv_heads, head_dim, kvb, ctx, batch),
-                       decode_flops(params, layers, attn_dim, ctx, batch), m.tpot_s.p50, bandwidth, matmul, **dtypes)
+                       decode_flops(params, layers, attn_dim, ctx, batch), tpot, bandwidth, matmul, **dtypes)
         rows.append(replace(row, gpu_busy=stage.facts.gpu_busy_share, gpu_busy_note=busy_note(stage, run)))
-    if m.ttft_s and m.ttft_s.p50 > 0:
+    if ttft and ttft > 0 and not prefix_cached(stage):
         pb = stage_batch(stage, run.workload, decode=False)
         rows.append(make_row(stage.name, "prefill", pb, prompt, weights, source,
                              kv_cache_bytes(layers, kv_heads, head_dim, kvb, prompt, pb),
-                             prefill_flops(params, layers, attn_dim, prompt, pb), m.ttft_s.p50, bandwidth, matmul, **dtypes))
+                             prefill_flops(params, layers, attn_dim, prompt, pb), ttft, bandwidth, matmul, **dtypes))
     return rows
+
+
+def prefix_cached(stage: Any) -> bool:
+    """The requests were served with vLLM's prefix cache on: their TTFT is not the whole prompt's
+    prefill (2176 tokens' FLOPs in 23.2 ms read as 173% of the compute ceiling), so no prefill row."""
+    cmd = stage.facts.serve_command or ((stage.load.implementation if stage.load else {}) or {}).get("command") or ""
+    return "--enable-prefix-caching" in str(cmd) or bool((stage.params or {}).get("enable_prefix_caching"))
+
+
+def step_times(stage: Any) -> tuple[float | None, float | None]:
+    """(TPOT p50, TTFT p50) of the batch stage_batch gives. A stage whose headline is an open-loop
+    point (a serving capacity: many requests in flight, how many unknown) but which measured one
+    request in flight apart (facts.batch1_*) is timed by that: its headline TPOT at batch 1 would
+    call a step shared by dozens of requests one request's step (22.6 ms "overhead-bound" where
+    batch 1 took 4.8 ms, H200 prefix-caching run of 2026-12-05)."""
+    f, m = stage.facts, stage.metrics
+    if f.decode_batch is None and f.batch1_tpot_s:
+        return f.batch1_tpot_s, f.batch1_ttft_s
+    return (m.tpot_s.p50 if m.tpot_s else None), (m.ttft_s.p50 if m.ttft_s else None)
 
 
 def busy_note(stage: Any, run: Any) -> str:

@@ -112,6 +112,26 @@ def test_run_rows_use_measured_weights_tpot_and_batch():
     assert rows["hf-fp16", "decode"].kv_bytes == rl.kv_cache_bytes(32, 32, 128, 2, 108, 1)
 
 
+def test_a_serving_capacity_headline_is_timed_by_its_batch_1_point():
+    """The headline of a serving stage is a search point with many requests in flight: the rows at
+    batch 1 take the concurrency-1 figures the stage measured apart, not the headline's."""
+    serve = stage("vllm-serve", 22.6e-3, ttft=72.5e-3, facts=StageFacts(batch1_tpot_s=4.77e-3, batch1_ttft_s=23.2e-3))
+    swept = stage("continuous-batching", 10e-3, facts=StageFacts(decode_batch=16, batch1_tpot_s=5e-3, batch1_ttft_s=0.03))
+    rows = {(r.stage, r.phase): r for r in rl.roofline(run_of(serve, swept))}
+    assert rows["vllm-serve", "decode"].measured_s == pytest.approx(4.77e-3) and rows["vllm-serve", "decode"].batch == 1
+    assert rows["vllm-serve", "prefill"].measured_s == pytest.approx(23.2e-3)
+    # a headline at a known concurrency keeps its own figures at that batch
+    assert rows["continuous-batching", "decode"].measured_s == pytest.approx(10e-3)
+    assert rows["continuous-batching", "prefill"].measured_s == pytest.approx(0.02)
+
+
+def test_no_prefill_row_where_the_prefix_cache_served_the_prompts():
+    cached = stage("prefix-caching", 5e-3, ttft=23.2e-3, facts=StageFacts(serve_command="vllm serve m --enable-prefix-caching"))
+    off = stage("vllm-serve", 5e-3, ttft=60e-3, facts=StageFacts(serve_command="vllm serve m --no-enable-prefix-caching"))
+    rows = {(r.stage, r.phase) for r in rl.roofline(run_of(cached, off))}
+    assert rows == {("prefix-caching", "decode"), ("vllm-serve", "decode"), ("vllm-serve", "prefill")}
+
+
 def test_no_rows_without_ceilings_or_for_failed_stages():
     assert rl.roofline(run_of(stage("hf-fp16", 0.01), env={})) == []
     assert rl.roofline(run_of(stage("vllm", 0.01, status="skipped"))) == []
