@@ -290,11 +290,12 @@ def prefix_cached(stage: Any) -> bool:
 
 
 def step_times(stage: Any) -> tuple[float | None, float | None]:
-    """(TPOT p50, TTFT p50) of the batch stage_batch gives. A stage whose headline is an open-loop
-    point (a serving capacity: many requests in flight, how many unknown) but which measured one
-    request in flight apart (facts.batch1_*) is timed by that: its headline TPOT at batch 1 would
-    call a step shared by dozens of requests one request's step (22.6 ms "overhead-bound" where
-    batch 1 took 4.8 ms, H200 prefix-caching run of 2026-12-05)."""
+    """(TPOT p50, TTFT p50) the rows are timed by. A stage whose headline is an open-loop point (a
+    serving capacity: many requests in flight, how many unknown; no facts.decode_batch) but which
+    measured one request in flight apart (facts.batch1_*) is timed by that: its headline TPOT at
+    batch 1 would call a step shared by dozens of requests one request's step (22.6 ms
+    "overhead-bound" where batch 1 took 4.8 ms, H200 prefix-caching run of 2026-12-05). The rows'
+    batch is still stage_batch's, the workload's batch size, which the serving stages leave at 1."""
     f, m = stage.facts, stage.metrics
     if f.decode_batch is None and f.batch1_tpot_s:
         return f.batch1_tpot_s, f.batch1_ttft_s
