@@ -17,11 +17,10 @@ from llmopt_bench.analysis.metrics import compact, compute
 from llmopt_bench.core.contract import Stage
 from llmopt_bench.core.errors import first_line
 from llmopt_bench.core.models import ModelInfo
-from llmopt_bench.core.records import StageRun
-from llmopt_bench.core.results import FAILED, EnergyRecord, MemoryRecord, RunResult, StageResult, StageTiming, Status, utc_at
+from llmopt_bench.core.results import GpuFree, MemoryRecord, RunResult, StageResult, StageTiming, utc_at
 from llmopt_bench.measure.memory import MemorySampler
 from llmopt_bench.procs import spawn
-from llmopt_bench.procs.events import FD_ENV, start_reader
+from llmopt_bench.procs.events import FD_ENV, Event, Failed, Final, Loaded, Prefetched, Progress, Result, Skipped, Unreadable, start_reader
 from llmopt_bench.procs.gpu import wait_gpu_free
 from llmopt_bench.procs.interpreters import engine_python
 from llmopt_bench.procs.tree import session_pids
@@ -90,44 +89,53 @@ def launch(plans: list[StagePlan], classes: list[type[Stage]], keys: list[str | 
 
 
 @dataclass
+class Died:
+    """The worker's pipe closed without a final event: the worker died (its exit code)."""
+
+    code: int
+
+
+@dataclass
 class Followed:
-    """What one stage's worker sent: its load event, its final event and when that came, and (a
-    worker started ahead) what it imported before its turn."""
+    """What one stage's worker sent: its load event, its final event (or its death) and when
+    that came, and (a worker started ahead) what it imported before its turn."""
 
-    load: dict | None = None
-    final: dict = field(default_factory=dict)
+    load: Loaded | None = None
+    final: Final | Died = field(default_factory=lambda: Died(0))
     ended_at: float = 0.0
-    prefetched: dict | None = None
+    prefetched: Prefetched | None = None
 
 
-def follow(proc: subprocess.Popen, events: "queue.Queue", plan: StagePlan, timeout: float, reporter: Reporter,
-           on_load: Callable[[], None] = lambda: None, timeline: Timeline | None = None) -> Followed:
+def follow(proc: subprocess.Popen, events: "queue.Queue[Event | Unreadable | None]", plan: StagePlan, timeout: float,
+           reporter: Reporter, on_load: Callable[[], None] = lambda: None, timeline: Timeline | None = None) -> Followed:
     """The child's events until its result, its death or the timeout; on_load() at its load event;
     each progress message starts a phase of the timeline (where the stage's time went)."""
     timeline = timeline or Timeline(time.time())
     seen = Followed()
-    final: dict[str, Any] | None = None  # the event that ended the stage, or one made up for a timeout or a death
+    final: Final | Died | None = None  # the event that ended the stage, or one made up for a timeout or a death
     deadline = time.monotonic() + timeout
     while final is None:
         try:
             evt = events.get(timeout=max(0.05, min(1.0, deadline - time.monotonic())))
         except queue.Empty:
             if time.monotonic() > deadline:
-                final = {"type": "timeout", "reason": f"exceeded its {timeout:.0f} s timeout"}
+                final = Failed(status="timeout", reason=f"exceeded its {timeout:.0f} s timeout")
             continue
         if evt is None:  # the pipe closed without a result: the child died
-            final = {"type": "died", "code": proc.wait()}
-        elif evt["type"] == "progress":
-            timeline.mark(phase_label(evt["msg"]))
-            reporter.progress(plan.name, evt["msg"], evt.get("done"), evt.get("total"))
-        elif evt["type"] == "load":
+            final = Died(proc.wait())
+        elif isinstance(evt, Progress):
+            timeline.mark(phase_label(evt.msg))
+            reporter.progress(plan.name, evt.msg, evt.done, evt.total)
+        elif isinstance(evt, Loaded):
             seen.load = evt
             timeline.mark("after load")
             on_load()
-            reporter.progress(plan.name, f"loaded in {evt['load_s']:.1f} s", None, None)
-        elif evt["type"] == "prefetched":
+            reporter.progress(plan.name, f"loaded in {evt.load_s:.1f} s", None, None)
+        elif isinstance(evt, Prefetched):
             seen.prefetched = evt
-        elif evt["type"] != "log":
+        elif isinstance(evt, Unreadable):  # llmopt's own bug: the stage ends, and says why
+            final = Failed(status="error", reason=f"its worker sent a line that is no event ({evt.error}): {evt.line[:200]}")
+        else:
             final = evt
     timeline.mark("after its result (engine shut down, card freed)")
     seen.final, seen.ended_at = final, time.time()
@@ -185,19 +193,16 @@ def supervise_group(plans: list[StagePlan], classes: list[type[Stage]], keys: li
                 sampler.peaks.device_baseline_bytes.update(baseline)
                 seen = follow(proc, worker.events, plan, timeouts[i], reporter, on_load=turn.pause_ahead, timeline=timeline)
             left.remove(plan)
-            last = not left or seen.final["type"] not in ("result", "skipped")
+            last = not left or not isinstance(seen.final, (Result, Skipped))
             if last:
                 turn.resume_ahead()  # the group's results are in: the next worker may import again
             free = _end_group(proc, seen.final, sampler.peaks.nvml, baseline) if last else None
-            final = seen.final
-            if final["type"] == "died":
-                status, reason = spawn.Exit(final["code"], oom_killed=spawn.oom_evidence(before)).outcome()
-                final = {"type": status, "reason": f"worker {reason}"}
+            final = died(seen.final, before) if isinstance(seen.final, Died) else seen.final
             rd.scrub(rd.log(plan.name))
             ended = time.time()
             common = dict(started_at=utc_at(started), log=rd.relative(rd.log(plan.name)), duration_s=round(ended - started, 3),
                           memory=memory_of(seen.load, final, sampler), gpu_free_after=free,
-                          load_s=seen.load["load_s"] if seen.load else None, load=(seen.load or {}).get("info"),
+                          load_s=seen.load.load_s if seen.load else None, load=seen.load.info if seen.load else None,
                           timing=timing_of(seen, started, ended, worker.paused), phases=timeline.close())
             result = outcome(plan, cls, final, common, rd, started)
             result.notes += notes if i == 0 else []
@@ -210,22 +215,29 @@ def supervise_group(plans: list[StagePlan], classes: list[type[Stage]], keys: li
     return left
 
 
+def died(death: Died, oom_kills_before: int | None) -> Failed:
+    """The worker's death as an outcome: oom only with the cgroup's evidence (procs/spawn.Exit)."""
+    status, reason = spawn.Exit(death.code, oom_killed=spawn.oom_evidence(oom_kills_before)).outcome()
+    return Failed(status=status, reason=f"worker {reason}")
+
+
 def timing_of(seen: Followed, started: float, ended: float, paused: list[tuple[float, float]]) -> StageTiming:
     """Where the stage's time went (core/results.StageTiming): the worker's own split of its run,
     the teardown seen from here, and the imports a worker started ahead did before its go."""
-    timing = StageTiming(**seen.final.get("timing", {}), teardown_s=round(ended - seen.ended_at, 3))
+    timing = seen.final.timing.model_copy() if isinstance(seen.final, Result) else StageTiming()
+    timing.teardown_s = round(ended - seen.ended_at, 3)
     p = seen.prefetched
     if p:
-        timing.prefetched_s = prefetched_seconds(p["started"], p.get("ended"), started, paused)
-        timing.prefetch_cuda_initialized = p.get("cuda_initialized") or None
-        timing.prefetch_failed = list(p.get("failed") or [])
+        timing.prefetched_s = prefetched_seconds(p.started, p.ended, started, paused)
+        timing.prefetch_cuda_initialized = p.cuda_initialized or None
+        timing.prefetch_failed = list(p.failed)
     return timing
 
 
-def _end_group(proc: subprocess.Popen, final: dict, nvml: bool, baseline: dict[int, int]) -> Any:
+def _end_group(proc: subprocess.Popen, final: Final | Died, nvml: bool, baseline: dict[int, int]) -> GpuFree | None:
     """The group's worker ends (its engines close in it), then the card must be free."""
     try:
-        proc.wait(timeout=60 if final["type"] in ("result", "skipped") else 1)
+        proc.wait(timeout=60 if isinstance(final, (Result, Skipped)) else 1)
     except subprocess.TimeoutExpired:
         pass
     spawn.kill_session(proc.pid)
@@ -234,35 +246,34 @@ def _end_group(proc: subprocess.Popen, final: dict, nvml: bool, baseline: dict[i
         return None
     seen = wait_gpu_free(baseline, alive=lambda: session_pids(proc.pid))
     if seen.free:
-        return {"free": True, "waited_s": round(seen.waited_s, 2)}
-    return {"free": False, "waited_s": round(seen.waited_s, 2), "processes_left": seen.processes_left,
-            "used_bytes": {str(i): u for i, u in seen.used_bytes.items()}}
+        return GpuFree(free=True, waited_s=round(seen.waited_s, 2))
+    return GpuFree(free=False, waited_s=round(seen.waited_s, 2), processes_left=seen.processes_left,
+                   used_bytes={str(i): u for i, u in seen.used_bytes.items()})
 
 
-def memory_of(load_evt: dict | None, final: dict, sampler: MemorySampler) -> MemoryRecord:
-    memory = {**(load_evt or {}).get("memory", {}), **final.get("memory", {}), **sampler.peaks.as_dict()}
+def memory_of(load: Loaded | None, final: Final, sampler: MemorySampler) -> MemoryRecord:
+    """The stage's memory: the worker's own view at its load and its end, NVML's from outside."""
+    ends = final.memory if isinstance(final, (Result, Failed)) else None
+    memory = MemoryRecord(**{**(load.memory.model_dump(exclude_none=True) if load else {}),
+                             **(ends.model_dump(exclude_none=True) if ends else {}), **sampler.peaks.as_dict()})
     if sampler.error:
-        memory["note"] = sampler.error
-    if load_evt and "torch_allocated_bytes" in load_evt.get("memory", {}):
-        memory["after_load_allocated_bytes"] = load_evt["memory"]["torch_allocated_bytes"]
-    return MemoryRecord(**memory)
+        memory.note = sampler.error
+    if load and load.memory.torch_allocated_bytes is not None:
+        memory.after_load_allocated_bytes = load.memory.torch_allocated_bytes
+    return memory
 
 
-def outcome(plan: StagePlan, cls: type[Stage], final: dict, common: dict, rd: RunDir, spawned: float) -> StageResult:
-    kind = final["type"]
-    if kind != "result":
+def outcome(plan: StagePlan, cls: type[Stage], final: Final, common: dict[str, Any], rd: RunDir, spawned: float) -> StageResult:
+    if not isinstance(final, Result):
         rd.put_requests(plan.name, [])  # an earlier attempt's requests are not this result's
-    if kind == "skipped":
-        return skipped(plan, cls, "skipped", final["reason"], final.get("fix"), **common)
-    if kind != "result":
-        ended: tuple[Status, ...] = (*FAILED, "interrupted")
-        status: Status = next((s for s in ended if s == kind), "error")
-        return skipped(plan, cls, status, final.get("reason", kind), FIXES.get(status, f"see {rd.log(plan.name)}"),
+    if isinstance(final, Skipped):
+        return skipped(plan, cls, "skipped", final.reason, final.fix, **common)
+    if isinstance(final, Failed):
+        return skipped(plan, cls, final.status, final.reason, FIXES.get(final.status, f"see {rd.log(plan.name)}"),
                        partial=rd.read_partial(plan.name, spawned), **common)
-    stage_run = StageRun(**final["run"])
+    stage_run = final.run
     samples = stage_run.samples
-    result = stage_result(plan, cls, "ok", metrics=compute(samples), samples=compact(samples),
-                          energy=EnergyRecord(**final["energy"]) if final.get("energy") else None,
+    result = stage_result(plan, cls, "ok", metrics=compute(samples), samples=compact(samples), energy=final.energy,
                           quality=stage_run.quality, facts=stage_run.facts, extra=stage_run.extra, notes=stage_run.notes,
                           **common)
     rd.put_requests(plan.name, samples)

@@ -18,21 +18,22 @@ from typing import Any
 from llmopt_bench.core.contract import StageContext, StageSkipped
 from llmopt_bench.core.errors import describe, is_oom
 from llmopt_bench.core.models import ModelInfo, local_path
+from llmopt_bench.core.results import EnergyRecord, StageTiming
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.measure.energy import TimedMeter
-from llmopt_bench.procs.events import EventWriter
+from llmopt_bench.procs.events import EventWriter, Failed, FailedStatus, Loaded, Progress, Result, Skipped, WorkerMemory
 from llmopt_bench.run.preload import GO_ENV, await_turn
 from llmopt_bench.run.registry import import_entry
 
 
-def _torch_memory(device: str) -> dict:
-    out: dict = {"cpu_max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+def _torch_memory(device: str) -> WorkerMemory:
+    memory = WorkerMemory(cpu_max_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     torch = sys.modules.get("torch")
     if torch is not None and device == "cuda" and torch.cuda.is_initialized():
-        out.update(torch_peak_allocated_bytes=torch.cuda.max_memory_allocated(),
-                   torch_peak_reserved_bytes=torch.cuda.max_memory_reserved(),
-                   torch_allocated_bytes=torch.cuda.memory_allocated())
-    return out
+        memory.torch_peak_allocated_bytes = torch.cuda.max_memory_allocated()
+        memory.torch_peak_reserved_bytes = torch.cuda.max_memory_reserved()
+        memory.torch_allocated_bytes = torch.cuda.memory_allocated()
+    return memory
 
 
 def _pick_device() -> str:
@@ -47,7 +48,7 @@ def context(job: dict[str, Any], job_path: Path, device: str, events: EventWrite
     rd = RunDir(job_path.resolve().parent.parent.parent)
     return StageContext(
         run_dir=rd.root, stage_dir=rd.root / job["stage_dir"], device=device, log_path=rd.root / job["log"],
-        progress=lambda msg, done=None, total=None: events.send("progress", msg=msg, done=done, total=total),
+        progress=lambda msg, done=None, total=None: events.send(Progress(msg=msg, done=done, total=total)),
         reference_file=rd.root / job["reference_file"] if job.get("reference_file") else None,
         reference_name=job.get("reference_name"), provides_reference=bool(job.get("provides_reference")),
         keep_partial=lambda data: rd.write_json(rd.partial(job["stage"]), data),
@@ -70,8 +71,7 @@ def run_one(job: dict[str, Any], job_path: Path, events: EventWriter, shared: di
         stage = cls()
         info = stage.load(model, params, ctx)
         ready = time.time()
-        events.send("load", info=info.model_dump(mode="json"), load_s=ready - started,
-                    memory=_torch_memory(device))
+        events.send(Loaded(info=info, load_s=ready - started, memory=_torch_memory(device)))
         if device == "cuda":
             import torch
 
@@ -79,17 +79,18 @@ def run_one(job: dict[str, Any], job_path: Path, events: EventWriter, shared: di
         stage.warmup(workload, ctx)
         measuring = time.time()
         run = stage.run(workload, ctx)
-        events.send("result", run=run.model_dump(mode="json"), memory=_torch_memory(device), energy=ctx.meter.record("main"),
-                    timing=timing(ready, measuring, time.time(), ctx.meter))
+        energy = ctx.meter.record("main")
+        events.send(Result(run=run, memory=_torch_memory(device), energy=EnergyRecord.model_validate(energy) if energy else None,
+                           timing=timing(ready, measuring, time.time(), ctx.meter)))
         return True
     except StageSkipped as e:
-        events.send("skipped", reason=e.reason, fix=e.fix)
+        events.send(Skipped(reason=e.reason, fix=e.fix))
         return True
     except BaseException as e:  # noqa: BLE001 - every failure is reported, then the child exits
         tb = traceback.format_exc()
         print(tb, file=sys.stderr, flush=True)
-        kind = "oom" if is_oom(e) else ("interrupted" if isinstance(e, KeyboardInterrupt) else "error")
-        events.send(kind, reason=describe(e), traceback=tb, memory=_torch_memory(device))
+        status: FailedStatus = "oom" if is_oom(e) else ("interrupted" if isinstance(e, KeyboardInterrupt) else "error")
+        events.send(Failed(status=status, reason=describe(e), traceback=tb, memory=_torch_memory(device)))
         return False
     finally:
         if stage is not None:
@@ -99,10 +100,11 @@ def run_one(job: dict[str, Any], job_path: Path, events: EventWriter, shared: di
                 traceback.print_exc()
 
 
-def timing(ready: float, measuring: float, ran: float, meter: TimedMeter) -> dict[str, float | None]:
-    """Where the stage's time after its load went, by the worker's own clocks (core/results.StageTiming)."""
-    return {"warmup_s": round(measuring - ready, 3), "run_s": round(ran - measuring, 3),
-            "measured_s": round(meter.window_seconds, 3) if meter.totals else None}
+def timing(ready: float, measuring: float, ran: float, meter: TimedMeter) -> StageTiming:
+    """Where the stage's time after its load went, by the worker's own clocks (the supervisor adds
+    the teardown and what a worker started ahead imported)."""
+    return StageTiming(warmup_s=round(measuring - ready, 3), run_s=round(ran - measuring, 3),
+                       measured_s=round(meter.window_seconds, 3) if meter.totals else None)
 
 
 def log_to(path: Path) -> None:

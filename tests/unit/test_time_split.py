@@ -110,4 +110,4 @@ def test_the_measured_time_counts_each_window_once():
     with meter.window("concurrency 16"):
         pass
     meter.copy("concurrency 16", "main")
-    assert timing(100.0, 101.0, 110.0, meter) == {"warmup_s": 1.0, "run_s": 9.0, "measured_s": 3.0}
+    assert timing(100.0, 101.0, 110.0, meter) == StageTiming(warmup_s=1.0, run_s=9.0, measured_s=3.0)
