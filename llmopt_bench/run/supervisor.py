@@ -30,6 +30,7 @@ from llmopt_bench.run.prefetch import Launched, Turn, prefetched_seconds
 from llmopt_bench.run.preload import GO_ENV, RUNNER_ENV
 from llmopt_bench.run.registry import StagePlan, entry_value
 from llmopt_bench.run.rundir import RunDir
+from llmopt_bench.run.worker import StageJob
 
 FIXES = {"oom": "lower --batch-size, --input-len or the stage's max_model_len, or use a smaller model",
          "timeout": "raise --timeout, or lower --num-prompts / --max-new-tokens",
@@ -41,15 +42,13 @@ def write_job(plan: StagePlan, cls: type[Stage], run: RunResult, model: ModelInf
     """The child's job, with paths relative to the run directory (a committed run leaks no
     machine's layout). Returns the spawn time the child measures its load from (for a worker
     started ahead, its go: the job is written again then)."""
-    spawned = time.time()
-    rd.write_json(rd.job(plan.name), {
-        "stage": plan.name, "entry": entry_value(plan.stage), "params": plan.params,
-        "model": model.model_dump(mode="json"), "workload": run.workload.model_dump(mode="json"),
-        "stage_dir": rd.relative(rd.stage_dir(plan.name)), "log": rd.relative(rd.log(plan.name)),
-        "reference_file": rd.relative(ref.file) if ref.file else None, "reference_name": ref.name,
-        "provides_reference": ref.name == plan.name, "spawned_at": spawned, "owns_device": getattr(cls, "owns_device", True),
-        "share_key": share_key})
-    return spawned
+    job = StageJob(stage=plan.name, entry=entry_value(plan.stage), params=plan.params, model=model, workload=run.workload,
+                   stage_dir=rd.relative(rd.stage_dir(plan.name)), log=rd.relative(rd.log(plan.name)),
+                   reference_file=rd.relative(ref.file) if ref.file else None, reference_name=ref.name,
+                   provides_reference=ref.name == plan.name, spawned_at=time.time(), owns_device=cls.owns_device,
+                   share_key=share_key)
+    rd.write_json(rd.job(plan.name), job.model_dump(mode="json"))
+    return job.spawned_at
 
 
 def write_jobs(plans: list[StagePlan], classes: list[type[Stage]], keys: list[str | None], run: RunResult, model: ModelInfo,
