@@ -2,8 +2,8 @@
 dedicated pipe (the worker's stdout and stderr go to its log, where engines are free to be noisy).
 
 The worker sends, in order: `prefetched` (a worker started ahead, once its imports are done),
-then per stage `progress` (any number), `load`, and one final event: `result`, `skipped` or
-`failed`. The supervisor reads them back as the same types (`Event`, a union told apart by
+then per stage `progress` (any number), `load`, and one final event: `result`, `skipped`,
+`failed` or `interrupted`. The supervisor reads them back as the same types (`Event`, a union told apart by
 `type`); a line that is not one of them is `Unreadable`, never guessed at."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from llmopt_bench.core.results import EnergyRecord, StageTiming
 
 FD_ENV = "LLMOPT_EVENT_FD"
 
-# how a stage ended without a result (core/results.Status less "ok" and "skipped"): the worker
-# says error, oom or interrupted; the supervisor says timeout, or how the worker died
-FailedStatus = Literal["oom", "timeout", "error", "interrupted", "killed"]
+# how a stage failed (core/results.FAILED): the worker says error or oom, the supervisor says
+# timeout, or how the worker died (procs/spawn.Exit: killed, oom with the cgroup's evidence)
+FailedStatus = Literal["oom", "timeout", "error", "killed"]
 
 
 class WorkerMemory(StrictModel):
@@ -85,8 +85,8 @@ class Skipped(StrictModel):
 
 
 class Failed(StrictModel):
-    """The stage ended without a result: sent by the worker (an exception: error, oom,
-    interrupted), or made by the supervisor (a timeout, the worker's death)."""
+    """The stage failed: sent by the worker (an exception: error, oom), or made by the supervisor
+    (its timeout, the worker's death)."""
 
     type: Literal["failed"] = "failed"
     status: FailedStatus
@@ -95,8 +95,17 @@ class Failed(StrictModel):
     memory: WorkerMemory | None = None
 
 
-Event = Annotated[Union[Progress, Loaded, Prefetched, Result, Skipped, Failed], Field(discriminator="type")]
-Final = Union[Result, Skipped, Failed]  # the event that ends a stage
+class Interrupted(StrictModel):
+    """The worker was interrupted (Ctrl-C or SIGTERM reached it as KeyboardInterrupt)."""
+
+    type: Literal["interrupted"] = "interrupted"
+    reason: str
+    traceback: str | None = None
+    memory: WorkerMemory | None = None
+
+
+Event = Annotated[Union[Progress, Loaded, Prefetched, Result, Skipped, Failed, Interrupted], Field(discriminator="type")]
+Final = Union[Result, Skipped, Failed, Interrupted]  # the event that ends a stage
 EVENT: TypeAdapter[Event] = TypeAdapter(Event)
 
 

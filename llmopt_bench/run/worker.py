@@ -21,7 +21,7 @@ from llmopt_bench.core.records import StrictModel
 from llmopt_bench.core.results import EnergyRecord, StageTiming
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.measure.energy import TimedMeter
-from llmopt_bench.procs.events import EventWriter, Failed, FailedStatus, Loaded, Progress, Result, Skipped, WorkerMemory
+from llmopt_bench.procs.events import EventWriter, Failed, Interrupted, Loaded, Progress, Result, Skipped, WorkerMemory
 from llmopt_bench.run.preload import GO_ENV, await_turn
 from llmopt_bench.run.registry import import_entry
 
@@ -113,8 +113,11 @@ def run_one(job: StageJob, job_path: Path, events: EventWriter, shared: dict[str
     except BaseException as e:  # noqa: BLE001 - every failure is reported, then the child exits
         tb = traceback.format_exc()
         print(tb, file=sys.stderr, flush=True)
-        status: FailedStatus = "oom" if is_oom(e) else ("interrupted" if isinstance(e, KeyboardInterrupt) else "error")
-        events.send(Failed(status=status, reason=describe(e), traceback=tb, memory=_torch_memory(device)))
+        memory = _torch_memory(device)
+        if isinstance(e, KeyboardInterrupt):
+            events.send(Interrupted(reason=describe(e), traceback=tb, memory=memory))
+        else:
+            events.send(Failed(status="oom" if is_oom(e) else "error", reason=describe(e), traceback=tb, memory=memory))
         return False
     finally:
         if stage is not None:

@@ -7,11 +7,13 @@ from __future__ import annotations
 import os
 import queue
 
+from llmopt_bench.core.contract import Stage
 from llmopt_bench.core.records import LoadInfo, RequestSample, StageRun
 from llmopt_bench.core.results import EnergyRecord, StageTiming
 from llmopt_bench.procs.events import (
     EventWriter,
     Failed,
+    Interrupted,
     Loaded,
     Prefetched,
     Progress,
@@ -23,7 +25,9 @@ from llmopt_bench.procs.events import (
     start_reader,
 )
 from llmopt_bench.run.durations import Timeline
+from llmopt_bench.run.prefetch import Launched
 from llmopt_bench.run.registry import StagePlan
+from llmopt_bench.run.session import ReadyStage
 from llmopt_bench.run.supervisor import follow
 
 SAMPLE = RequestSample(request_id="r0", prompt_id="p0", prompt_tokens=4, output_tokens=2, t_submit=0.0, t_first=0.1,
@@ -36,6 +40,7 @@ EVENTS = [
            energy=EnergyRecord(joules=3.0, seconds=1.5), timing=StageTiming(warmup_s=0.5, run_s=2.0, measured_s=1.5)),
     Skipped(reason="no FP8 here", fix="use a card with FP8"),
     Failed(status="oom", reason="CUDA out of memory", traceback="Traceback ...", memory=WorkerMemory()),
+    Interrupted(reason="KeyboardInterrupt"),
 ]
 
 
@@ -56,6 +61,7 @@ def test_a_line_that_is_no_event_is_unreadable_with_the_reason():
     wrong = read_event('{"type": "load", "load_s": 1.0}')
     assert isinstance(wrong, Unreadable) and wrong.error.startswith("load.info:"), wrong  # which field, of which event
     assert isinstance(read_event('{"type": "failed", "status": "bored", "reason": "x"}'), Unreadable)
+    assert isinstance(read_event('{"type": "failed", "status": "interrupted", "reason": "x"}'), Unreadable)  # its own event
 
 
 class _Reporter:
@@ -72,7 +78,9 @@ def _follow(*events):
         q.put(e)
     loads: list[int] = []
     reporter = _Reporter()
-    seen = follow(None, q, StagePlan("t-stage"), 30.0, reporter, on_load=lambda: loads.append(1), timeline=Timeline(0.0))
+    worker = Launched(proc=None, events=q, spawned=0.0)  # type: ignore[arg-type]  # no process: it never dies here
+    stage = ReadyStage(StagePlan("t-stage"), Stage, timeout_s=30.0)
+    seen = follow(worker, stage, reporter, on_load=lambda: loads.append(1), timeline=Timeline(0.0))
     return seen, reporter.said, loads
 
 

@@ -9,9 +9,9 @@ import shutil
 from llmopt_bench.core.models import ModelInfo
 from llmopt_bench.core.results import RunResult
 from llmopt_bench.core.workload import WorkloadConfig
-from llmopt_bench.run.outcomes import Reference
 from llmopt_bench.run.registry import StagePlan, load_stage
 from llmopt_bench.run.rundir import RunDir
+from llmopt_bench.run.session import ReadyStage, Reference, RunSession
 from llmopt_bench.run.supervisor import write_job
 from llmopt_bench.run.worker import StageJob, context
 
@@ -25,7 +25,8 @@ def test_the_worker_reads_the_job_its_supervisor_wrote_from_a_moved_run_director
     run = RunResult(run_id="r", created_at="now", command="llmopt bench", workload=workload)
     plan = StagePlan("bnb-twin", {"repeats": 2}, stage="bnb-nf4")
     ref = Reference("hf-fp16", rd.stage_dir("hf-fp16") / "quality_reference.pt")
-    spawned = write_job(plan, load_stage("bnb-nf4"), run, MODEL, rd, ref, share_key="k1")
+    session = RunSession(run, rd, MODEL, ref, worker_env={}, reporter=None)  # type: ignore[arg-type]
+    spawned = write_job(session, ReadyStage(plan, load_stage("bnb-nf4"), 60.0, share_key="k1"))
 
     raw = json.loads(rd.job("bnb-twin").read_text())
     assert raw["stage_dir"] == "stages/bnb-twin" and raw["log"] == "logs/bnb-twin.log"  # nothing of this machine's layout
