@@ -1,8 +1,8 @@
 """The child process that runs one stage: load, warm up, measure, tear down, and send back
-its samples or the reason it could not. Started by the runner as
-`python -m llmopt_bench.worker RUN_DIR/stages/NAME/job.json` in a new session, so it can be
-killed whole; with several jobs, a stage group that shares one engine (engines/engine_pool.py).
-Paths in the job are relative to the run directory."""
+its samples or the reason it could not (typed events, procs/events.py). Started by the
+supervisor as `python -m llmopt_bench.run.worker RUN_DIR/stages/NAME/job.json` in a new session,
+so it can be killed whole; with several jobs, a stage group that shares one engine
+(engines/engine_pool.py). Each job is a StageJob, its paths relative to the run directory."""
 
 from __future__ import annotations
 
