@@ -7,7 +7,10 @@ dtype join the load record; what the generic analyses read of a stage's own meas
 covered the whole run() (schema 1 read the counter around all of it, untimed work included).
 
 Within schema 2, a recorded name that changed is renamed on read (RENAMED_PHASES), so that every
-run, old or new, names one figure one way."""
+run, old or new, names one figure one way.
+
+Everything here is run.json's raw JSON (dict[str, Any]): free-form until core/results.parse_run
+validates what migrate() returns."""
 
 from __future__ import annotations
 
@@ -23,7 +26,6 @@ SCHEMA_1_ENERGY = "whole run() (schema 1: quality passes, clock checks and sweep
 RENAMED_PHASES = {"weights_load_s": "weights_read_s"}
 
 
-# run.json's raw content: free-form until validated (core/results.parse_run validates what this returns)
 def migrate(raw: dict[str, Any]) -> dict[str, Any]:
     if raw.get("schema_version") == 1:
         raw = v1_to_v2(raw)

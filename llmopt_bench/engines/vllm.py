@@ -34,7 +34,7 @@ class EngineConfig:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     seed: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # more of vLLM's own engine arguments, passed as they are
 
 
 def _worker_attention_backends(worker: Any) -> list[str]:
@@ -96,6 +96,7 @@ def build_engine(model_path: str, cfg: EngineConfig, log_path: Path | None) -> t
     from vllm import LLM
 
     t_import = now()
+    # vLLM's LLM(**kwargs): its own arguments, of its own types
     kwargs: dict[str, Any] = dict(model=model_path, dtype=cfg.dtype, seed=cfg.seed, enforce_eager=cfg.enforce_eager,
                                   tensor_parallel_size=cfg.tensor_parallel_size, load_format=cfg.load_format,
                                   gpu_memory_utilization=cfg.gpu_memory_utilization,

@@ -126,7 +126,7 @@ class VLLMServer:
         self.proc: subprocess.Popen | None = None
         self.entry: list[str] = CLI_ENTRY
         self.entry_note: str | None = None
-        self._memory_before: dict[str, Any] = {}
+        self._memory_before: dict[str, Any] = {}  # lifecycle.device_memory's record: what NVML (and torch) could say
 
     @property
     def base_url(self) -> str:
@@ -232,7 +232,8 @@ class VLLMServer:
 
     def stop(self, grace_s: float = 30.0, freed_limit_s: float = 60.0) -> dict[str, Any]:
         """SIGTERM the server's session, SIGKILL what is left after grace_s, then wait until no
-        process of it lives and the device memory is back. Idempotent."""
+        process of it lives and the device memory is back. Idempotent. Returns the stop's record,
+        kept whole in the stage's extra (`server`): free-form, with the device memory's part."""
         proc, self.proc = self.proc, None
         if proc is None:
             return {"stopped": False}
@@ -268,7 +269,8 @@ class VLLMServer:
 
 def wait_device_memory(before: dict[str, Any], limit_s: float) -> dict[str, Any]:
     """Wait until the GPUs' used memory is back within 1 GiB of `before` (nothing to wait for
-    without a GPU). Only the memory: the server's processes are checked by session."""
+    without a GPU). Only the memory: the server's processes are checked by session. `before` and
+    the answer are lifecycle.device_memory's free-form records."""
     baseline = {int(i): b for i, b in before.get("nvml_used_by_device", {}).items()}
     seen = wait_gpu_free(baseline, tolerance=GIB, limit_s=limit_s, poll_s=0.5)
     return {"after_shutdown": lifecycle.device_memory(use_torch=False), "memory_freed": seen.memory_free,
