@@ -4,7 +4,13 @@ Schema 1 -> 2: the quality block leaves `extra` for the typed `quality` field; t
 reference, named "hf-fp16" in schema 1, becomes a flag on its result; the KV cache's size and
 dtype join the load record; what the generic analyses read of a stage's own measurements
 (decode batch, batch-1 TPOT, saturated throughput) becomes `facts`; the energy record says it
-covered the whole run() (schema 1 read the counter around all of it, untimed work included)."""
+covered the whole run() (schema 1 read the counter around all of it, untimed work included).
+
+Within schema 2, a recorded name that changed is renamed on read (RENAMED_PHASES), so that every
+run, old or new, names one figure one way.
+
+Everything here is run.json's raw JSON (dict[str, Any]): free-form until core/results.parse_run
+validates what migrate() returns."""
 
 from __future__ import annotations
 
@@ -15,10 +21,32 @@ SCHEMA_1_REFERENCE = "hf-fp16"  # the only stage schema 1 compared quality again
 SCHEMA_1_ENERGY = "whole run() (schema 1: quality passes, clock checks and sweeps included)"
 
 
+# load.phases_s: the served engine's weight read was `weights_load_s` until 2026-12-06, when one
+# reader of vLLM's start log (engines/vllm_startlog.py) gave the offline engine and the server one name
+RENAMED_PHASES = {"weights_load_s": "weights_read_s"}
+
+
 def migrate(raw: dict[str, Any]) -> dict[str, Any]:
     if raw.get("schema_version") == 1:
         raw = v1_to_v2(raw)
-    return raw
+    return renamed_phases(raw)
+
+
+def renamed_phases(raw: dict[str, Any]) -> dict[str, Any]:
+    """The load phases under their current names (RENAMED_PHASES), their values unchanged."""
+    def phases(stage: dict[str, Any]) -> dict[str, Any]:
+        return (stage.get("load") or {}).get("phases_s") or {}
+
+    if not any(old in phases(s) for s in raw.get("stages", []) for old in RENAMED_PHASES):
+        return raw
+    out = copy.deepcopy(raw)
+    for stage in out["stages"]:
+        found = phases(stage)
+        for old, new in RENAMED_PHASES.items():
+            if old in found:
+                found.setdefault(new, found[old])
+                del found[old]
+    return out
 
 
 def v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""The fixed prompt set, the workload knobs, and arrival processes.
+"""The fixed prompt set, the workload knobs (WorkloadConfig: each option's default, range and
+help) and the token-id requests they resolve to. Arrival schedules live in load/ (arrivals.py),
+the generated workload kinds in workloads/.
 
 A workload resolves to token-id requests with the model's own tokenizer, so that every stage
 receives exactly the same tokens and token counts are exact."""

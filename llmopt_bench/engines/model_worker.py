@@ -17,7 +17,11 @@ on the pipe FD. A probe's answer is the same as in a fresh process:
   a fresh worker, which loads the model again. The probe is recorded as run_isolated records it.
 
 Peak memory is per probe (static_batching.reset_peaks before each). Every answer carries
-`worker`: its pid, loads so far, and whether it went on; stats() counts the loads."""
+`worker`: its pid, loads so far, and whether it went on; stats() counts the loads.
+
+The pipe carries two typed events (Loading, Answered); a probe's job and its answer stay JSON
+objects: each probe kind (static_batching.PROBES) reads its own job and writes its own answer,
+which the scenarios record as they are (free-form here, hence dict[str, Any])."""
 
 from __future__ import annotations
 
@@ -29,13 +33,33 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Callable, Literal, Union
 
+from pydantic import Field, TypeAdapter
+
+from llmopt_bench.core.records import StrictModel
 from llmopt_bench.engines.static_batching import PROBES, failure, load_for_probes, reset_peaks, write_answer
 from llmopt_bench.measure.timing import now
 from llmopt_bench.procs import spawn
 
 TIMEOUT = "timeout"
+
+
+class Loading(StrictModel):
+    """The worker starts loading a model (its first probe's, or one a probe asks for anew)."""
+
+    type: Literal["loading"] = "loading"
+
+
+class Answered(StrictModel):
+    """The probe's answer is in its file (`out`): written before this is sent, kept if the worker dies."""
+
+    type: Literal["answer"] = "answer"
+    out: str
+
+
+WorkerEvent = Annotated[Union[Loading, Answered], Field(discriminator="type")]
+WORKER_EVENT: TypeAdapter[WorkerEvent] = TypeAdapter(WorkerEvent)
 
 
 class ModelWorker:
@@ -58,7 +82,7 @@ class ModelWorker:
             self.probes += 1
             self.wall_s += now() - t0
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, int | float]:
         """What the stage records: model loads, worker processes, probes and their wall time."""
         return {"probe_loads": self.loads, "probe_workers": self.workers, "probe_count": self.probes,
                 "probe_wall_s": round(self.wall_s, 3)}
@@ -78,10 +102,10 @@ class ModelWorker:
         except OSError:  # the worker is gone: its exit is the answer, below
             pass
         try:
-            while isinstance(event := self.next_event(deadline), dict):  # else None (gone) or TIMEOUT
-                if event["event"] == "loading":
+            while isinstance(event := self.next_event(deadline), (Loading, Answered)):  # else None (gone) or TIMEOUT
+                if isinstance(event, Loading):
                     self.loads += 1
-                elif event["event"] == "answer":
+                else:
                     return self.answered(out_path, round(now() - t0, 3))
         except BaseException:  # an interrupt of ours (the stage's timeout, Ctrl-C): the worker goes at once
             self.stop()
@@ -118,7 +142,7 @@ class ModelWorker:
         self.workers += 1
         return proc
 
-    def next_event(self, deadline: float) -> dict[str, Any] | str | None:
+    def next_event(self, deadline: float) -> WorkerEvent | str | None:
         """The worker's next line on its pipe; None at its end (the worker is gone), TIMEOUT past deadline."""
         fd = self.fd
         if fd is None:  # stopped: no worker to hear from
@@ -132,7 +156,7 @@ class ModelWorker:
                 return None
             self.buf += chunk
         line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)
+        return WORKER_EVENT.validate_json(line)
 
     def stop(self, grace_s: float = 0.0) -> int | None:
         """End the worker: stdin closed (it exits between probes), killed after grace_s (at
@@ -205,7 +229,7 @@ def after_probe(m: Any) -> dict[str, Any]:
         return {"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
 
 
-def serve(tell: Any) -> None:
+def serve(tell: Callable[[WorkerEvent], None]) -> None:
     """Take jobs from stdin until it closes, or until a probe leaves the process unfit."""
     loaded, key, loads = None, None, 0
     for line in sys.stdin:
@@ -215,7 +239,7 @@ def serve(tell: Any) -> None:
         try:
             if loaded is None or load_key(job) != key:
                 loaded = key = None  # the previous model goes before the next one loads
-                tell({"event": "loading"})
+                tell(Loading())
                 t0 = now()
                 loaded, key, loads = load_for_probes(job), load_key(job), loads + 1
                 info["load_s"] = round(now() - t0, 3)
@@ -230,7 +254,7 @@ def serve(tell: Any) -> None:
         info["loads"] = loads
         answer["worker"] = info
         write_answer(req["out"], answer)
-        tell({"event": "answer", "out": req["out"]})
+        tell(Answered(out=req["out"]))
         if not info["went_on"]:
             return
 
@@ -238,8 +262,8 @@ def serve(tell: Any) -> None:
 def main(argv: list[str]) -> int:
     pipe = os.fdopen(int(argv[0]), "w", buffering=1)
 
-    def tell(event: dict[str, Any]) -> None:
-        pipe.write(json.dumps(event) + "\n")
+    def tell(event: WorkerEvent) -> None:
+        pipe.write(event.model_dump_json() + "\n")
 
     serve(tell)
     return 0

@@ -8,7 +8,6 @@ is what a client of the engine sees."""
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,33 +17,8 @@ from llmopt_bench.core.dispatch import Dispatcher, Send
 from llmopt_bench.core.records import LoadInfo, RequestSample
 from llmopt_bench.core.workload import Request
 from llmopt_bench.engines.lifecycle import release_cached_memory
-from llmopt_bench.engines.vllm_startlog import start_phases
+from llmopt_bench.engines.vllm_startlog import read_start
 from llmopt_bench.measure.timing import now
-
-# What vLLM logs about the choices it made (the engine core runs in its own process, so its
-# decisions reach us only through the log). Patterns cover 0.26 and 0.32.
-LOG_PATTERNS = {
-    "attention_backend": r"Using (?:AttentionBackendEnum\.)?([A-Z_0-9]+) (?:attention )?backend",
-    "linear_kernel": r"Using ([A-Za-z0-9_]+(?:Linear|Kernel)[A-Za-z0-9_]*) for ([A-Za-z0-9_\-]+)",
-    "kv_cache_tokens": r"KV cache size: ([\d,]+) tokens",
-    "max_concurrency": r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x",
-    "weights_load_s": r"Loading weights took ([\d.]+) s",
-    "model_load_gib_s": r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) s",
-    "compile_s": r"torch\.compile (?:took|takes) ([\d.]+) s in total",  # 0.26 and 0.32 say "took"
-    "graph_capture_s": r"Graph capturing finished in ([\d.]+) secs?",
-    "engine_init_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
-    "quant_method": r"quantization=([a-z0-9_\-]+)",
-}
-
-
-def parse_log(text: str) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    for key, pat in LOG_PATTERNS.items():
-        matches = re.findall(pat, text)
-        if matches:
-            # "CPUWNA16LinearKernel for AutoAWQMarlinLinearMethod": the kernel, and the layers it serves
-            found[key] = matches[-1] if key != "linear_kernel" else sorted({f"{m[0]} for {m[1]}" for m in matches})
-    return found
 
 
 @dataclass
@@ -60,7 +34,7 @@ class EngineConfig:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     seed: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # more of vLLM's own engine arguments, passed as they are
 
 
 def _worker_attention_backends(worker: Any) -> list[str]:
@@ -122,6 +96,7 @@ def build_engine(model_path: str, cfg: EngineConfig, log_path: Path | None) -> t
     from vllm import LLM
 
     t_import = now()
+    # vLLM's LLM(**kwargs): its own arguments, of its own types
     kwargs: dict[str, Any] = dict(model=model_path, dtype=cfg.dtype, seed=cfg.seed, enforce_eager=cfg.enforce_eager,
                                   tensor_parallel_size=cfg.tensor_parallel_size, load_format=cfg.load_format,
                                   gpu_memory_utilization=cfg.gpu_memory_utilization,
@@ -132,29 +107,22 @@ def build_engine(model_path: str, cfg: EngineConfig, log_path: Path | None) -> t
     llm = LLM(**kwargs)
     ready = now()
     log_text = log_path.read_text(errors="replace") if log_path and log_path.is_file() else ""
-    seen = parse_log(log_text)
+    start = read_start(log_text)  # the engine's own steps and choices, from its log (engines/vllm_startlog.py)
     cache = llm.llm_engine.vllm_config.cache_config
-    phases = {"import_s": round(t_import - t0, 3), "engine_total_s": round(ready - t_import, 3)}
-    if "weights_load_s" in seen:
-        phases["weights_s"] = float(seen["weights_load_s"])
-    phases.update(start_phases(log_text))  # the engine's own steps, from its log (engines/vllm_startlog.py)
-    kv = {"num_blocks": cache.num_gpu_blocks, "block_size": cache.block_size,
-          "tokens": int(seen["kv_cache_tokens"].replace(",", "")) if "kv_cache_tokens" in seen else None}
-    if "max_concurrency" in seen:
-        kv["max_concurrency"] = float(seen["max_concurrency"][1])
-        kv["max_concurrency_at_tokens"] = int(seen["max_concurrency"][0].replace(",", ""))
+    phases = {"import_s": round(t_import - t0, 3), "engine_total_s": round(ready - t_import, 3), **start.phases_s}
+    # free-form like the rest of LoadInfo.implementation: what this engine can say of itself
+    kv: dict[str, Any] = {"num_blocks": cache.num_gpu_blocks, "block_size": cache.block_size, "tokens": start.kv_cache_tokens}
+    if start.max_concurrency is not None:
+        kv["max_concurrency"], kv["max_concurrency_at_tokens"] = start.max_concurrency, start.max_concurrency_at_tokens
     workers = attention_backends(llm)
     impl = {"engine": "vllm", "dtype": cfg.dtype, "quantization": cfg.quantization, "load_format": cfg.load_format,
-            "attention_backend": "+".join(workers) if workers else seen.get("attention_backend", cfg.attention_backend),
-            "attention_backend_source": "workers" if workers else "log" if "attention_backend" in seen else "requested",
-            "attention_backend_requested": cfg.attention_backend, "linear_kernels": seen.get("linear_kernel"),
+            "attention_backend": "+".join(workers) if workers else start.attention_backend or cfg.attention_backend,
+            "attention_backend_source": "workers" if workers else "log" if start.attention_backend else "requested",
+            "attention_backend_requested": cfg.attention_backend, "linear_kernels": start.linear_kernels,
             "flashinfer_sampler": os.environ["VLLM_USE_FLASHINFER_SAMPLER"] == "1",
             "enforce_eager": cfg.enforce_eager, "tensor_parallel_size": cfg.tensor_parallel_size,
             "max_model_len": llm.llm_engine.vllm_config.model_config.max_model_len, "kv_cache": kv}
-    weights = None
-    if "model_load_gib_s" in seen:
-        weights = int(float(seen["model_load_gib_s"][0]) * 1024**3)
-    return llm, LoadInfo(phases_s=phases, implementation=impl, versions={"vllm": vllm.__version__}, weights_bytes=weights)
+    return llm, LoadInfo(phases_s=phases, implementation=impl, versions={"vllm": vllm.__version__}, weights_bytes=start.model_memory_bytes)
 
 
 def sampling(max_new_tokens: int) -> Any:

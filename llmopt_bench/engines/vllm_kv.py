@@ -1,15 +1,15 @@
 """vLLM's KV cache as a record: blocks, tokens, bytes (from the model's shape and the cache
 dtype), and how many sequences of a context length it holds at once. Read from a running
 engine and its log (vLLM's engine core runs in its own process: its decisions reach us only
-through the log)."""
+through the log, read by engines/vllm_startlog.py)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 from llmopt_bench.core.records import StrictModel
+from llmopt_bench.engines.vllm_startlog import read_start
 
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
@@ -46,17 +46,13 @@ def kv_cache_record(llm: Any, model: Any, dtype: str, log_path: Path | None,
     kv_dtype = cache.cache_dtype if getattr(cache, "cache_dtype", "auto") not in (None, "auto") else dtype
     per_token = kv_bytes_per_token(model, kv_dtype)
     tokens = cache.num_gpu_blocks * cache.block_size
-    text = log_path.read_text(errors="replace") if log_path and log_path.is_file() else ""
-    logged = re.findall(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
-    avail = re.findall(r"Available KV cache memory: ([\d.]+) GiB", text)
+    start = read_start(log_path.read_text(errors="replace") if log_path and log_path.is_file() else "")
     return KVCacheRecord(
         num_blocks=cache.num_gpu_blocks, block_size=cache.block_size, tokens=tokens, kv_dtype=kv_dtype,
         bytes_per_token=per_token, bytes=tokens * per_token if per_token else None,
-        available_bytes_logged=int(float(avail[-1]) * 1024**3) if avail else None,
-        max_model_len=cfg.model_config.max_model_len, max_num_seqs=max_num_seqs,
-        max_concurrency=float(logged[-1][1]) if logged else None,
-        max_concurrency_at_tokens=int(logged[-1][0].replace(",", "")) if logged else None,
-        max_concurrency_source="engine log line 'Maximum concurrency for N tokens per request'" if logged else None)
+        available_bytes_logged=start.available_kv_bytes, max_model_len=cfg.model_config.max_model_len,
+        max_num_seqs=max_num_seqs, max_concurrency=start.max_concurrency, max_concurrency_at_tokens=start.max_concurrency_at_tokens,
+        max_concurrency_source="engine log line 'Maximum concurrency for N tokens per request'" if start.max_concurrency else None)
 
 
 def kv_line(kv: KVCacheRecord) -> str:

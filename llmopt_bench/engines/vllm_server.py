@@ -21,7 +21,7 @@ from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
 from llmopt_bench.core.records import LoadInfo
 from llmopt_bench.engines import lifecycle
 from llmopt_bench.engines import vllm as V
-from llmopt_bench.engines.vllm_startlog import start_phases
+from llmopt_bench.engines.vllm_startlog import read_start
 from llmopt_bench.procs import spawn
 from llmopt_bench.procs.gpu import GIB, wait_gpu_free
 from llmopt_bench.procs.interpreters import engine_python, look
@@ -126,7 +126,7 @@ class VLLMServer:
         self.proc: subprocess.Popen | None = None
         self.entry: list[str] = CLI_ENTRY
         self.entry_note: str | None = None
-        self._memory_before: dict[str, Any] = {}
+        self._memory_before: dict[str, Any] = {}  # lifecycle.device_memory's record: what NVML (and torch) could say
 
     @property
     def base_url(self) -> str:
@@ -220,25 +220,20 @@ class VLLMServer:
             time.sleep(poll_s)
 
     def _load_info(self, ready_s: float) -> LoadInfo:
-        text = self.log_path.read_text(errors="replace")
-        seen = V.parse_log(text)
-        phases = {"server_ready_s": round(ready_s, 3)}
-        for key in ("weights_load_s", "compile_s", "graph_capture_s", "engine_init_s"):
-            if key in seen:
-                phases[key] = float(seen[key])
-        phases.update(start_phases(text))  # the engine's own steps, from its log
+        start = read_start(self.log_path.read_text(errors="replace"))  # the engine's own steps and choices, from its log
         impl = {"engine": "vllm-server", "dtype": self.cfg.dtype, "quantization": self.cfg.quantization,
-                "attention_backend": seen.get("attention_backend", self.cfg.attention_backend),
-                "linear_kernels": seen.get("linear_kernel"), "kv_cache_tokens": seen.get("kv_cache_tokens"),
+                "attention_backend": start.attention_backend or self.cfg.attention_backend,
+                "linear_kernels": start.linear_kernels, "kv_cache_tokens": start.kv_cache_tokens,
                 "enforce_eager": self.cfg.enforce_eager, "tensor_parallel_size": self.cfg.tensor_parallel_size,
                 "command": self.reproduce(), "entry": " ".join(self.entry)}
-        weights = int(float(seen["model_load_gib_s"][0]) * 1024**3) if "model_load_gib_s" in seen else None
         notes = [self.entry_note] if self.entry_note else []
-        return LoadInfo(phases_s=phases, implementation=impl, weights_bytes=weights, notes=notes)
+        return LoadInfo(phases_s={"server_ready_s": round(ready_s, 3), **start.phases_s}, implementation=impl,
+                        weights_bytes=start.model_memory_bytes, notes=notes)
 
     def stop(self, grace_s: float = 30.0, freed_limit_s: float = 60.0) -> dict[str, Any]:
         """SIGTERM the server's session, SIGKILL what is left after grace_s, then wait until no
-        process of it lives and the device memory is back. Idempotent."""
+        process of it lives and the device memory is back. Idempotent. Returns the stop's record,
+        kept whole in the stage's extra (`server`): free-form, with the device memory's part."""
         proc, self.proc = self.proc, None
         if proc is None:
             return {"stopped": False}
@@ -274,7 +269,8 @@ class VLLMServer:
 
 def wait_device_memory(before: dict[str, Any], limit_s: float) -> dict[str, Any]:
     """Wait until the GPUs' used memory is back within 1 GiB of `before` (nothing to wait for
-    without a GPU). Only the memory: the server's processes are checked by session."""
+    without a GPU). Only the memory: the server's processes are checked by session. `before` and
+    the answer are lifecycle.device_memory's free-form records."""
     baseline = {int(i): b for i, b in before.get("nvml_used_by_device", {}).items()}
     seen = wait_gpu_free(baseline, tolerance=GIB, limit_s=limit_s, poll_s=0.5)
     return {"after_shutdown": lifecycle.device_memory(use_torch=False), "memory_freed": seen.memory_free,

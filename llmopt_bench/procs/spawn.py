@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Sequence
+from typing import IO, Any, Literal, Sequence
 
 from llmopt_bench.procs.tree import SESSION, members
 
@@ -44,7 +44,7 @@ class Exit:
     def signal(self) -> int | None:
         return -self.code if self.code is not None and self.code < 0 else None
 
-    def outcome(self) -> tuple[str, str]:
+    def outcome(self) -> tuple[Literal["timeout", "oom", "killed", "error"], str]:
         """(status, reason) for a child that sent no answer of its own."""
         if self.timed_out:
             return "timeout", "exceeded its timeout"

@@ -2,7 +2,7 @@
 roofline needs (copy bandwidth, matrix throughput per dtype: fp16/bf16/fp32, FP8 on Hopper/Ada,
 INT8), and prepare the model's checkpoint; meanwhile vLLM's model inspection fills its cache
 (engines/vllm_modelinfo.py), once per cache, so that no engine start pays for it.
-`python -m llmopt_bench.probe JOB.json` writes its answer to the path the job names."""
+`python -m llmopt_bench.run.envprobe JOB.json` writes its answer to the path the job names."""
 
 from __future__ import annotations
 

