@@ -270,9 +270,12 @@ def http_cost_blocks(result: Any, run: Any, engine_keys: tuple[str, ...], schedu
     missing = "" if sat is not None else (" No offline result at the same scheduler limits (max_num_seqs, "
                                           "max_num_batched_tokens, gpu_memory_utilization) measured a saturated throughput: "
                                           "run continuous-batching with them in the same run for that row.")
+    text_sent = (result.extra or {}).get("settings", {}).get("prompt_format") == "text"
     return [Block(text="HTTP's own cost: this server beside the offline vLLM engine at the same engine config (same weights, "
                        "dtype, quantization and kernels; for saturation the same scheduler limits too). 'HTTP adds' is served "
-                       "minus offline; the ratio is served / offline." + missing,
+                       "minus offline; the ratio is served / offline."
+                       + (" The served requests are text: their TTFT holds the server's tokenization, which the offline "
+                          "engine, given token ids, skips." if text_sent else "") + missing,
                   headers=["figure", "offline result", "offline", "served", "HTTP adds", "served / offline"], rows=rows)]
 
 
