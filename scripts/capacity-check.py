@@ -54,7 +54,7 @@ from llmopt_bench.core.models import parse_model, portable_text
 from llmopt_bench.core.workload import Request, Sampling
 from llmopt_bench.engines.http_load import HTTPLoad
 from llmopt_bench.engines.openai_http import Endpoint
-from llmopt_bench.engines.server_metrics import ServerWatch, http_reader
+from llmopt_bench.engines.server_metrics import MetricsPage, ServerWatch
 from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config, prepare_engine_env
 from llmopt_bench.engines.vllm_server import VLLMServer, vllm_cli_works, vllm_python
 from llmopt_bench.load.plans import PlanLoad
@@ -186,7 +186,7 @@ def run_vllm(args: argparse.Namespace, server: VLLMServer, tokenizer: str, label
                                           seed=args.seed, result_dir=out, sampling=args.sampling) + ["--save-detailed"]
     argv = peer.bench_serve_argv(python, cmd, vllm_cli_works(python))
     (out / "command.txt").write_text(shlex.join(argv) + "\n")
-    watch = ServerWatch(http_reader(server.base_url))
+    watch = ServerWatch(MetricsPage(server.base_url))
     watch.start()
     with open(out / "stdout.log", "w") as log:
         proc = subprocess.run(argv, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT, timeout=3600, check=False)

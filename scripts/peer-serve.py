@@ -71,7 +71,7 @@ from llmopt_bench.engines import vllm as V
 from llmopt_bench.engines.client_health import could_not_time
 from llmopt_bench.engines.http_load import HTTPLoad, auth
 from llmopt_bench.engines.openai_http import Endpoint
-from llmopt_bench.engines.server_metrics import ServerWatch, http_reader
+from llmopt_bench.engines.server_metrics import MetricsPage, ServerWatch
 from llmopt_bench.engines.vllm_server import VLLMServer, vllm_cli_works, vllm_python
 from llmopt_bench.load.engine import run_point
 from llmopt_bench.load.point import LoadPoint
@@ -213,7 +213,7 @@ class VLLMBench:
             self._call(peer.bench_serve_command(base_url, name, dataset, warmups, a.output_len, **kw), out / "warmup.log")
         cmd = peer.bench_serve_command(base_url, name, dataset, n, a.output_len, result_dir=out, **kw) + ["--save-detailed"]
         (out / "command.txt").write_text(shlex.join(peer.bench_serve_argv(self.python, cmd, self.cli)) + "\n")
-        watch = ServerWatch(http_reader(base_url, headers))
+        watch = ServerWatch(MetricsPage(base_url, headers))
         watch.start()
         self._call(cmd, out / "stdout.log")
         r = json.loads(max(out.glob("*.json"), key=lambda p: p.stat().st_mtime).read_text())
@@ -262,6 +262,7 @@ def server_summary(blocks: list[dict]) -> dict | None:
     out: dict = {"requests": sum(c.get("requests") or 0 for c in clocks)}
     for key in ("ttft", "itl", "e2e", "prefill", "queue"):
         out[f"{key}_mean_ms"] = _ms(mean(lambda c, k=key: ((c.get(k) or {}).get("count"), (c.get(k) or {}).get("mean_s"))))
+    for key in ("ttft", "itl", "e2e"):  # what the client measures of the same requests
         out[f"client_{key}_mean_ms"] = _ms(mean(lambda c, k=key: ((c.get("client") or {}).get("requests"),
                                                                   (c.get("client") or {}).get(f"{k}_mean_s"))))
     prompts = sum(c.get("prompt_tokens") or 0 for c in clocks)

@@ -18,7 +18,7 @@ from llmopt_bench.core.dispatch import Dispatcher, Send
 from llmopt_bench.core.records import CacheRecord, RequestSample
 from llmopt_bench.engines.client_health import ClientHealth
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient, Tally
-from llmopt_bench.engines.server_metrics import ServerWatch, http_reader
+from llmopt_bench.engines.server_metrics import MetricsPage, ServerWatch
 from llmopt_bench.engines.vllm_cache import cache_record, server_counters
 from llmopt_bench.measure.timing import now
 from llmopt_bench.workloads.text import PromptTexts
@@ -100,7 +100,7 @@ class HTTPLoad:
         if self.reset_cache_each_point:
             reset_server_cache(self.endpoint)
         self.samples = []
-        watch = ServerWatch(http_reader(self.endpoint.base_url, auth(self.endpoint)), interval_s=0.5) \
+        watch = ServerWatch(MetricsPage(self.endpoint.base_url, auth(self.endpoint)), interval_s=0.5) \
             if self.watch_server or self.watch_cache else None
         if watch:
             watch.start()
@@ -109,6 +109,7 @@ class HTTPLoad:
         finally:
             if watch:
                 self.last_server, after = watch.stop(self.samples)
+                self.watch_server = self.watch_server and watch.available  # a server without /metrics is not asked again
                 if self.watch_cache:
                     self.last_cache = cache_record(watch.source, server_counters(watch.before), server_counters(after),
                                                    watch.gauges["kv_usage"], self.reset_cache_each_point)

@@ -166,20 +166,27 @@ def _histogram(samples: Sequence[Any]) -> Histogram:
     return h
 
 
-def http_reader(base_url: str, headers: dict[str, str] | None = None) -> Callable[[], str | None]:
-    """GET the server's /metrics page (None: it has none, or did not answer)."""
-    import httpx
+class MetricsPage:
+    """A server's /metrics page: page() GETs it (None: it has none, or did not answer); close()
+    when done (ServerWatch.stop does)."""
 
-    url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
-    client = httpx.Client(headers=headers, timeout=5.0)
+    def __init__(self, base_url: str, headers: dict[str, str] | None = None):
+        import httpx
 
-    def read() -> str | None:
+        self.url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
+        self.client = httpx.Client(headers=headers, timeout=5.0)
+
+    def __call__(self) -> str | None:
+        import httpx
+
         try:
-            r = client.get(url)
+            r = self.client.get(self.url)
         except httpx.HTTPError:
             return None
         return r.text if r.status_code == 200 and "# TYPE" in r.text else None
-    return read
+
+    def close(self) -> None:
+        self.client.close()
 
 
 def _mean_max(values: Sequence[float]) -> dict[str, Any] | None:
@@ -228,6 +235,14 @@ class ServerWatch:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
+        try:
+            return self._finish(samples, settle_s)
+        finally:
+            close = getattr(self.read, "close", None)
+            if close is not None:
+                close()
+
+    def _finish(self, samples: Sequence[RequestSample], settle_s: float) -> tuple[dict[str, Any] | None, Snapshot | None]:
         if self.before is None or not self.available:
             return None, None
         answered = sum(1 for s in samples if s.output_tokens > 0)

@@ -21,7 +21,7 @@ from llmopt_bench.engines import vllm as V
 from llmopt_bench.engines.http_load import HTTPLoad, auth
 from llmopt_bench.engines.openai_errors import error_kind
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient
-from llmopt_bench.engines.server_metrics import ServerWatch, http_reader
+from llmopt_bench.engines.server_metrics import MetricsPage, ServerWatch
 from llmopt_bench.engines.vllm_server import (
     VLLMServer,
     free_port,
@@ -376,7 +376,7 @@ def test_vllm_bench_serve_reads_the_exported_prompts_and_sends_them(served, requ
     assert args[args.index("--temperature") + 1] == "0" and args[args.index("--top-p") + 1] == "1"
     argv = bench_serve_argv(VLLM_PYTHON, args + ["--save-detailed"], vllm_cli_works(VLLM_PYTHON))
     env = {**os.environ, "OPENAI_API_KEY": os.environ[KEY_ENV]}
-    watch = ServerWatch(http_reader(server.base_url, auth(endpoint(server))))
+    watch = ServerWatch(MetricsPage(server.base_url, auth(endpoint(server))))
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(next((tmp_path / "bench").glob("*.json")).read_text())
