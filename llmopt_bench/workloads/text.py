@@ -157,15 +157,20 @@ class PromptTexts:
                 out[i] = best.get(i, (0, out[i]))[1]
         return out, len(todo)
 
-    def _block_texts(self, blocks: Iterable[tuple[int, ...]]) -> None:
-        """Make (and keep) the text of every block not yet kept."""
-        new = [b for b in dict.fromkeys(blocks) if b not in self._blocks]
-        if not new:
-            return
-        if len(self._blocks) + len(new) > KEEP_BLOCKS:
-            self._blocks.clear()
-        made, _ = self._fit(self.codec.decode(new), [len(b) for b in new], [_digest(b) for b in new])
-        self._blocks.update(zip(new, made))
+    def _block_texts(self, blocks: Iterable[tuple[int, ...]]) -> dict[tuple[int, ...], str]:
+        """The text of every block, made where not kept yet (and kept); a mapping of its own, so
+        that another thread's making (a point's loop makes a late prompt in a thread) cannot
+        drop one from under it."""
+        wanted = dict.fromkeys(blocks)
+        got = {b: t for b in wanted if (t := self._blocks.get(b)) is not None}
+        new = [b for b in wanted if b not in got]
+        if new:
+            made, _ = self._fit(self.codec.decode(new), [len(b) for b in new], [_digest(b) for b in new])
+            got.update(zip(new, made))
+            if len(self._blocks) + len(new) > KEEP_BLOCKS:
+                self._blocks = {}
+            self._blocks.update(zip(new, made))
+        return got
 
     def prepare(self, prompts: Iterable[Sequence[int]]) -> None:
         """Make the texts of many prompts at once (kept for text())."""
@@ -176,12 +181,14 @@ class PromptTexts:
                 self._texts.move_to_end(key)
             else:
                 todo.setdefault(key, tuple(ids))
-        if not todo:
-            return
+        if todo:
+            self._make(todo)
+
+    def _make(self, todo: dict[bytes, tuple[int, ...]]) -> dict[bytes, str]:
         split = {key: [ids[i:i + self.block] for i in range(0, len(ids), self.block)] for key, ids in todo.items()}
-        self._block_texts(b for blocks in split.values() for b in blocks)
+        blocks = self._block_texts(b for parts in split.values() for b in parts)
         keys = list(todo)
-        joined = ["".join(self._blocks[b] for b in split[k]) for k in keys]
+        joined = ["".join(blocks[b] for b in split[k]) for k in keys]
         # the server counts the special tokens its tokenizer adds to a text (a BOS): the text holds the rest
         made, inexact = self._fit(joined, [max(len(todo[k]) - self.specials, 0) for k in keys], keys)
         self.inexact += inexact
@@ -189,18 +196,14 @@ class PromptTexts:
             self._texts[key] = text
         while len(self._texts) > KEEP_TEXTS:
             self._texts.popitem(last=False)
+        return dict(zip(keys, made))
 
     def text(self, ids: Sequence[int]) -> str:
         """The prompt's text: the tokenizer counts it at len(ids) tokens, special tokens included
         (where it adds more than that, e.g. a BOS to a 1-token prompt, the nearest)."""
         key = _digest(ids)
         got = self._texts.get(key)
-        if got is None:
-            self.prepare([ids])
-            got = self._texts[key]
-        else:
-            self._texts.move_to_end(key)
-        return got
+        return got if got is not None else self._make({key: tuple(ids)})[key]
 
     def ready(self, ids: Sequence[int]) -> str | None:
         """The prompt's text if it is already made, else None (no work)."""
