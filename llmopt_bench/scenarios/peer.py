@@ -24,6 +24,24 @@ from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Request, Sampling
 
 
+def add_sampling_options(parser: Any) -> None:
+    """The peer scripts' --temperature, --top-p and --top-k: one sampling for both clients."""
+    parser.add_argument("--temperature", type=float, default=0.0, help="both clients' sampling (default greedy)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=-1, help="-1: off (not sent by either client)")
+
+
+def sampling_of(args: Any, parser: Any) -> Sampling:
+    """The parsed options as a Sampling; a value out of range is the parser's one-line error (exit 2)."""
+    from pydantic import ValidationError
+
+    try:
+        return Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+    except ValidationError as e:
+        parser.error("bad sampling: " + "; ".join(f"--{str(x['loc'][0]).replace('_', '-')} {x['msg'].lower()}" for x in e.errors()))
+        raise  # parser.error exits
+
+
 def export_custom_dataset(requests: Sequence[Request], text_of: Callable[[list[int]], str], path: Path,
                           output_len: int) -> list[str]:
     """Write the requests' prompts (text_of their token ids: workloads/text.PromptTexts.text, of
