@@ -250,8 +250,8 @@ class ServerWatch:
         while True:
             text = self.read()
             after = parse(text) if text else after
-            done = after is not None and "e2e" in after.histograms and \
-                after.histograms["e2e"].count - self._before_count("e2e") >= answered
+            key = _finished_key(after)
+            done = key is None or after is None or after.histograms[key].count - self._before_count(key) >= answered
             if done or waited >= settle_s:
                 break
             threading.Event().wait(0.05)
@@ -263,6 +263,11 @@ class ServerWatch:
     def _before_count(self, key: str) -> float:
         h = self.before.histograms.get(key) if self.before else None
         return h.count if h else 0.0
+
+
+def _finished_key(snap: Snapshot | None) -> str | None:
+    """The histogram that counts a point's finished requests: E2E, else TTFT (None: neither)."""
+    return next((k for k in ("e2e", "ttft") if snap is not None and k in snap.histograms), None)
 
 
 def client_figures(samples: Sequence[RequestSample]) -> dict[str, Any]:
@@ -281,7 +286,8 @@ def server_clock(source: str, before: Snapshot, after: Snapshot, gauges: dict[st
     figures = {key: after.histograms[key].minus(before.histograms.get(key)).summary() for key in after.histograms}
     counters = {key: int(round(v - before.counters.get(key, 0.0))) for key, v in after.counters.items()}
     client = client_figures(samples)
-    server_n = (figures.get("e2e") or {}).get("count")
+    key = _finished_key(after)
+    server_n = (figures.get(key) or {}).get("count") if key else None
     out: dict[str, Any] = {"source": source, "names": after.names, "requests": server_n, **figures,
                            **{k: _mean_max(v) for k, v in gauges.items() if v}, "gauge_samples": max(map(len, gauges.values()), default=0),
                            **{k: v for k, v in counters.items() if not k.startswith("prefix_")}, "client": client}
@@ -298,7 +304,7 @@ def reconcile(client_n: int, server_n: int | None, client_ttft: float | None, se
     """Why the two clocks disagree more than they may (the module doc); None: they agree, or
     there is nothing to compare (the reason then starts "not compared")."""
     if server_n is None or client_ttft is None or server_ttft is None:
-        return "not compared: the server gave no TTFT or end-to-end histogram"
+        return "not compared: the server gave no TTFT or end-to-end figures for the point"
     if server_n != client_n:
         return (f"not compared: the server counted {server_n} finished requests in the point, the client {client_n} "
                 "(another client on the server, or requests that failed)")

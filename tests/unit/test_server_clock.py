@@ -164,3 +164,31 @@ def test_the_report_warns_of_prompts_counted_off_and_of_clocks_that_disagree():
     assert "Warning" in block.text and "client clock wrong" in block.text
     assert "no Prometheus metrics" in server_clock_blocks([_row()], True)[0].text
     assert server_clock_blocks([_row()], None) == []  # a run from before the server clock was read says nothing
+
+
+def test_a_watch_reads_before_samples_gauges_and_settles_on_the_server_s_count():
+    """A point's watch over a server that names its figures as SGLang does (no E2E histogram: the
+    TTFT count says how many requests it finished), whose last request it counts late."""
+    pages = iter([
+        histogram("sglang:time_to_first_token_seconds", {}, 0.0) + "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 0\n",
+        "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 2\n",  # during the point
+        histogram("sglang:time_to_first_token_seconds", cumulative({0.02: 3}), 3 * 0.015),  # one request not counted yet
+        histogram("sglang:time_to_first_token_seconds", cumulative({0.02: 4}), 4 * 0.015),
+    ])
+    closed = []
+
+    class Reader:
+        def __call__(self):
+            return next(pages, None)
+
+        def close(self):
+            closed.append(True)
+
+    watch = M.ServerWatch(Reader(), interval_s=60)
+    assert watch.available and watch.source == "sglang /metrics"
+    watch.sample()  # what the thread does every interval_s
+    rec, after = watch.stop(_samples(4, 0.0175, 0.0975), settle_s=1.0)
+    assert rec["requests"] == 4 and rec["ttft"]["count"] == 4 and rec["running"] == {"mean": 2.0, "max": 2.0}
+    assert rec["verdict"] is None and closed == [True]
+    none = M.ServerWatch(lambda: None)
+    assert not none.available and none.source == "none" and none.stop([]) == (None, None)
