@@ -414,6 +414,26 @@ def test_text_prompts_of_the_asked_length_are_counted_so_by_the_server_and_its_c
         assert not (clock["verdict"] or "").startswith("client clock wrong")  # a client's TTFT never reads under the server's
 
 
+def test_a_multi_turn_workload_as_text_counts_every_turn_at_its_asked_length(served, tokenizer):
+    """A conversation's later turns carry the engine's answers (their ids, from the stream), so
+    their texts are made while the point runs; every turn still reaches the server at the length
+    its ids ask for."""
+    server, _ = served
+    plan = make_plan(WorkloadConfig(spec=f"multi-turn:turns=3,first=40,msg=8,out={N}"),
+                     TokenSpace(tokenizer.get_vocab_size(), frozenset({0, 1, 2})), 2048,
+                     lambda t: tokenizer.encode(t, add_special_tokens=False).ids)
+    load = PlanLoad(plan)
+    engine = HTTPLoad(endpoint(server), texts=PromptTexts(tokenizer, 0))
+    point = LoadPoint(concurrency=2, num_requests=8, warmup_requests=2)
+    engine.prepare(load.prompts(point.num_requests))
+    res = run_plan(engine, point, load)
+    t = engine.tally
+    assert res.failed == 0 and t.prompt_checked == 8 and t.prompt_off == []
+    assert {s.turn for s in res.samples} == {0, 1, 2}
+    assert sorted({s.prompt_tokens for s in engine.samples}) == sorted({40, 40 + N + 8, 40 + 2 * (N + 8)})
+    assert t.texts_made_sending > 0  # the later turns: made while the point ran
+
+
 class LateSubmit(OpenAIClient):
     """The real client with one fault: it reads its submit time `delay_s` after the request went
     out (a clock started late), so every TTFT it reports is short by that much."""
