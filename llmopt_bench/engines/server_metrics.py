@@ -65,6 +65,7 @@ BELOW_S = 0.5e-3  # the client's TTFT mean may read this far under the server's 
 ABOVE_S = 10e-3  # ... and this far above it, plus a share of the server's own TTFT (its front end under load)
 ABOVE_SHARE = 0.5
 SETTLE_S = 2.0  # after a point, how long to wait for the server to count its last requests
+FIRST_SAMPLE_S = 0.1  # the gauges' first sample after a point starts (then every interval_s)
 
 
 @dataclass
@@ -217,8 +218,10 @@ class ServerWatch:
             return
 
         def loop() -> None:
-            while not self._stop.wait(self.interval_s):
+            wait = min(self.interval_s, FIRST_SAMPLE_S)  # a short point is sampled too
+            while not self._stop.wait(wait):
                 self.sample()
+                wait = self.interval_s
         self._thread = threading.Thread(target=loop, name="llmopt-server-gauges", daemon=True)
         self._thread.start()
 

@@ -410,7 +410,8 @@ def test_text_prompts_of_the_asked_length_are_counted_so_by_the_server_and_its_c
         clock = engine.last_server
         assert clock["source"] == "vllm /metrics" and clock["requests"] == clock["client"]["requests"] == 9 + c
         assert clock["prompt_tokens"] == sum(asked) and clock["ttft"]["count"] == 9 + c and clock["itl"]["count"] == (9 + c) * (N - 1)
-        assert clock["prefill"]["mean_s"] < clock["ttft"]["mean_s"] and clock["running"]["max"] <= c
+        assert clock["prefill"]["mean_s"] < clock["ttft"]["mean_s"]
+        assert clock["gauge_samples"] == 0 or clock["running"]["max"] <= c  # a point shorter than the first sample has none
         assert not (clock["verdict"] or "").startswith("client clock wrong")  # a client's TTFT never reads under the server's
 
 
