@@ -14,6 +14,13 @@ random tokens (450 in / 100 out by default, the output forced):
 3. `vllm bench serve` at concurrency 1 and at --request-rate inf (all at once), beside llmopt's
    concurrency-1 point and throughput point.
 
+Both clients send text of the asked length (llmopt's made by workloads/text.py; vLLM's random
+dataset adjusts its own) with the same sampling (--temperature, --top-p, --top-k; greedy by
+default); --prompt-format tokens makes llmopt send the token ids instead (said in the summary).
+Around every point of either client the server's own clock is read (its /metrics:
+engines/server_metrics.py): llmopt's rows carry it, each vLLM run's summary too, beside the
+client's figures of the same requests.
+
 Every output lands in --out: llmopt.json (the scenario's rows, capacity, facts), vllm-*/ (each
 run's saved JSON, command and log), summary.json and summary.md, the server's log; each phase
 is written as soon as it ends, so a run cut short keeps what finished. --budget-s bounds the
@@ -47,6 +54,7 @@ from llmopt_bench.core.models import parse_model, portable_text
 from llmopt_bench.core.workload import Request
 from llmopt_bench.engines.http_load import HTTPLoad
 from llmopt_bench.engines.openai_http import Endpoint
+from llmopt_bench.engines.server_metrics import MetricsPage, ServerWatch
 from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config, prepare_engine_env
 from llmopt_bench.engines.vllm_server import VLLMServer, vllm_cli_works, vllm_python
 from llmopt_bench.load.plans import PlanLoad
@@ -54,6 +62,7 @@ from llmopt_bench.measure.energy import TimedMeter
 from llmopt_bench.scenarios import peer
 from llmopt_bench.scenarios.serving import ServingRun
 from llmopt_bench.scenarios.serving_record import ServingParams
+from llmopt_bench.workloads.text import PromptTexts
 
 ABOVE = 1.15  # the rate above the capacity that vLLM's client should see missing
 
@@ -77,9 +86,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     a.add_argument("--saturation-requests", type=int, default=256, help="requests all at once (both clients)")
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--budget-s", type=float, default=1500.0, help="the whole run's wall time, server start included")
+    peer.add_sampling_options(a)
+    a.add_argument("--prompt-format", choices=("text", "tokens"), default="text",
+                   help="what llmopt's client sends: text of the asked length (as vLLM's client) or the token ids")
     a.add_argument("--out", type=Path, default=Path("results") / "capacity-check" / time.strftime("%Y%m%d-%H%M%S"))
     args = a.parse_args(argv)
     parse_slo(args.slo)
+    args.sampling = peer.sampling_of(args, a)
     args.sweep = [int(c) for c in args.concurrency.split(",")]
     return args
 
@@ -129,7 +142,8 @@ def start_server(args: argparse.Namespace, model, budget: Budget) -> VLLMServer:
     return server
 
 
-def run_llmopt(args: argparse.Namespace, server: VLLMServer, requests: list[Request], tp: list[Request], budget: Budget) -> dict:
+def run_llmopt(args: argparse.Namespace, server: VLLMServer, requests: list[Request], tp: list[Request], budget: Budget,
+               tok) -> dict:
     """llmopt's serving scenario on the server: sweep, search, hold, throughput point."""
     worst = args.max_probes * args.max_point_s + 2 * (args.hold + 10) + 60
     probes = args.max_probes
@@ -138,12 +152,14 @@ def run_llmopt(args: argparse.Namespace, server: VLLMServer, requests: list[Requ
         worst = probes * args.max_point_s + 2 * (args.hold + 10) + 60
     p = ServingParams(concurrency=args.sweep, requests_per_point=args.requests_per_point, slo=args.slo, hold_s=args.hold,
                       search_precision=args.precision, search_max_probes=probes, max_point_s=args.max_point_s,
-                      throughput_requests=len(tp), throughput_input_len=args.input_len, throughput_output_len=args.output_len)
+                      throughput_requests=len(tp), throughput_input_len=args.input_len, throughput_output_len=args.output_len,
+                      prompt_format=args.prompt_format, **args.sampling.model_dump())
     budget.say(f"llmopt: sweep {args.sweep}, search to {args.precision:.0%} (at most {probes} trials), hold {args.hold:g} s, "
                f"{len(tp)} requests at once")
     ctx = StageContext(run_dir=args.out, stage_dir=args.out, device="cpu", meter=TimedMeter(read_mj=lambda: None),
                        progress=lambda msg, done=None, total=None: budget.say(f"llmopt {msg}") if done is None else None)
-    engine = HTTPLoad(Endpoint(server.base_url, server.served_model_name, request_timeout_s=600.0))
+    engine = HTTPLoad(Endpoint(server.base_url, server.served_model_name, request_timeout_s=600.0, sampling=args.sampling),
+                      texts=PromptTexts(tok, args.seed) if args.prompt_format == "text" else None)
     samples, extra, facts = ServingRun(engine, {"url": server.base_url, "command": server.reproduce()}, p,
                                        PlanLoad.of_requests(requests, args.output_len), PlanLoad.of_requests(tp, p.throughput_output_len),
                                        ctx, args.seed).run()
@@ -155,20 +171,26 @@ def run_llmopt(args: argparse.Namespace, server: VLLMServer, requests: list[Requ
 
 def run_vllm(args: argparse.Namespace, server: VLLMServer, tokenizer: str, label: str, num_prompts: int, *,
              rate: float | None = None, concurrency: int | None = None) -> dict:
-    """One `vllm bench serve` run on the random dataset; its saved JSON."""
+    """One `vllm bench serve` run on the random dataset; its saved JSON, and the server's clock
+    over its requests ("server": engines/server_metrics.server_clock)."""
     python = vllm_python()
     out = args.out / f"vllm-{label}"
     out.mkdir(parents=True, exist_ok=True)
     cmd = peer.bench_serve_random_command(server.base_url, server.served_model_name, args.input_len, args.output_len,
                                           num_prompts, tokenizer=tokenizer, rate=rate, concurrency=concurrency,
-                                          seed=args.seed, result_dir=out)
+                                          seed=args.seed, result_dir=out, sampling=args.sampling) + ["--save-detailed"]
     argv = peer.bench_serve_argv(python, cmd, vllm_cli_works(python))
     (out / "command.txt").write_text(shlex.join(argv) + "\n")
+    watch = ServerWatch(MetricsPage(server.base_url))
+    watch.start()
     with open(out / "stdout.log", "w") as log:
         proc = subprocess.run(argv, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT, timeout=3600, check=False)
     if proc.returncode != 0:
+        watch.stop([], settle_s=0)
         return {"error": f"vllm bench serve exited {proc.returncode}: see {out / 'stdout.log'}"}
-    return json.loads(max(out.glob("*.json"), key=lambda p: p.stat().st_mtime).read_text())
+    result = json.loads(max(out.glob("*.json"), key=lambda p: p.stat().st_mtime).read_text())
+    result["server"], _ = watch.stop(peer.bench_samples(result))
+    return result
 
 
 def verdict(result: dict, slo) -> dict:
@@ -197,9 +219,21 @@ def vllm_phases(args: argparse.Namespace, server: VLLMServer, tokenizer: str, ca
         result = run_vllm(args, server, tokenizer, label, n, rate=rate, concurrency=conc)
         summary["vllm"][label] = {"rate_rps": rate, "max_concurrency": conc, "num_prompts": n, **verdict(result, slo),
                                   "ttft_p50_ms": result.get("median_ttft_ms"), "tpot_p50_ms": result.get("median_tpot_ms"),
-                                  "output_tok_s": result.get("output_throughput")}
+                                  "output_tok_s": result.get("output_throughput"), "server": clock_summary(result.get("server"))}
         budget.say(f"vllm bench serve {label}: {json.dumps(summary['vllm'][label])}")
         (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+
+
+def clock_summary(clock: dict | None) -> dict | None:
+    """What the summary keeps of a point's server clock: each client's TTFT and ITL means beside the server's."""
+    if not clock:
+        return None
+    c = clock.get("client") or {}
+    return {"requests": clock.get("requests"), "ttft_mean_ms": _ms((clock.get("ttft") or {}).get("mean_s")),
+            "client_ttft_mean_ms": _ms(c.get("ttft_mean_s")), "prefill_mean_ms": _ms((clock.get("prefill") or {}).get("mean_s")),
+            "itl_mean_ms": _ms((clock.get("itl") or {}).get("mean_s")), "client_itl_mean_ms": _ms(c.get("itl_mean_s")),
+            "prompt_tokens_per_request": clock["prompt_tokens"] / clock["requests"] if clock.get("prompt_tokens") and
+            clock.get("requests") else None, "verdict": clock.get("verdict")}
 
 
 def llmopt_summary(got: dict) -> dict:
@@ -211,7 +245,8 @@ def llmopt_summary(got: dict) -> dict:
     return {"capacity_rps": cap.get("capacity_rps"), "held": cap.get("held"), "hold_s": cap.get("hold_s"),
             "interval": [cap.get("passing_rps"), cap.get("failing_rps")], "converged": cap.get("converged"),
             "saturation_rps": cap.get("saturation_rps"), "trials": len(cap.get("trials", [])), "notes": cap.get("notes", []),
-            "concurrency_1": {"ttft_p50_ms": _ms(one.get("ttft_p50_s")), "tpot_p50_ms": _ms(one.get("tpot_p50_s"))},
+            "concurrency_1": {"ttft_p50_ms": _ms(one.get("ttft_p50_s")), "tpot_p50_ms": _ms(one.get("tpot_p50_s")),
+                              "server": clock_summary(one.get("server_clock"))},
             "all_at_once": {"requests": tp.get("requests"), "output_tok_s": tp.get("output_tok_s"),
                             "ttft_p50_ms": _ms(tp.get("ttft_p50_s")), "tpot_p50_ms": _ms(tp.get("tpot_p50_s"))},
             "batch1_ttft_s": f.get("batch1_ttft_s")}
@@ -249,6 +284,15 @@ def markdown(args: argparse.Namespace, summary: dict) -> str:
               f"| TPOT p50 at concurrency 1, ms | {_g(lo.get('concurrency_1', {}).get('tpot_p50_ms'))} | {_g(one.get('tpot_p50_ms'))} |",
               f"| output tok/s, {args.saturation_requests} at once | {_g(lo.get('all_at_once', {}).get('output_tok_s'))} | "
               f"{_g(inf.get('output_tok_s'))} |"]
+    c1, v1 = (lo.get("concurrency_1") or {}).get("server") or {}, one.get("server") or {}
+    lines += [f"| TTFT mean at concurrency 1, ms: client / server's clock | {_g(c1.get('client_ttft_mean_ms'))} / "
+              f"{_g(c1.get('ttft_mean_ms'))} | {_g(v1.get('client_ttft_mean_ms'))} / {_g(v1.get('ttft_mean_ms'))} |",
+              f"| ITL mean at concurrency 1, ms: client / server's clock | {_g(c1.get('client_itl_mean_ms'))} / "
+              f"{_g(c1.get('itl_mean_ms'))} | {_g(v1.get('client_itl_mean_ms'))} / {_g(v1.get('itl_mean_ms'))} |",
+              f"| prompt tokens the server counted per request (asked {args.input_len}) | "
+              f"{_g(c1.get('prompt_tokens_per_request'))} | {_g(v1.get('prompt_tokens_per_request'))} |",
+              "", f"Requests: llmopt's prompts as {args.prompt_format}, vLLM's client's as text of its random dataset; both "
+                  f"{args.sampling.describe()}."]
     return "\n".join(lines + ["", *[f"- {n}" for n in lo.get("notes", [])]]) + "\n"
 
 
@@ -266,7 +310,7 @@ def main(argv: list[str]) -> int:
     summary: dict = {"server": server.reproduce(), "command": shlex.join(["python", "scripts/capacity-check.py", *argv]),
                      "llmopt": None, "vllm": {}}
     try:
-        summary["llmopt"] = llmopt_summary(run_llmopt(args, server, requests, tp, budget))
+        summary["llmopt"] = llmopt_summary(run_llmopt(args, server, requests, tp, budget, tok))
         (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
         budget.say(f"llmopt: {json.dumps({k: summary['llmopt'][k] for k in ('capacity_rps', 'held', 'interval')})}")
         cap = summary["llmopt"]["capacity_rps"]

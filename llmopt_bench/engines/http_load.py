@@ -10,7 +10,7 @@ disagreed) is kept per point, and its own punctuality (engines/client_health.py)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +18,10 @@ from llmopt_bench.core.dispatch import Dispatcher, Send
 from llmopt_bench.core.records import CacheRecord, RequestSample
 from llmopt_bench.engines.client_health import ClientHealth
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient, Tally
-from llmopt_bench.engines.vllm_cache import CacheWatch, server_reader
+from llmopt_bench.engines.server_metrics import MetricsPage, ServerWatch
+from llmopt_bench.engines.vllm_cache import cache_record, server_counters
 from llmopt_bench.measure.timing import now
+from llmopt_bench.workloads.text import PromptTexts
 
 SendFn = Callable[[Send], Awaitable[RequestSample | tuple[RequestSample, list[int] | None]]]
 
@@ -69,46 +71,78 @@ async def _wait(event: asyncio.Event, timeout: float | None) -> None:
 
 @dataclass
 class HTTPLoad:
-    """The server at `endpoint`; prompt_of(send) is what is sent (token ids or text)."""
+    """The server at `endpoint`. What is sent: prompt_of(send) where given, else the text of
+    `texts` (of the asked length), else the token ids."""
 
     endpoint: Endpoint
-    prompt_of: Callable[[Send], str | list[int]] = lambda s: list(s.token_ids)
+    prompt_of: Callable[[Send], str | list[int]] | None = None
+    texts: PromptTexts | None = None
     count_text: Callable[[str], int] | None = None  # token count of streamed text, where the stream has no ids
     tally: Tally = field(default_factory=Tally)  # the last point's
     client: Any = None  # the last point's client, after drive()
-    # the server's prefix cache (engines/vllm_cache.py): emptied before each point (vLLM's
-    # /reset_prefix_cache, served with VLLM_SERVER_DEV_MODE=1), its /metrics read around and during it
+    samples: list[RequestSample] = field(default_factory=list)  # the last point's answers, warm-up included
+    # the server's /metrics read around and during each point (engines/server_metrics.py): its clock
+    # beside the client's (last_server) and, with watch_cache, its prefix cache's figures (last_cache);
+    # reset_cache_each_point empties the cache first (vLLM's /reset_prefix_cache, VLLM_SERVER_DEV_MODE=1)
+    watch_server: bool = True
     reset_cache_each_point: bool = False
     watch_cache: bool = False
+    last_server: dict[str, Any] | None = None
     last_cache: CacheRecord | None = None
+    client_class: type[OpenAIClient] = OpenAIClient  # the client that sends (a test puts a faulty one here)
+
+    def prepare(self, prompts: Iterable[Sequence[int]]) -> None:
+        """Make the texts of the prompts a point is about to send (nothing to do for token ids)."""
+        if self.texts is not None and self.prompt_of is None:
+            self.texts.prepare(prompts)
 
     def drive(self, dispatcher: Dispatcher) -> None:
         if self.reset_cache_each_point:
             reset_server_cache(self.endpoint)
-        watch = CacheWatch(server_reader(self.endpoint.base_url, auth(self.endpoint)), "vllm /metrics",
-                           interval_s=0.5, reset=self.reset_cache_each_point) if self.watch_cache else None
+        self.samples = []
+        watch = ServerWatch(MetricsPage(self.endpoint.base_url, auth(self.endpoint)), interval_s=0.5) \
+            if self.watch_server or self.watch_cache else None
         if watch:
-            watch.run()
+            watch.start()
         try:
             asyncio.run(self._drive(dispatcher))
         finally:
             if watch:
-                self.last_cache = watch.stop()
+                self.last_server, after = watch.stop(self.samples)
+                self.watch_server = self.watch_server and watch.available  # a server without /metrics is not asked again
+                if self.watch_cache:
+                    self.last_cache = cache_record(watch.source, server_counters(watch.before), server_counters(after),
+                                                   watch.gauges["kv_usage"], self.reset_cache_each_point)
+
+    async def _prompt(self, s: Send) -> str | list[int]:
+        if self.prompt_of is not None:
+            return self.prompt_of(s)
+        if self.texts is None:
+            return list(s.token_ids)
+        ready = self.texts.ready(s.token_ids)
+        if ready is not None:
+            return ready
+        self.tally.texts_made_sending += 1
+        return await asyncio.to_thread(self.texts.text, s.token_ids)  # the tokenizer's batch call runs outside the GIL
 
     async def _drive(self, dispatcher: Dispatcher) -> None:
-        async with OpenAIClient(self.endpoint, count_text=self.count_text) as client:
+        async with self.client_class(self.endpoint, count_text=self.count_text) as client:
+            self.tally = client.tally
+
             async def send(s: Send) -> tuple[RequestSample, list[int] | None]:
-                prompt = self.prompt_of(s)
+                prompt = await self._prompt(s)
                 answer: list[int] = []  # the answer's token ids, where the stream carries them
                 sample = await client.complete(s.id, s.prompt_id, prompt, s.output_len, repeat=s.repeat, answer=answer,
-                                               prompt_tokens=len(prompt) if isinstance(prompt, list) else None)
+                                               prompt_tokens=len(s.token_ids))
+                self.samples.append(sample)
                 return sample, answer or None
             await drive_async(dispatcher, send)
-            self.tally, self.client = client.tally, client
+            self.client = client
 
     def health(self, request_ids: Collection[str] | None = None) -> ClientHealth | None:
         """The last point's client health over `request_ids` (its measured requests; None: all)."""
         return self.client.health(request_ids) if self.client is not None else None
+
 
 def auth(endpoint: Endpoint) -> dict[str, str]:
     key = endpoint.api_key()

@@ -8,7 +8,10 @@ per client (engines/client_health.py: event-loop lag, read delays, bursts): heal
 the chunk's `token_ids` (vLLM's `return_token_ids`), else the growth of the streamed usage
 (`continuous_usage_stats`), else the chunk's text through the tokenizer the caller gives (a
 chunk's own tokens; merges across chunk edges can move a count by one), else one token per chunk. The server's final `usage` is checked
-against that count and every disagreement is kept (Tally).
+against that count and every disagreement is kept (Tally), and so is its count of the prompt
+(usage.prompt_tokens) against the length the caller asked for (a text prompt's tokens are the
+server's tokenizer's to count: workloads/text.py makes them exact). Every request states its
+sampling (core/workload.Sampling, the endpoint's).
 
 A request that fails comes back as a sample with ok=False and error "KIND: detail" (openai_errors.KINDS),
 never as an exception: the load point goes on and the caller reports the failure rate. The
@@ -26,6 +29,7 @@ from typing import Any
 
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.records import RequestSample
+from llmopt_bench.core.workload import Sampling
 from llmopt_bench.engines import rx_clock
 from llmopt_bench.engines.client_health import ClientHealth, LoopLag, RequestClock, health_of
 from llmopt_bench.engines.openai_errors import RequestFailed, classify_status, error_message, fix_for, transport_error
@@ -45,6 +49,7 @@ class Endpoint:
     # tokens exactly; an endpoint that rejects unknown fields wants these off
     force_length: bool = True
     return_token_ids: bool = True
+    sampling: Sampling = field(default_factory=Sampling)  # greedy unless the stage says otherwise
 
     @property
     def api_root(self) -> str:
@@ -64,18 +69,35 @@ class Endpoint:
 @dataclass
 class Tally:
     """What the client saw across requests: how tokens were counted and where the server's
-    usage field disagreed with the count (request id, counted, usage)."""
+    usage field disagreed with the count (request id, counted, usage); the prompts' lengths as
+    asked and as the server counted them (usage.prompt_tokens), and those it counted otherwise."""
 
     counted_by: dict[str, int] = field(default_factory=dict)
     usage_agreed: int = 0
     usage_missing: int = 0
     usage_mismatch: list[tuple[str, int, int]] = field(default_factory=list)
     short: list[tuple[str, int, int]] = field(default_factory=list)  # (id, tokens, requested)
+    prompt_checked: int = 0  # requests with an asked length whose usage gave the server's count
+    prompt_asked: int = 0  # their asked prompt tokens, summed
+    prompt_counted: int = 0  # the server's count of them, summed
+    prompt_off: list[tuple[str, int, int]] = field(default_factory=list)  # (id, asked, counted) where they differ
+    prompt_off_worst: float = 0.0  # the largest |counted / asked - 1| of one request
+    texts_made_sending: int = 0  # text prompts made while the point ran (not prepared before it)
 
     def as_dict(self) -> dict[str, Any]:
         return {"counted_by": dict(self.counted_by), "usage_agreed": self.usage_agreed,
                 "usage_missing": self.usage_missing, "usage_mismatch": [list(m) for m in self.usage_mismatch],
                 "short": [list(s) for s in self.short]}
+
+    def check_prompt(self, request_id: str, asked: int | None, counted: int | None) -> None:
+        if asked is None or counted is None:
+            return
+        self.prompt_checked += 1
+        self.prompt_asked += asked
+        self.prompt_counted += counted
+        if counted != asked:
+            self.prompt_off.append((request_id, asked, counted))
+            self.prompt_off_worst = max(self.prompt_off_worst, abs(counted / asked - 1) if asked else 1.0)
 
 
 @dataclass
@@ -104,7 +126,7 @@ def _chunk_tokens(data: dict[str, Any], state: _Stream) -> int:
     usage = data.get("usage")
     if usage and usage.get("completion_tokens") is not None:
         state.usage_tokens = int(usage["completion_tokens"])
-        state.usage_prompt = usage.get("prompt_tokens")
+        state.usage_prompt = int(usage["prompt_tokens"]) if usage.get("prompt_tokens") is not None else None
     if not choices:
         return 0
     choice = choices[0]
@@ -186,7 +208,7 @@ class OpenAIClient:
 
     def payload(self, prompt: str | Sequence[int], max_tokens: int) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.endpoint.model, "prompt": prompt if isinstance(prompt, str) else list(prompt),
-                                "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+                                "max_tokens": max_tokens, **self.endpoint.sampling.body(), "stream": True,
                                 "stream_options": {"include_usage": True}}
         if self.endpoint.force_length:
             body.update(ignore_eos=True, min_tokens=max_tokens)
@@ -197,7 +219,9 @@ class OpenAIClient:
     async def complete(self, request_id: str, prompt_id: str, prompt: str | Sequence[int], max_tokens: int,
                        *, prompt_tokens: int | None = None, repeat: int = 0, answer: list[int] | None = None) -> RequestSample:
         """Send one streaming completion; returns its sample, failed ones included; `answer`, when
-        given, receives the answer's token ids (where the stream carries them)."""
+        given, receives the answer's token ids (where the stream carries them). prompt_tokens:
+        the length asked (checked against the server's count, which the sample keeps where the
+        server gives one; a token-id prompt's is its length)."""
         state = _Stream(t_submit=now(), count_text=self.count_text)
         try:
             await asyncio.wait_for(self._stream(prompt, max_tokens, state), self.endpoint.request_timeout_s)
@@ -212,9 +236,11 @@ class OpenAIClient:
         if error is None and not state.times:
             error = RequestFailed("no_tokens", "the stream ended without an output token")
         t_end = state.times[-1] if state.times else now()
-        n_prompt = prompt_tokens if prompt_tokens is not None else (state.usage_prompt or (0 if isinstance(prompt, str) else len(prompt)))
+        asked = prompt_tokens if prompt_tokens is not None else (None if isinstance(prompt, str) else len(prompt))
+        n_prompt = state.usage_prompt if state.usage_prompt is not None else (asked or 0)
         if error is None:
             self._check(request_id, state, max_tokens)
+            self.tally.check_prompt(request_id, asked, state.usage_prompt)
             state.clock.request_id = request_id
             self.clocks.append(state.clock)
         if answer is not None:

@@ -8,20 +8,18 @@
                                 blocks of finished requests are free, so it shows the working set)
 
 Offline, `llm.get_metrics()` reads them (only when the engine was built with
-disable_log_stats=False); a server publishes them on /metrics with `_total` on the counters. A
-point's figures are the counters' differences between its start and its end, and the gauge
-sampled during it (CacheWatch); each engine's label is summed (data parallel has several)."""
+disable_log_stats=False); a server publishes them on /metrics with `_total` on the counters,
+read with the server's clock (engines/server_metrics.ServerWatch; server_counters). A point's
+figures are the counters' differences between its start and its end, and the gauge sampled
+during it (CacheWatch offline); each engine's label is summed (data parallel has several)."""
 
 from __future__ import annotations
 
-import re
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from llmopt_bench.core.dispatch import Dispatcher, Send
 from llmopt_bench.core.records import CacheRecord, RequestSample
-from llmopt_bench.measure.timing import now
 
 COUNTERS = {"queries": "vllm:prefix_cache_queries", "hits": "vllm:prefix_cache_hits", "preemptions": "vllm:num_preemptions"}
 KV_GAUGE = "vllm:kv_cache_usage_perc"
@@ -46,48 +44,25 @@ def offline_reader(llm: Any) -> Reader:
     return read
 
 
-LINE = re.compile(r"^(vllm:[a-z_]+)(?:\{[^}]*\})?\s+([0-9.eE+\-]+|NaN)\s*$")
-
-
-def parse_prometheus(text: str) -> dict[str, float] | None:
-    """A server's /metrics text -> the same figures as offline_reader (counters summed over labels)."""
-    out: dict[str, float] = {}
-    names = {name + "_total": key for key, name in COUNTERS.items()}
-    for line in text.splitlines():
-        m = LINE.match(line.strip())
-        if not m or m.group(2) == "NaN":
-            continue
-        name, value = m.group(1), float(m.group(2))
-        if name in names:
-            out[names[name]] = out.get(names[name], 0.0) + value
-        elif name == KV_GAUGE:
-            out["kv"] = max(out.get("kv", 0.0), value)
-    return out or None
-
-
-def server_reader(base_url: str, headers: dict[str, str] | None = None) -> Reader:
-    """A server's /metrics, GET once per read (a server without it: None)."""
-    import httpx
-
-    def read() -> dict[str, float] | None:
-        try:
-            r = httpx.get(base_url.rstrip("/").removesuffix("/v1") + "/metrics", headers=headers, timeout=5.0)
-        except httpx.HTTPError:
-            return None
-        return parse_prometheus(r.text) if r.status_code == 200 else None
-    return read
+def server_counters(snap: Any) -> dict[str, float] | None:
+    """A server's /metrics as read by engines/server_metrics.parse (prometheus_client's parser:
+    counters summed over engines, `_created` left out) -> the counters under offline_reader's names."""
+    if snap is None:
+        return None
+    c = snap.counters
+    return {key: c[figure] for figure, key in (("prefix_queries", "queries"), ("prefix_hits", "hits"), ("preemptions", "preemptions"))
+            if figure in c} or None
 
 
 class CacheWatch:
-    """One point's cache figures: the counters at its start and end, the gauge every interval_s
-    in between (tick() from the engine's loop, or a thread: run())."""
+    """One point's cache figures offline: the counters at its start and end, the gauge every
+    interval_s in between (tick() from the engine's loop: Watched)."""
 
     def __init__(self, read: Reader, source: str, interval_s: float = 0.25, reset: bool = False):
         self.read, self.source, self.interval_s, self.reset = read, source, interval_s, reset
         self.before = read()
         self.kv: list[float] = []
         self._last = -1e18
-        self._stop = threading.Event()
 
     def tick(self, t: float) -> None:
         if t - self._last >= self.interval_s:
@@ -96,17 +71,7 @@ class CacheWatch:
             if got and "kv" in got:
                 self.kv.append(got["kv"])
 
-    def run(self) -> threading.Thread:
-        """Sample the gauge in a thread until stop() (a server's point: the client's loop is asyncio)."""
-        def loop() -> None:
-            while not self._stop.wait(self.interval_s):
-                self.tick(now())
-        thread = threading.Thread(target=loop, name="llmopt-kv-gauge", daemon=True)
-        thread.start()
-        return thread
-
     def stop(self) -> CacheRecord:
-        self._stop.set()
         after = self.read()
         if after and "kv" in after:
             self.kv.append(after["kv"])

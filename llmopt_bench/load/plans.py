@@ -74,6 +74,13 @@ class PlanLoad:
         items = getattr(self.plan, "items", None)
         return len({r.prompt_id for r in items}) if items else None
 
+    def prompts(self, n: int) -> list[tuple[int, ...]]:
+        """The token ids of the first n prompts a point sends (a conversation's first turn only:
+        the later ones carry answers not given yet)."""
+        if self.plan.multi_turn:
+            return [self.plan.conversation(self.start + i).turns[0].new_ids for i in range(n)]
+        return [self.request(i).token_ids for i in range(n)]
+
     def warmup(self, n: int) -> list[Request]:
         """n untimed requests: a generated plan's from far past the measured ones (first turns of
         conversations never measured), the prompt file's and a trace's first ones."""

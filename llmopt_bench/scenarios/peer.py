@@ -7,8 +7,10 @@ with a "prompt" string per line and an optional "output_tokens" integer, which
 `--skip-chat-template` and shuffles unless `--disable-shuffle`. vLLM's client sends text, which
 the server tokenizes itself, so for a like-for-like comparison llmopt sends the same text too
 (export_custom_dataset returns it): token-id prompts would skip the server's tokenizer and its
-BOS token. Its arrival times come from numpy's generator, so the two clients send the same
-rate and distribution, not the same instants."""
+BOS token. The texts are llmopt's of the asked length (workloads/text.py), so both clients send
+what the workload states; the requests' sampling (core/workload.Sampling) goes to vLLM's client
+as its own options, so both bodies carry the same fields. Its arrival times come from numpy's
+generator, so the two clients send the same rate and distribution, not the same instants."""
 
 from __future__ import annotations
 
@@ -18,17 +20,37 @@ from pathlib import Path
 from typing import Any
 
 from llmopt_bench.core.errors import UsageError
-from llmopt_bench.core.workload import Request
+from llmopt_bench.core.records import RequestSample
+from llmopt_bench.core.workload import Request, Sampling
 
 
-def export_custom_dataset(requests: Sequence[Request], decode: Callable[[list[int]], str], path: Path,
+def add_sampling_options(parser: Any) -> None:
+    """The peer scripts' --temperature, --top-p and --top-k: one sampling for both clients."""
+    parser.add_argument("--temperature", type=float, default=0.0, help="both clients' sampling (default greedy)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=-1, help="-1: off (not sent by either client)")
+
+
+def sampling_of(args: Any, parser: Any) -> Sampling:
+    """The parsed options as a Sampling; a value out of range is the parser's one-line error (exit 2)."""
+    from pydantic import ValidationError
+
+    try:
+        return Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+    except ValidationError as e:
+        parser.error("bad sampling: " + "; ".join(f"--{str(x['loc'][0]).replace('_', '-')} {x['msg'].lower()}" for x in e.errors()))
+        raise  # parser.error exits
+
+
+def export_custom_dataset(requests: Sequence[Request], text_of: Callable[[list[int]], str], path: Path,
                           output_len: int) -> list[str]:
-    """Write the requests' prompts (their token ids decoded) as a custom dataset; returns the
-    prompt texts in file order, for llmopt's client to send the same strings."""
+    """Write the requests' prompts (text_of their token ids: workloads/text.PromptTexts.text, of
+    the asked length) as a custom dataset; returns the prompt texts in file order, for llmopt's
+    client to send the same strings."""
     path = Path(path)
     if path.suffix != ".jsonl":
         raise UsageError(f"{path}: vLLM's custom dataset must be a .jsonl file", "name the file with a .jsonl suffix")
-    texts = [decode(list(r.token_ids)) for r in requests]
+    texts = [text_of(list(r.token_ids)) for r in requests]
     empty = [r.id for r, t in zip(requests, texts) if not t.strip()]
     if empty:
         raise UsageError(f"prompts {', '.join(empty[:5])} decode to empty text: vLLM's client cannot send them")
@@ -59,33 +81,39 @@ def bench_serve_argv(python: str, args: list[str], cli_works: bool) -> list[str]
 def bench_serve_command(base_url: str, model: str, dataset: Path, num_prompts: int, output_len: int, *,
                         tokenizer: str | None = None, rate: float | None = None, burstiness: float = 1.0,
                         concurrency: int | None = None, seed: int = 0, result_dir: Path | None = None,
-                        warmups: int = 0, extra_body: dict | None = None) -> list[str]:
+                        warmups: int = 0, extra_body: dict | None = None, sampling: Sampling | None = None) -> list[str]:
     """`vllm bench serve` arguments (after `vllm`) for the same load on the same prompts:
-    completions endpoint, greedy, output length forced with ignore_eos, prompts in file order.
+    completions endpoint, the same sampling (default greedy), output length forced with
+    ignore_eos, prompts in file order.
     extra_body: fields added to each request (`--extra-body`), so that both clients send the same
     body: vLLM's server holds back a chunk whose text is empty (a token that ends mid-character)
     unless token ids are asked for, so "first chunk" means "first token" only with the same ask."""
     data = ["--dataset-name", "custom", "--dataset-path", str(dataset), "--custom-output-len", str(output_len),
             "--skip-chat-template", "--disable-shuffle"]
     return _bench_serve(base_url, model, data, num_prompts, tokenizer=tokenizer, rate=rate, burstiness=burstiness,
-                        concurrency=concurrency, seed=seed, result_dir=result_dir, warmups=warmups, extra_body=extra_body)
+                        concurrency=concurrency, seed=seed, result_dir=result_dir, warmups=warmups, extra_body=extra_body,
+                        sampling=sampling)
 
 
 def bench_serve_random_command(base_url: str, model: str, input_len: int, output_len: int, num_prompts: int, *,
                                tokenizer: str | None = None, rate: float | None = None, concurrency: int | None = None,
-                               seed: int = 0, result_dir: Path | None = None, extra_body: dict | None = None) -> list[str]:
-    """`vllm bench serve` on its own random dataset (random token ids, input_len in, output_len
-    out, forced): vLLM's client as a user would run it, for a capacity check (scripts/capacity-check.py)."""
+                               seed: int = 0, result_dir: Path | None = None, extra_body: dict | None = None,
+                               sampling: Sampling | None = None) -> list[str]:
+    """`vllm bench serve` on its own random dataset (random token ids decoded and adjusted until
+    the text re-tokenizes to input_len, output_len out, forced): vLLM's client as a user would
+    run it, for a capacity check (scripts/capacity-check.py)."""
     data = ["--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len)]
     return _bench_serve(base_url, model, data, num_prompts, tokenizer=tokenizer, rate=rate, concurrency=concurrency, seed=seed,
-                        result_dir=result_dir, extra_body=extra_body)
+                        result_dir=result_dir, extra_body=extra_body, sampling=sampling)
 
 
 def _bench_serve(base_url: str, model: str, data: list[str], num_prompts: int, *, tokenizer: str | None, rate: float | None,
                  concurrency: int | None, seed: int, result_dir: Path | None, extra_body: dict | None, burstiness: float = 1.0,
-                 warmups: int = 0) -> list[str]:
+                 warmups: int = 0, sampling: Sampling | None = None) -> list[str]:
+    # vLLM's client sends only the sampling fields it is given (since 0.26 no temperature by default):
+    # every one of llmopt's is given, so both clients' requests sample alike
     args = ["bench", "serve", "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
-            "--model", model, *data, "--num-prompts", str(num_prompts), "--ignore-eos", "--temperature", "0",
+            "--model", model, *data, "--num-prompts", str(num_prompts), "--ignore-eos", *(sampling or Sampling()).bench_serve_args(),
             "--seed", str(seed), "--request-rate", "inf" if rate is None else f"{rate:g}", "--burstiness", f"{burstiness:g}",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99", "--num-warmups", str(warmups)]
     if tokenizer:
@@ -124,6 +152,19 @@ def llmopt_figures(point: Any) -> dict[str, float | None]:
             "e2e_p50_ms": m.e2e_s.p50 * 1e3 if m and m.e2e_s else None, "completed": m.requests if m else 0, "failed": point.failed,
             "request_rps": (m.requests / (point.window_s + point.drain_s)) if m and point.window_s + point.drain_s > 0 else None,
             "duration_s": point.window_s + point.drain_s}
+
+
+def bench_samples(result: dict) -> list[RequestSample]:
+    """`vllm bench serve --save-result --save-detailed`'s requests as samples (each on its own
+    clock from 0: TTFT, latency, output tokens), for the server clock's reconciliation
+    (engines/server_metrics.server_clock) of vLLM's client as of llmopt's."""
+    out = []
+    for i, (ttft, e2e, n) in enumerate(zip(result.get("ttfts") or [], result.get("latencies") or [], result.get("output_lens") or [])):
+        failed = bool((result.get("errors") or [""] * (i + 1))[i])
+        out.append(RequestSample(request_id=f"vllm{i}", prompt_id=f"vllm{i}", prompt_tokens=(result.get("input_lens") or [0] * (i + 1))[i],
+                                 output_tokens=int(n), t_submit=0.0, t_first=float(ttft or 0.0), t_done=float(e2e or 0.0),
+                                 ok=not failed))
+    return out
 
 
 def compare(ours: dict, theirs: dict, tolerance: float = 0.05) -> list[dict[str, Any]]:

@@ -17,7 +17,10 @@ What each point sends is the run's workload plan (load/plans.PlanLoad: the promp
 prompts, or a generated kind's requests and conversations, never a prompt twice; a trace scaled
 to the point's rate, and replayed once on its own schedule: the "replay" phase). Where the
 engine keeps its prefix cache's figures, each row has them (cache), and a multi-turn point its
-per-turn table (turns)."""
+per-turn table (turns). An HTTP engine's rows also carry the prompts' lengths as the server
+counted them (prompt_count) and the server's own clock beside the client's (server_clock),
+and the engine is given each point's prompts before it starts (prepare: a text prompt is
+made before the point, not while it sends)."""
 
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ from llmopt_bench.load.record import figures, slo_point, slo_verdict
 from llmopt_bench.load.search import Capacity, Search, Trial
 from llmopt_bench.load.turns import with_requests
 from llmopt_bench.scenarios.serving_record import ClientTally, LoadRow, Phase, ServingExtra, ServingParams
-from llmopt_bench.scenarios.serving_rows import count_tally, facts_of, main_key
+from llmopt_bench.scenarios.serving_rows import count_tally, facts_of, main_key, prompt_count, sent_by
 from llmopt_bench.workloads.build import make_plan
 from llmopt_bench.workloads.plan import Plan, TokenSpace
 
@@ -97,6 +100,9 @@ class ServingRun:
         load = load or self.load
         key = f"{phase}: {point.label}"
         size = f"{point.num_requests} requests" if point.num_requests else f"{point.duration_s:g} s"
+        prepare = getattr(self.engine, "prepare", None)  # outside the point's window: its texts made first
+        if prepare is not None:
+            prepare(load.prompts(sent_by(point, self.p.requests_per_point)))
         self.ctx.progress(f"{key} ({size})", None, None)
         try:
             with self.ctx.meter.window(key) as window:
@@ -120,7 +126,9 @@ class ServingRun:
                        concurrency=pt.concurrency, rate_rps=pt.rate, burstiness=pt.burstiness if pt.rate is not None else None,
                        input_len=input_len, output_len=output_len, slo_ok=v.ok, slo_reason=v.reason,
                        energy=self.ctx.meter.per_key().get(key),
-                       cache=with_requests(getattr(self.engine, "last_cache", None), res.samples))
+                       cache=with_requests(getattr(self.engine, "last_cache", None), res.samples),
+                       prompt_count=prompt_count(getattr(self.engine, "tally", None)),
+                       server_clock=getattr(self.engine, "last_server", None))
 
     def _client_check(self, row: LoadRow, res: PointResult) -> None:
         """The client's own punctuality over the point's measured requests, and whether it could
@@ -206,6 +214,8 @@ class ServingRun:
                 "burstiness": self.p.burstiness if self.p.arrival == "gamma" else 1.0, "seed": self.seed,
                 "requests_per_point": self.p.requests_per_point, "warmup_s": self.p.warmup_s, "hold_s": self.p.hold_s,
                 "output_len": self.load.lengths()[1], "prompt_format": self.p.prompt_format,
+                "sampling": self.p.sampling().model_dump(),
+                "server_metrics": getattr(self.engine, "watch_server", None),  # read the server's /metrics around each point
                 "workload": self.load.plan.spec, "prompts": self.load.distinct_prompts(),
                 "input_tokens": [min(lengths), max(lengths)] if lengths else None,
                 "closed_loop_warmup": "each user's first request (the ramp)",

@@ -8,13 +8,15 @@ from typing import Any, Literal
 from pydantic import Field
 
 from llmopt_bench.core.records import StrictModel
+from llmopt_bench.core.workload import Sampling
 from llmopt_bench.load.capacity import SearchParams
 from llmopt_bench.load.record import PointRow
 from llmopt_bench.load.search import Capacity
 
 
-class ServingParams(SearchParams):
-    """The load a serving stage puts on its server (defaults: docs/serving.md)."""
+class ServingParams(SearchParams, Sampling):
+    """The load a serving stage puts on its server (defaults: docs/serving.md); the requests'
+    sampling (temperature, top_p, top_k: core/workload.Sampling) is part of it."""
 
     concurrency: list[int] = Field(default_factory=lambda: [1, 4, 16, 64])  # closed-loop sweep
     rates: list[float] = Field(default_factory=list)  # open-loop points (req/s) measured besides the search
@@ -24,7 +26,28 @@ class ServingParams(SearchParams):
     throughput_output_len: int = Field(128, ge=1)
     main_concurrency: int | None = Field(None, ge=1)  # headline without a capacity: this sweep point (default: the largest)
     request_timeout_s: float = Field(300.0, gt=0)  # one request; a late one fails alone, the point goes on
-    prompt_format: Literal["tokens", "text"] = "tokens"  # token ids (exact lengths) or the decoded text
+    # text: what users send, of the asked length on the server's tokenizer (workloads/text.py);
+    # tokens: the ids themselves, which skip the server's tokenization (docs/serving.md)
+    prompt_format: Literal["text", "tokens"] = "text"
+
+    def sampling(self) -> Sampling:
+        return Sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+
+
+class PromptCount(StrictModel):
+    """A point's prompts: the lengths asked beside the server's count (its usage.prompt_tokens)."""
+
+    checked: int  # requests whose usage gave the server's count (warm-up included)
+    asked_mean: float
+    counted_mean: float
+    off: int = 0  # requests counted at another length
+    worst: float = 0.0  # the largest |counted / asked - 1| of one request
+    made_sending: int = 0  # text prompts made while the point ran (not before it)
+
+    @property
+    def difference(self) -> float:
+        """counted / asked - 1 over the point's requests."""
+        return self.counted_mean / self.asked_mean - 1 if self.asked_mean else 0.0
 
 
 # replay: a trace on its own schedule
@@ -41,6 +64,8 @@ class LoadRow(PointRow):
     slo_reason: str | None = None
     client: dict[str, Any] | None = None  # the client's own punctuality (engines/client_health.ClientHealth)
     client_untimed: str | None = None  # why the client could not time this point (its latencies are not the server's)
+    prompt_count: PromptCount | None = None  # the prompts' lengths as asked and as the server counted them
+    server_clock: dict[str, Any] | None = None  # the server's own figures beside the client's (engines/server_metrics.server_clock)
 
 
 class ClientTally(StrictModel):
@@ -53,6 +78,9 @@ class ClientTally(StrictModel):
     usage_mismatch_count: int = 0
     short: list[list[Any]] = Field(default_factory=list)  # [request, produced, asked], first 50
     short_count: int = 0
+    prompt_checked: int = 0  # requests whose prompt the server counted (usage.prompt_tokens)
+    prompt_off: list[list[Any]] = Field(default_factory=list)  # [request, asked, counted] where they differ, first 50
+    prompt_off_count: int = 0
 
 
 class CachingArm(StrictModel):

@@ -1,6 +1,8 @@
 """How a serving stage presents itself (vllm-serve's and openai-endpoint's hooks): the server
-and the load as run, the load curve, the capacity search, what the client saw, HTTP's own cost
-beside the offline engine at the same config, the story's QPS claim, and the chart."""
+and the load as run (the prompts as sent and the sampling), the load curve, the capacity search,
+what the client saw, the prompts as the server counted them, the server's own clock beside the
+client's, HTTP's own cost beside the offline engine at the same config, the story's QPS claim,
+and the chart."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from llmopt_bench.analysis.claims import claim_verdict, holds
 from llmopt_bench.analysis.selectors import reference
 from llmopt_bench.core.fmt import ms, num, pct, times
 from llmopt_bench.core.records import Block, Claim
+from llmopt_bench.core.workload import Sampling
 from llmopt_bench.load.search import Capacity
 from llmopt_bench.scenarios.caching_report import workload_blocks
 from llmopt_bench.scenarios.serving_record import LoadRow, ServingExtra
@@ -18,6 +21,10 @@ from llmopt_bench.scenarios.serving_record import LoadRow, ServingExtra
 STORY_QPS = (0.03, 0.2)  # the story's customer-service bot: QPS before and after its optimizations
 NOT_OWNED = ("This server was not started by llmopt: no GPU memory, energy or engine figures are measured or "
              "claimed for it; its latencies and throughput are what the client saw over HTTP.")
+PROMPTS = {"text": "text, each of its asked length as the server's tokenizer counts it (workloads/text.py)",
+           "tokens": "token ids, NOT what users send: the server skips its tokenization (~3.5 ms of TTFT at 450 tokens on "
+                     "an H100), so TTFT and every TTFT target read below what a client sending text sees"}
+PROMPT_WARN = 0.01  # a point whose prompts the server counted more than 1% off the asked length is said so
 
 
 def _jt(row: LoadRow) -> Any:
@@ -113,6 +120,77 @@ def _punctuality(rows: list[LoadRow]) -> str:
                                                         f"judged): {', '.join(untimed)}." if untimed else ""))
 
 
+def _sampling(s: dict[str, Any] | None) -> str:
+    """The requests' sampling as stated (runs from before it was recorded: greedy, temperature 0, as sent then)."""
+    if not s:
+        return "greedy (temperature 0; the run predates the sampling record)"
+    return Sampling(**s).describe()
+
+
+def _point(r: LoadRow) -> str:
+    return f"{r.phase} " + (f"c={r.concurrency}" if r.mode == "closed" else f"{num(r.rate_rps)} req/s")
+
+
+def prompt_count_blocks(rows: list[LoadRow]) -> list[Block]:
+    """The prompts' lengths as the server counted them (its usage field) beside the asked ones;
+    a point more than 1% off is a warning."""
+    counted = [r for r in rows if r.prompt_count]
+    if not counted:
+        return []
+    off = [r for r in counted if r.prompt_count and max(abs(r.prompt_count.difference), r.prompt_count.worst) > PROMPT_WARN]
+    exact = sum(r.prompt_count.checked - r.prompt_count.off for r in counted if r.prompt_count)
+    total = sum(r.prompt_count.checked for r in counted if r.prompt_count)
+    made = sum(r.prompt_count.made_sending for r in counted if r.prompt_count)
+    text = (f"Prompt lengths as the server counted them (usage.prompt_tokens): {exact} of {total} requests at the asked length."
+            + (f" {made} text prompts were made while their point ran (not before it)." if made else ""))
+    if not off:
+        return [Block(text=text)]
+    return [Block(text=text + f" **Warning:** at {len(off)} point(s) the server counted the prompts more than "
+                              f"{pct(PROMPT_WARN)} off the asked length: their latencies are for other lengths than stated "
+                              "(a tokenizer other than the server's? pass the server's as `tokenizer`).",
+                  headers=["point", "requests", "asked mean", "counted mean", "difference", "requests off", "worst request"],
+                  rows=[[_point(r), r.prompt_count.checked, r.prompt_count.asked_mean, r.prompt_count.counted_mean,
+                         pct(r.prompt_count.difference), r.prompt_count.off, pct(r.prompt_count.worst)]
+                        for r in off if r.prompt_count])]
+
+
+def _fig(c: dict[str, Any], key: str, stat: str = "mean_s") -> Any:
+    return ms((c.get(key) or {}).get(stat))
+
+
+def server_clock_blocks(rows: list[LoadRow], watched: bool | None) -> list[Block]:
+    """The server's own clock (its /metrics histograms, read around each point) beside the
+    client's over the same requests; the points whose two clocks disagree beyond their bounds.
+    watched: whether the client read the server's metrics (None: a run from before it did)."""
+    clocked = [r for r in rows if r.server_clock]
+    if not clocked:
+        return [Block(text="Server clock: the server exposes no Prometheus metrics (/metrics): only the client's clock "
+                           "is read.")] if rows and watched else []
+    source = clocked[0].server_clock.get("source") if clocked[0].server_clock else "?"
+    table = []
+    for r in clocked:
+        c = r.server_clock or {}
+        mine, diff = c.get("client") or {}, c.get("client_minus_server") or {}
+        table.append([_point(r), f"{c.get('requests')}/{mine.get('requests')}", ms(mine.get("ttft_mean_s")), _fig(c, "ttft"),
+                      ms(diff.get("ttft_s")), _fig(c, "ttft", "p50_s"), _fig(c, "ttft", "p99_s"), ms(mine.get("itl_mean_s")),
+                      _fig(c, "itl"), ms(diff.get("e2e_s")), _fig(c, "queue"), _fig(c, "prefill"),
+                      (c.get("running") or {}).get("mean"), (c.get("waiting") or {}).get("max"),
+                      pct((c.get("kv_usage") or {}).get("max")), c.get("preemptions"), c.get("verdict") or "agree"])
+    flagged = [f"{_point(r)}: {(r.server_clock or {}).get('verdict')}" for r in clocked
+               if (r.server_clock or {}).get("verdict") and not str((r.server_clock or {}).get("verdict")).startswith("not compared")]
+    text = (f"Server clock ({source}, read before and after each point; gauges sampled during it) beside the client's, over "
+            "the same requests (warm-up included, as the server counts them). Means are exact (sum / count); the server's "
+            "p50 and p99 are interpolated in its histogram's buckets. The client reads a little above the server (its HTTP "
+            "and SSE path); below it, its clock is wrong; far above it, the client host or the server's HTTP front end is "
+            "the bottleneck (docs/serving.md, \"One TTFT clock\").")
+    if flagged:
+        text += " **Warning:** " + "; ".join(flagged) + "."
+    return [Block(text=text, headers=["point", "requests server/client", "TTFT mean ms client", "server", "client - server",
+                                      "server TTFT p50 ms", "server TTFT p99 ms", "ITL mean ms client", "server",
+                                      "E2E client - server ms", "queue mean ms", "prefill mean ms", "running mean",
+                                      "waiting max", "KV use max", "preemptions", "clocks"], rows=table)]
+
+
 def serving_blocks(result: Any) -> list[Block]:
     x = result.extra_as(ServingExtra)
     t, s = x.target, x.settings
@@ -122,7 +200,8 @@ def serving_blocks(result: Any) -> list[Block]:
         out.append(Block(text=NOT_OWNED))
     out.append(Block(text=f"Load: {s.get('arrival', '?')} arrivals (burstiness {s.get('burstiness', 1)}), seed {s.get('seed')}, "
                           f"{s.get('requests_per_point')} measured requests a point, {s.get('output_len')} output tokens forced, "
-                          f"prompts {s.get('prompt_format')}, {s.get('input_tokens')} tokens; warm-up: closed loop "
+                          f"{_sampling(s.get('sampling'))}, prompts as {PROMPTS.get(s.get('prompt_format'), s.get('prompt_format'))}, "
+                          f"{s.get('input_tokens')} tokens; warm-up: closed loop "
                           f"{s.get('closed_loop_warmup')}, open loop {s.get('open_loop_warmup')}. Headline (the stage's "
                           f"row in the table): {x.main_point or 'none'}"
                           + (" (the client could not time it, nor any other point: its latencies are the client's, not the "
@@ -132,6 +211,7 @@ def serving_blocks(result: Any) -> list[Block]:
     out += workload_blocks(result, x.curve)
     out += capacity_blocks(x)
     out.append(client_block(x))
+    out += prompt_count_blocks(x.curve) + server_clock_blocks(x.curve, s.get("server_metrics"))
     if x.server:
         sv = x.server
         out.append(Block(text=f"Server stopped in {num(sv.get('stop_s'))} s (exit {sv.get('exit_code')}, "
@@ -190,9 +270,12 @@ def http_cost_blocks(result: Any, run: Any, engine_keys: tuple[str, ...], schedu
     missing = "" if sat is not None else (" No offline result at the same scheduler limits (max_num_seqs, "
                                           "max_num_batched_tokens, gpu_memory_utilization) measured a saturated throughput: "
                                           "run continuous-batching with them in the same run for that row.")
+    text_sent = (result.extra or {}).get("settings", {}).get("prompt_format") == "text"
     return [Block(text="HTTP's own cost: this server beside the offline vLLM engine at the same engine config (same weights, "
                        "dtype, quantization and kernels; for saturation the same scheduler limits too). 'HTTP adds' is served "
-                       "minus offline; the ratio is served / offline." + missing,
+                       "minus offline; the ratio is served / offline."
+                       + (" The served requests are text: their TTFT holds the server's tokenization, which the offline "
+                          "engine, given token ids, skips." if text_sent else "") + missing,
                   headers=["figure", "offline result", "offline", "served", "HTTP adds", "served / offline"], rows=rows)]
 
 

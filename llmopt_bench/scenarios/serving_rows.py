@@ -1,15 +1,17 @@
 """What the serving scenario makes of its measured points: the client's tally over every point,
-the headline point, and the stage's facts (the capacity, held or not, and what it is checked
-against)."""
+a point's prompts as the server counted them, the headline point, and the stage's facts (the
+capacity, held or not, and what it is checked against)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from typing import Any
 
 from llmopt_bench.core.records import SLOPoint, StageFacts
+from llmopt_bench.load.point import LoadPoint
 from llmopt_bench.load.search import Capacity
-from llmopt_bench.scenarios.serving_record import ClientTally, LoadRow, ServingParams
+from llmopt_bench.scenarios.serving_record import ClientTally, LoadRow, PromptCount, ServingParams
 
 THROUGHPUT_HOW = "throughput point (all requests at once)"  # as continuous-batching names its own
 KEEP = 50  # usage mismatches and short answers kept by example
@@ -27,6 +29,34 @@ def count_tally(t: ClientTally, tally: Any) -> None:
     t.usage_mismatch += [list(m) for m in tally.usage_mismatch][:KEEP - len(t.usage_mismatch)]
     t.short_count += len(tally.short)
     t.short += [list(s) for s in tally.short][:KEEP - len(t.short)]
+    t.prompt_checked += tally.prompt_checked
+    t.prompt_off_count += len(tally.prompt_off)
+    t.prompt_off += [list(s) for s in tally.prompt_off][:KEEP - len(t.prompt_off)]
+
+
+def prompt_count(tally: Any) -> PromptCount | None:
+    """One point's prompts as asked and as the server counted them (engines/openai_http.Tally)."""
+    if tally is None or not tally.prompt_checked:
+        return None
+    n = tally.prompt_checked
+    return PromptCount(checked=n, asked_mean=round(tally.prompt_asked / n, 3), counted_mean=round(tally.prompt_counted / n, 3),
+                       off=len(tally.prompt_off), worst=round(tally.prompt_off_worst, 4), made_sending=tally.texts_made_sending)
+
+
+MAX_PREPARED = 4096  # prompts made before a point at most (the rest, if sent, while it runs)
+
+
+def sent_by(point: LoadPoint, requests_per_point: int) -> int:
+    """About how many requests a point sends, warm-up included: its count, else its rate over its
+    duration with room for Poisson's spread (a closed loop bound by time: twice requests_per_point)."""
+    if point.num_requests is not None:
+        n = point.num_requests
+    elif point.rate is not None and point.duration_s is not None:
+        mean = point.rate * point.duration_s
+        n = math.ceil(mean + 4 * math.sqrt(mean) + 8)
+    else:
+        n = 2 * requests_per_point
+    return min(n, MAX_PREPARED)
 
 
 def main_key(samples: dict[str, Any], capacity: Capacity | None, p: ServingParams, untimed: Collection[str] = ()) -> str | None:

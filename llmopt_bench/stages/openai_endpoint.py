@@ -11,14 +11,12 @@ the stage is skipped with the reason and the fix; a request that fails later fai
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
 from llmopt_bench.core.contract import Stage, StageContext, StageSkipped
-from llmopt_bench.core.dispatch import Send
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.records import Block, LoadInfo, QualityRecord, StageRun
 from llmopt_bench.core.workload import WorkloadConfig
@@ -29,6 +27,7 @@ from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.scenarios import serving_report as R
 from llmopt_bench.scenarios.serving import ServingRun, serving_plans
 from llmopt_bench.scenarios.serving_record import ServingExtra, ServingParams
+from llmopt_bench.workloads.text import PromptTexts
 
 NO_QUALITY = "a server llmopt did not start: its weights are not known to llmopt, so quality is not measured"
 
@@ -40,7 +39,7 @@ class EndpointParams(ServingParams):
     tokenizer: str | None = None  # the server model's tokenizer (a path or hub id): prompts and token counts
     force_length: bool = True  # send ignore_eos + min_tokens (vLLM, SGLang); off for servers that refuse unknown fields
     return_token_ids: bool = True  # ask for token ids in the stream (vLLM): exact counts
-    prompt_format: Literal["tokens", "text"] = "text"  # text: any server tokenizes it; tokens: servers that take ids
+    prompt_format: Literal["text", "tokens"] = "text"  # text: any server tokenizes it; tokens: servers that take ids
 
 
 class OpenAIEndpointStage(Stage):
@@ -68,7 +67,7 @@ class OpenAIEndpointStage(Stage):
                          "lengths are approximate, the server's usage field gives the counted ones")
         self.endpoint = Endpoint(params.endpoint, params.model, api_key_env=params.api_key_env,
                                  request_timeout_s=params.request_timeout_s, force_length=params.force_length,
-                                 return_token_ids=params.return_token_ids)
+                                 return_token_ids=params.return_token_ids, sampling=params.sampling())
         served = self._check(ctx)
         return LoadInfo(implementation={"engine": "openai-endpoint", "url": params.endpoint, "model": params.model,
                                         "served_models": served, "api_key_env": params.api_key_env,
@@ -99,12 +98,9 @@ class OpenAIEndpointStage(Stage):
         p = self.params
         encode = lambda text: self.tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
         plan, tp_plan = serving_plans(workload, self.tok, None, encode, None, p)
-
-        def text_of(s: Send) -> str:
-            return self.tok.decode(list(s.token_ids))  # type: ignore[return-value]  # stubs say str | list[str]: one id list decodes to a str
-
-        prompt_of: Callable[[Send], str | list[int]] = (lambda s: list(s.token_ids)) if p.prompt_format == "tokens" else text_of
-        client = HTTPLoad(self.endpoint, prompt_of, count_text=self.count_text if p.tokenizer else None)
+        # text of the asked length on this tokenizer: exact where it is the server's (the rows' prompt_count say)
+        texts = PromptTexts(self.tok, workload.seed) if p.prompt_format == "text" else None
+        client = HTTPLoad(self.endpoint, texts=texts, count_text=self.count_text if p.tokenizer else None)
         target = {"kind": "OpenAI-compatible endpoint (not started by llmopt)", "url": p.endpoint, "model": p.model,
                   "api_key_env": p.api_key_env}
         samples, extra, facts = ServingRun(client, target, p, PlanLoad(plan), PlanLoad(tp_plan), ctx, workload.seed,

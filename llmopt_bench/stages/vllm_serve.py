@@ -10,14 +10,12 @@ checkpoint) are labelled entries of this one stage: stages/serving.toml."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
 from llmopt_bench.core.contract import Requirements, Stage, StageContext, StageSkipped
-from llmopt_bench.core.dispatch import Send
 from llmopt_bench.core.records import Block, Claim, LoadInfo, QualityRecord, StageRun
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.engines.awq_weights import AWQCheckpointParams, awq_engine
@@ -30,6 +28,7 @@ from llmopt_bench.scenarios import serving_report as R
 from llmopt_bench.scenarios.caching_report import caching_claim, comparison_blocks
 from llmopt_bench.scenarios.serving import ServingRun, serving_plans
 from llmopt_bench.scenarios.serving_record import CachingArm, PrefixCachingRecord, ServingExtra, ServingParams
+from llmopt_bench.workloads.text import PromptTexts
 
 
 class VLLMServeParams(VLLMEngineParams, ServingParams):
@@ -68,6 +67,7 @@ class VLLMServeStage(Stage):
     Extra = ServingExtra
 
     server: VLLMServer | None = None
+    _texts: PromptTexts | None = None
 
     def load(self, model, params, ctx: StageContext) -> LoadInfo:  # params: a VLLMServeParams (Params)
         from transformers import AutoTokenizer
@@ -104,7 +104,15 @@ class VLLMServeStage(Stage):
     def endpoint(self, timeout_s: float = 600.0) -> Endpoint:
         assert self.server is not None
         return Endpoint(self.server.base_url, self.server.served_model_name, api_key_env=self.params.api_key_env,
-                        request_timeout_s=timeout_s)
+                        request_timeout_s=timeout_s, sampling=self.params.sampling())
+
+    def texts(self, workload: WorkloadConfig) -> PromptTexts | None:
+        """The prompts as text of their asked length on the server's tokenizer (None: token ids)."""
+        if self.params.prompt_format != "text":
+            return None
+        if self._texts is None or self._texts.seed != workload.seed:
+            self._texts = PromptTexts(self.tok, workload.seed)
+        return self._texts
 
     def loads(self, workload: WorkloadConfig) -> tuple[PlanLoad, PlanLoad]:
         """The run's workload as this server's load (its tokenizer, its max_model_len), and the throughput point's."""
@@ -118,24 +126,23 @@ class VLLMServeStage(Stage):
 
         from llmopt_bench.engines.openai_http import OpenAIClient
 
+        texts = self.texts(workload)
+
         async def go():
             async with OpenAIClient(self.endpoint(self.params.request_timeout_s)) as client:
-                for r in self.loads(workload)[0].warmup(max(1, workload.warmup)):
-                    await client.complete(r.id, r.prompt_id, list(r.token_ids), r.output_len or workload.max_new_tokens)
+                for r in self.loads(workload)[0].warmup(max(1, workload.warmup)):  # sent as the load sends them
+                    await client.complete(r.id, r.prompt_id, texts.text(r.token_ids) if texts else list(r.token_ids),
+                                          r.output_len or workload.max_new_tokens)
         ctx.progress("warm-up", None, None)
         asyncio.run(go())
 
     def run(self, workload: WorkloadConfig, ctx: StageContext) -> StageRun:
         p = self.params
         load, tp_load = self.loads(workload)
-
-        def text_of(s: Send) -> str:
-            return self.tok.decode(list(s.token_ids))  # type: ignore[return-value]  # stubs say str | list[str]: one id list decodes to a str
-
-        prompt_of: Callable[[Send], str | list[int]] = (lambda s: list(s.token_ids)) if p.prompt_format == "tokens" else text_of
         assert self.server is not None
         caching = bool(self.server.cfg.extra.get("enable_prefix_caching"))
-        client = HTTPLoad(self.endpoint(p.request_timeout_s), prompt_of, reset_cache_each_point=caching, watch_cache=True)
+        client = HTTPLoad(self.endpoint(p.request_timeout_s), texts=self.texts(workload), reset_cache_each_point=caching,
+                          watch_cache=True)
         target = {"kind": "vllm serve (started by llmopt)", "url": self.server.base_url, "model": self.server.served_model_name,
                   "command": self.server.reproduce(), "entry": " ".join(self.server.entry)}
         samples, extra, facts = ServingRun(client, target, p, load, tp_load, ctx, workload.seed).run()

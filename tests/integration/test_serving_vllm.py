@@ -16,11 +16,12 @@ import pytest
 
 from llmopt_bench.analysis.slo import judge, parse_slo
 from llmopt_bench.core.errors import UsageError
-from llmopt_bench.core.workload import WorkloadConfig, build_requests
+from llmopt_bench.core.workload import Sampling, WorkloadConfig, build_requests
 from llmopt_bench.engines import vllm as V
-from llmopt_bench.engines.http_load import HTTPLoad
+from llmopt_bench.engines.http_load import HTTPLoad, auth
 from llmopt_bench.engines.openai_errors import error_kind
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient
+from llmopt_bench.engines.server_metrics import MetricsPage, ServerWatch
 from llmopt_bench.engines.vllm_server import (
     VLLMServer,
     free_port,
@@ -28,17 +29,23 @@ from llmopt_bench.engines.vllm_server import (
 )
 from llmopt_bench.load.arrivals import arrival_offsets as arrival_times
 from llmopt_bench.load.dispatchers import cycled
-from llmopt_bench.load.engine import run_point
+from llmopt_bench.load.engine import run_plan, run_point
+from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.load.point import LoadPoint
 from llmopt_bench.load.record import slo_verdict
 from llmopt_bench.load.search import Trial, find_capacity
 from llmopt_bench.load.steady import TREND_RATIO
+from llmopt_bench.measure.timing import now
 from llmopt_bench.procs.tree import members
 from llmopt_bench.scenarios.peer import (
+    bench_samples,
     bench_serve_argv,
     bench_serve_command,
     export_custom_dataset,
 )
+from llmopt_bench.workloads.build import make_plan
+from llmopt_bench.workloads.plan import TokenSpace
+from llmopt_bench.workloads.text import PromptTexts
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -356,21 +363,128 @@ def test_a_short_capacity_search_against_the_server(served, requests):
 
 
 def test_vllm_bench_serve_reads_the_exported_prompts_and_sends_them(served, requests, tokenizer, tmp_path, tiny_model):
-    """The peer check's plumbing: vLLM's own benchmark client, on the exported dataset, against
-    the same server; every prompt sent, every answer N tokens long."""
+    """The peer check's plumbing: vLLM's own benchmark client, on the exported dataset (llmopt's
+    texts of the asked length) with llmopt's sampling, against the same server; every prompt
+    sent and counted by the server at its asked length, every answer N tokens long, and the
+    server's clock read around it beside vLLM's client's."""
     server, _ = served
     data = tmp_path / "prompts.jsonl"
-    texts = export_custom_dataset(requests, tokenizer.decode, data, N)
+    texts = export_custom_dataset(requests, PromptTexts(tokenizer, 0).text, data, N)
     assert [json.loads(line) for line in data.read_text().splitlines()] == [{"prompt": t, "output_tokens": N} for t in texts]
     args = bench_serve_command(server.base_url, NAME, data, len(requests), N, tokenizer=tiny_model.path,
-                               concurrency=2, result_dir=tmp_path / "bench")
-    argv = bench_serve_argv(VLLM_PYTHON, args, vllm_cli_works(VLLM_PYTHON))
+                               concurrency=2, result_dir=tmp_path / "bench", sampling=Sampling())
+    assert args[args.index("--temperature") + 1] == "0" and args[args.index("--top-p") + 1] == "1"
+    argv = bench_serve_argv(VLLM_PYTHON, args + ["--save-detailed"], vllm_cli_works(VLLM_PYTHON))
     env = {**os.environ, "OPENAI_API_KEY": os.environ[KEY_ENV]}
+    watch = ServerWatch(MetricsPage(server.base_url, auth(endpoint(server))))
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(next((tmp_path / "bench").glob("*.json")).read_text())
     assert result["completed"] == len(requests) and result["failed"] == 0
     assert result["total_output_tokens"] == len(requests) * N
+    clock, _ = watch.stop(bench_samples(result))
+    assert clock["requests"] == len(requests) and clock["prompt_tokens"] == 24 * len(requests)  # the server's count
+    assert clock["client"]["requests"] == len(requests) and clock["client_minus_server"]["ttft_s"] is not None
+
+
+def test_text_prompts_of_the_asked_length_are_counted_so_by_the_server_and_its_clock_read_per_point(served, tokenizer):
+    """A generated workload of lengths 1 to 300 sent as text (what users send): the server counts
+    every request at its asked length (usage.prompt_tokens), and each point's server clock is read
+    over exactly the point's requests, warm-up included, beside the client's."""
+    server, _ = served
+    spec = f"random:in=1..300,out={N}"
+    plan = make_plan(WorkloadConfig(spec=spec, kind="random"), TokenSpace(tokenizer.get_vocab_size(), frozenset({0, 1, 2})),
+                     2048, lambda t: tokenizer.encode(t, add_special_tokens=False).ids)
+    load = PlanLoad(plan)
+    engine = HTTPLoad(endpoint(server), texts=PromptTexts(tokenizer, 0))
+    for c in (1, 3):
+        point = LoadPoint(concurrency=c, num_requests=9 + c, warmup_requests=c)
+        engine.prepare(load.prompts(point.num_requests))
+        res = run_plan(engine, point, load)
+        t = engine.tally
+        assert res.failed == 0 and t.texts_made_sending == 0
+        assert t.prompt_checked == 9 + c and t.prompt_off == [], t.prompt_off  # every one at its asked length
+        asked = [len(load.request(i).token_ids) for i in range(9 + c)]
+        assert max(asked) - min(asked) > 100 and t.prompt_asked == t.prompt_counted == sum(asked)
+        assert sorted(s.prompt_tokens for s in engine.samples) == sorted(asked)  # the server's count, kept per request
+        clock = engine.last_server
+        assert clock["source"] == "vllm /metrics" and clock["requests"] == clock["client"]["requests"] == 9 + c
+        assert clock["prompt_tokens"] == sum(asked) and clock["ttft"]["count"] == 9 + c and clock["itl"]["count"] == (9 + c) * (N - 1)
+        assert clock["prefill"]["mean_s"] < clock["ttft"]["mean_s"]
+        assert clock["gauge_samples"] == 0 or clock["running"]["max"] <= c  # a point shorter than the first sample has none
+        assert not (clock["verdict"] or "").startswith("client clock wrong")  # a client's TTFT never reads under the server's
+
+
+def test_a_multi_turn_workload_as_text_counts_every_turn_at_its_asked_length(served, tokenizer):
+    """A conversation's later turns carry the engine's answers (their ids, from the stream), so
+    their texts are made while the point runs; every turn still reaches the server at the length
+    its ids ask for."""
+    server, _ = served
+    plan = make_plan(WorkloadConfig(spec=f"multi-turn:turns=3,first=40,msg=8,out={N}"),
+                     TokenSpace(tokenizer.get_vocab_size(), frozenset({0, 1, 2})), 2048,
+                     lambda t: tokenizer.encode(t, add_special_tokens=False).ids)
+    load = PlanLoad(plan)
+    engine = HTTPLoad(endpoint(server), texts=PromptTexts(tokenizer, 0))
+    point = LoadPoint(concurrency=2, num_requests=8, warmup_requests=2)
+    engine.prepare(load.prompts(point.num_requests))
+    res = run_plan(engine, point, load)
+    t = engine.tally
+    assert res.failed == 0 and t.prompt_checked == 8 and t.prompt_off == []
+    assert {s.turn for s in res.samples} == {0, 1, 2}
+    assert sorted({s.prompt_tokens for s in engine.samples}) == sorted({40, 40 + N + 8, 40 + 2 * (N + 8)})
+    assert t.texts_made_sending > 0  # the later turns: made while the point ran
+
+
+class LateSubmit(OpenAIClient):
+    """The real client with one fault: it reads its submit time `delay_s` after the request went
+    out (a clock started late), so every TTFT it reports is short by that much."""
+
+    delay_s = 0.0
+
+    async def _stream(self, prompt, max_tokens, state):
+        sending = asyncio.ensure_future(super()._stream(prompt, max_tokens, state))
+        await asyncio.sleep(self.delay_s)
+        state.t_submit = state.clock.sent = now()
+        await sending
+
+
+def test_a_client_whose_clock_starts_late_is_caught_by_the_server_s_clock(served, requests):
+    server, _ = served
+    point = LoadPoint(concurrency=1, num_requests=10, warmup_requests=2)
+    sound = HTTPLoad(endpoint(server))
+    run_point(sound, point, cycled(requests), N)
+    clock = sound.last_server
+    assert clock["requests"] == 10 and not (clock["verdict"] or "").startswith("client clock wrong")
+    # late by most of the client's own TTFT: it then reads under the server's own, which starts after the request left
+    LateSubmit.delay_s = max(0.004, 0.7 * clock["client"]["ttft_mean_s"])
+    late = HTTPLoad(endpoint(server), client_class=LateSubmit)
+    run_point(late, point, cycled(requests), N)
+    wrong = late.last_server
+    assert wrong["requests"] == wrong["client"]["requests"] == 10
+    assert wrong["client_minus_server"]["ttft_s"] < clock["client_minus_server"]["ttft_s"] - 0.5 * LateSubmit.delay_s
+    assert wrong["verdict"].startswith("client clock wrong"), (clock, wrong)
+
+
+def test_the_requests_sampling_reaches_the_server(served, requests):
+    """Greedy (the default) answers one prompt the same twice; temperature 1.5 with top_p 1
+    (random weights: a near-flat distribution) does not: the fields the client states are the
+    ones the server samples with."""
+    server, _ = served
+    r = requests[0]
+
+    async def twice(client):
+        answers = []
+        for k in range(2):
+            ids: list[int] = []
+            sample = await client.complete(f"s{k}", r.prompt_id, r.token_ids, N, answer=ids)
+            assert sample.ok, sample.error
+            answers.append(ids)
+        return answers
+
+    greedy, _ = with_client(endpoint(server), twice)
+    assert greedy[0] == greedy[1] and len(greedy[0]) == N
+    sampled, _ = with_client(endpoint(server, sampling=Sampling(temperature=1.5)), twice)
+    assert sampled[0] != sampled[1]
 
 
 def test_stop_ends_every_process_of_the_server(served):

@@ -10,7 +10,8 @@ import pytest
 from llmopt_bench.core.records import CacheRecord, RequestSample
 from llmopt_bench.core.results import StageResult
 from llmopt_bench.core.workload import WorkloadConfig
-from llmopt_bench.engines.vllm_cache import cache_record, parse_prometheus
+from llmopt_bench.engines.server_metrics import parse
+from llmopt_bench.engines.vllm_cache import cache_record, server_counters
 from llmopt_bench.load.turns import turn_rows, with_requests
 from llmopt_bench.run.registry import load_stage
 from llmopt_bench.run.runner import prompt_file_only
@@ -30,8 +31,9 @@ vllm:cache_config_info{block_size="128",enable_prefix_caching="True"} 1.0
 
 
 def test_the_servers_metrics_sum_their_engines_and_skip_the_created_gauges():
-    got = parse_prometheus(METRICS)
-    assert got == {"queries": 18292.0, "hits": 14720.0, "kv": 0.25, "preemptions": 3.0}
+    snap = parse(METRICS)  # prometheus_client's parser, through the server clock's reader
+    assert server_counters(snap) == {"queries": 18292.0, "hits": 14720.0, "preemptions": 3.0}
+    assert snap.gauges == {"kv_usage": 0.25}
 
 
 def test_a_points_counters_are_differences_and_its_gauge_the_samples():
