@@ -28,11 +28,16 @@ class ServerCapacity:
     """One running server under the trial's load: its start rate, its capacity to a precision,
     then held; and what run.json keeps of it."""
 
-    def __init__(self, engine: LoadEngine, target: dict[str, Any], params: ServingParams, load: PlanLoad,
-                 ctx: StageContext, seed: int):
-        self.run = ServingRun(engine, target, params, load, None, ctx, seed)
+    def __init__(self, run: ServingRun):
+        self.run = run
         self.search: Search | None = None
         self.capacity: Capacity | None = None
+
+    @classmethod
+    def serving(cls, engine: LoadEngine, target: dict[str, Any], params: ServingParams, load: PlanLoad, ctx: StageContext,
+                seed: int) -> ServerCapacity:
+        """The serving scenario's points on `engine` (an HTTP client of the trial's server)."""
+        return cls(ServingRun(engine, target, params, load, None, ctx, seed))
 
     def start_rate(self, known_rps: float | None, concurrency: int) -> float:
         """Where the search starts: a capacity already known (another configuration's), else half
@@ -49,7 +54,7 @@ class ServerCapacity:
         before = list(self.search.trials) if self.search else []
         p = self.run.p
         self.search = Search(start_rps, precision, p.search_min_rps, p.search_max_rps, max(2, len(before) + probes))
-        self.search.trials = before
+        self.search.trials = list(before)
         self.search.run(self.run.trial)
         self.capacity = self.search.result()
         return self._rung(name, self.capacity, precision, len(self.search.trials) - len(before), time.monotonic() - t0)

@@ -15,14 +15,14 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from llmopt_bench.core.contract import StageContext, StageSkipped
 from llmopt_bench.core.errors import LlmoptError, describe
 from llmopt_bench.core.records import LoadInfo, QualityRecord, StageFacts
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.scenarios.serving_record import ServingExtra, ServingParams
-from llmopt_bench.tune.record import Rung, TrialRecord
+from llmopt_bench.tune.record import Confirmation, Rung, TrialRecord
 from llmopt_bench.tune.space import Space, engine_params
 
 MARKER = "LLMOPT_TUNE_SERVER"  # in each server's environment: its trial's directory (a resumed run finds leftovers by it)
@@ -161,33 +161,45 @@ def context(shared: Shared, trial_dir: Path, steer: Steer) -> StageContext:
 
 def _measure(shared: Shared, rec: TrialRecord, server: Any, info: LoadInfo, trial_dir: Path, steer: Steer) -> Measured | None:
     """Quality first (a configuration that fails the gate is no answer, whatever its speed), then the rungs."""
-    from llmopt_bench.analysis.quality_gate import judge
     from llmopt_bench.engines.http_load import HTTPLoad
     from llmopt_bench.engines.openai_http import Endpoint
     from llmopt_bench.load.plans import PlanLoad
     from llmopt_bench.scenarios.serving import serving_plans
     from llmopt_bench.tune.capacity import ServerCapacity
+    from llmopt_bench.tune.confirm import confirm
 
     tok = tokenizer(shared.model.path)
     encode = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     endpoint = Endpoint(server.base_url, server.served_model_name, request_timeout_s=shared.load.request_timeout_s)
     ctx = context(shared, trial_dir, steer)
-    rec.quality = quality(endpoint, encode, shared, ctx, server)
-    rec.quality = rec.quality.model_copy(update=judge(rec.quality, shared.reference_quality, shared.reference_name, shared.min_quality))
-    if rec.quality.quality_regression:
-        rec.outcome, rec.reason = "quality", f"fails the quality gate: {rec.quality.gate}"
+    if not passes(shared, rec, quality(endpoint, encode, shared, ctx, server)):
         return None
     plan = serving_plans(shared.workload, tok, shared.model.vocab_size, encode, server.cfg.max_model_len, shared.load)[0]
     load = PlanLoad(plan)
     warm_up(endpoint, load, shared.workload)
     target = {"kind": "vllm serve (started by llmopt tune)", "url": server.base_url, "model": server.served_model_name,
               "command": server.reproduce(), "entry": " ".join(server.entry)}
-    cap = ServerCapacity(HTTPLoad(endpoint, lambda s: list(s.token_ids)), target, shared.load, load, ctx, shared.workload.seed)
-    return climb(shared, rec, cap, steer, server, info)
+    cap = ServerCapacity.serving(HTTPLoad(endpoint, lambda s: list(s.token_ids)), target, shared.load, load, ctx, shared.workload.seed)
+    if not climb(shared, rec, cap, steer, lambda rate: confirm(server, shared, rate, trial_dir.relative_to(shared.run_dir), load.lengths())):
+        return None
+    samples, extra, facts = cap.result()
+    return Measured(samples=samples, extra=extra, facts=facts, load=info)
 
 
-def climb(shared: Shared, rec: TrialRecord, cap: Any, steer: Steer, server: Any, info: LoadInfo) -> Measured | None:
-    """The rungs, as long as the tuner lets this configuration go on."""
+def passes(shared: Shared, rec: TrialRecord, measured: QualityRecord) -> bool:
+    """The quality gate against the FP16 reference (analysis/quality_gate.py); a configuration
+    that fails it ends there: it is no answer, whatever its speed."""
+    from llmopt_bench.analysis.quality_gate import judge
+
+    rec.quality = measured.model_copy(update=judge(measured, shared.reference_quality, shared.reference_name, shared.min_quality))
+    if rec.quality.quality_regression:
+        rec.outcome, rec.reason = "quality", f"fails the quality gate: {rec.quality.gate}"
+        return False
+    return True
+
+
+def climb(shared: Shared, rec: TrialRecord, cap: Any, steer: Steer, confirm: Callable[[float], Confirmation]) -> bool:
+    """The rungs, as long as the tuner lets this configuration go on; True when it climbed them all."""
     s = shared.space.search
     start = cap.start_rate(steer.start_rps(), s.start_concurrency)
     rungs = [("short", lambda: cap.narrow("short", start, s.short_precision, s.short_point_s, s.short_probes)),
@@ -196,27 +208,24 @@ def climb(shared: Shared, rec: TrialRecord, cap: Any, steer: Steer, server: Any,
     for i, (name, run) in enumerate(rungs):
         if i and not steer.fits(f"trial {rec.number}'s {name} rung", estimate(shared, name)):
             rec.outcome, rec.reason = "stopped", f"the budget left no time for the {name} rung"
-            return None
+            return False
         rung = run()
         rec.rungs.append(rung)
         rec.value = rung.capacity_rps or 0.0
         steer.save(rec)
+        why = steer.go_on(rec, rung) if name != "held" else None  # told even when nothing met the SLO
         if rung.capacity_rps is None:
             rec.outcome, rec.reason = "pruned", f"no rate met the SLO ({'; '.join(rung.notes) or 'none'})"
-            return None
-        why = steer.go_on(rec, rung) if name != "held" else None
+            return False
         if why:
             rec.outcome, rec.reason = "pruned", why
-            return None
-    rec.outcome = "held"
+            return False
     held = rec.held_rung.capacity_rps if rec.held_rung else None
+    rec.outcome = "held" if held else "hold failed"
     if held and steer.confirm(rec):
-        from llmopt_bench.tune.confirm import confirm
-
         steer.say(f"  vllm bench serve at {held:g} req/s for {shared.hold_s:g} s (the confirmation)")
-        rec.confirmation = confirm(server, shared, held, Path(rec.log or "").parent, cap.run.load.lengths())
-    samples, extra, facts = cap.result()
-    return Measured(samples=samples, extra=extra, facts=facts, load=info)
+        rec.confirmation = confirm(held)
+    return True
 
 
 def estimate(shared: Shared, rung: str) -> float:

@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.results import MemoryRecord, StageResult, utcnow
@@ -60,10 +60,15 @@ def fmt_s(seconds: float) -> str:
 
 
 class Tuner:
-    def __init__(self, out: Path, record: TuneRecord, shared: Shared, budget_s: float, max_trials: int | None):
+    """The search over the space within the budget. runner(shared, record, steer) measures one
+    configuration (tune/trial.run_trial); clock() is the budget's clock (seconds)."""
+
+    def __init__(self, out: Path, record: TuneRecord, shared: Shared, budget_s: float, max_trials: int | None,
+                 runner: Callable[[Shared, TrialRecord, Any], Measured | None] = run_trial,
+                 clock: Callable[[], float] = time.monotonic):
         self.out, self.record, self.shared = out, record, shared
-        self.budget_s, self.max_trials = budget_s, max_trials
-        self.before_s, self.t0 = record.wall_s, time.monotonic()
+        self.budget_s, self.max_trials, self.runner, self.clock = budget_s, max_trials, runner, clock
+        self.before_s, self.t0 = record.wall_s, clock()
         self.tried = {key(t.config): t for t in record.finished()}
         self.rerun = {key(t.config): t.number for t in record.trials if t.outcome == "running"}
         record.trials = record.finished()
@@ -73,7 +78,7 @@ class Tuner:
     # --- the clock and the record ---------------------------------------------------------------
 
     def elapsed(self) -> float:
-        return self.before_s + time.monotonic() - self.t0
+        return self.before_s + self.clock() - self.t0
 
     def left(self) -> float:
         return self.budget_s - self.elapsed()
@@ -100,9 +105,9 @@ class Tuner:
             return d.last.capacity_rps
         return max((r.capacity_rps for t in self.record.trials for r in t.rungs if r.capacity_rps), default=None)
 
-    def best(self) -> TrialRecord | None:
+    def best(self, besides: TrialRecord | None = None) -> TrialRecord | None:
         """The highest held capacity among the trials that pass the quality gate."""
-        held = [t for t in self.record.trials if t.outcome == "held" and t.held_rung and t.quality_ok]
+        held = [t for t in self.record.trials if t.outcome == "held" and t.held_rung and t.quality_ok and t is not besides]
         return max(held, key=lambda t: (t.held_rung.capacity_rps or 0, t.defaults), default=None)  # type: ignore[union-attr]
 
     def best_text(self) -> str:
@@ -116,7 +121,7 @@ class Tuner:
         winner is then always confirmed, on the server its capacity was held on)."""
         if not self.shared.space.search.confirm or rec.held_rung is None or not rec.quality_ok:
             return False
-        b = self.best()
+        b = self.best(besides=rec)
         better = b is None or (rec.held_rung.capacity_rps or 0) > (b.held_rung.capacity_rps or 0)  # type: ignore[union-attr]
         return better and self.fits(f"trial {rec.number}'s confirmation", self.shared.hold_s * 2 + 60)
 
@@ -176,7 +181,7 @@ class Tuner:
             return seen.value or 0.0
         self.duplicates = 0
         rec = self.start(config)
-        measured = run_trial(self.shared, rec, TrialSteer(self, trial, rec))
+        measured = self.runner(self.shared, rec, TrialSteer(self, trial, rec))
         self.end(rec, measured)
         if rec.outcome in ("pruned", "stopped"):
             raise optuna.TrialPruned()
@@ -364,7 +369,7 @@ def conclude(out: Path, record: TuneRecord) -> None:
     winner = max(held, key=lambda t: (t.held_rung.capacity_rps or 0, t.defaults), default=None)  # type: ignore[union-attr]
     record.winner = winner.number if winner else None
     defaults = record.trial(record.defaults)
-    record.ratio = ratio(winner, defaults) if winner and defaults and defaults.outcome == "held" else None
+    record.ratio = ratio(winner, defaults) if winner and defaults else None
     put_results(out, record)
     try:
         write_report(out, record)
