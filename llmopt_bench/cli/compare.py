@@ -183,6 +183,29 @@ def promote_fix(baseline: Path, new: Path, cmp) -> str:
             f"record: leave it): mkdir -p {dst.parent} && cp {src} {dst}, then compare against {dst}")
 
 
+def tune_lines(baseline: Path, new: Path) -> list[str]:
+    """Both runs' held capacities where both are llmopt tune runs (tune.json beside run.json):
+    the defaults with the defaults, the winner with the winner, each with its settings."""
+    from llmopt_bench.tune.record import TUNE_JSON, TuneRecord
+    from llmopt_bench.tune.report import capacity_text, interval
+
+    def read(path: Path):
+        f = (path if path.is_dir() else path.parent) / TUNE_JSON
+        try:
+            return TuneRecord.model_validate_json(f.read_text()) if f.is_file() else None
+        except (OSError, ValueError):
+            return None
+    runs = read(baseline), read(new)
+    if None in runs:
+        return []
+    lines = ["", "llmopt tune's held capacities, req/s (baseline -> new; docs/tune.md):"]
+    for role in ("defaults", "winner"):
+        a, b = (r.trial(getattr(r, role)) for r in runs)  # type: ignore[union-attr]
+        side = lambda t: "-" if t is None else f"{capacity_text(t.held_rung or t.last)} {interval(t.held_rung or t.last)} ({t.label})"  # noqa: E731
+        lines.append(f"- {role}: {side(a)} -> {side(b)}")
+    return lines
+
+
 def known_stages(*runs) -> set[str]:
     """The names --allow-missing may take: the runs' stages and every registered one."""
     from llmopt_bench.run.registry import stage_names
@@ -231,9 +254,11 @@ def compare_cmd(
     history = [] if no_history else fingerprint_runs(db or default_db(), base_run, new_run)
     cmp = compare_runs(base_run, new_run, thresholds, force=force, resamples=resamples, confidence=confidence,
                        seed=seed, history=history, allowed=allowed, host_rule=host_rule)
-    text = json.dumps(cmp.to_dict(), indent=1) + "\n" if fmt == "json" else to_markdown(cmp)
+    text = json.dumps(cmp.to_dict(), indent=1) + "\n" if fmt == "json" else to_markdown(cmp) + "\n".join(tune_lines(baseline, new))
     if fmt == "table":
         print_terminal(cmp)
+        for line in tune_lines(baseline, new):
+            typer.echo(line)
     else:
         typer.echo(text, nl=False)
     if output is not None:

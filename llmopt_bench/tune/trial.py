@@ -68,11 +68,15 @@ class Measured:
 
 
 def failure(text: str) -> tuple[str, str]:
-    """A server start's failure in a few words, from its log: (kind, the line that says why)."""
+    """A server start's failure in a few words, from its log: (kind, the line that says why).
+    The line: pydantic's "Value error, ..." (vLLM's config checks), else the last line naming an
+    error or exception (a traceback's last), else the log's last line."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    said = next((ln for ln in reversed(lines) if re.search(r"(Error|Exception|error:)", ln) and "Traceback" not in ln),
-                lines[-1] if lines else "no log")
-    said = re.sub(r"^.*?\] ", "", said)[:300]  # vLLM's "(APIServer pid=1) ERROR 12-05 ... file.py:12]" prefix
+    said = next((ln.split("Value error, ", 1)[1] for ln in reversed(lines) if "Value error, " in ln), None) or \
+        next((ln for ln in reversed(lines) if re.search(r"(Error|Exception|error:)", ln) and "Traceback" not in ln
+              and "errors.pydantic.dev" not in ln), lines[-1] if lines else "no log")
+    # without vLLM's "(APIServer pid=1) ERROR 12-05 20:51:10 [x.py:12] " and pydantic's " [type=...]"
+    said = re.sub(r"^\(\w+ pid=\d+\) \w+ [\d-]+ [\d:.]+ \[[^\]]*\] ", "", said).split(" [type=")[0][:300]
     low = text.lower()
     if "out of memory" in low or "outofmemory" in low or "no available memory for the cache blocks" in low:
         return "out of memory", said
@@ -80,7 +84,7 @@ def failure(text: str) -> tuple[str, str]:
         return "did not start in time", said
     if "notimplementederror" in low or "not supported" in low or "unsupported" in low:
         return "unsupported here", said
-    if "valueerror" in low or "validationerror" in low or "invalid" in low:
+    if "valueerror" in low or "validationerror" in low or "value error" in low or "invalid" in low:
         return "invalid combination", said
     return "failed", said
 

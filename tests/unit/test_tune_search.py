@@ -23,7 +23,7 @@ from llmopt_bench.tune.record import TUNE_JSON, Confirmation, TuneRecord
 from llmopt_bench.tune.space import DEFAULT, SearchSettings, Space
 from llmopt_bench.tune.study import key
 from llmopt_bench.tune.trial import Shared, climb, passes
-from llmopt_bench.tune.tuner import Tuner, conclude, new_record, TuneOptions
+from llmopt_bench.tune.tuner import TuneOptions, Tuner, conclude, new_record
 
 START_S = 30.0
 HOLD_S = 60.0
