@@ -143,7 +143,7 @@ def plain(line: str) -> str:
     return re.sub(r"^#+ ", "", line).replace("**", "").replace("`", "")
 
 
-def print_terminal(cmp) -> None:
+def print_terminal(cmp, after: list[str] | None = None) -> None:
     """The comparison at the terminal's width ($COLUMNS): sentences wrapped between words, the
     table's cells too, its least needed columns left out (and named) where even that does not fit."""
     from llmopt_bench.cli.terminal import echo, print_table, width
@@ -154,7 +154,7 @@ def print_terminal(cmp) -> None:
     head = [h if h != "interval" else f"{cmp.confidence * 100:g}% interval" for h in HEADERS]
     print_table(head, [[plain(c) for c in r] for r in rows], columns=cols, drop=DROP_FIRST,
                 dropped_note="--format md or json has every column")
-    echo([plain(line) for line in _summary(cmp)], cols)
+    echo([plain(line) for line in _summary(cmp) + (after or [])], cols)
 
 
 def slug(text: str) -> str:
@@ -254,11 +254,10 @@ def compare_cmd(
     history = [] if no_history else fingerprint_runs(db or default_db(), base_run, new_run)
     cmp = compare_runs(base_run, new_run, thresholds, force=force, resamples=resamples, confidence=confidence,
                        seed=seed, history=history, allowed=allowed, host_rule=host_rule)
-    text = json.dumps(cmp.to_dict(), indent=1) + "\n" if fmt == "json" else to_markdown(cmp) + "\n".join(tune_lines(baseline, new))
+    tune = tune_lines(baseline, new)  # two llmopt tune runs: their held capacities beside each other
+    text = json.dumps(cmp.to_dict(), indent=1) + "\n" if fmt == "json" else to_markdown(cmp) + "\n".join(tune)
     if fmt == "table":
-        print_terminal(cmp)
-        for line in tune_lines(baseline, new):
-            typer.echo(line)
+        print_terminal(cmp, tune)
     else:
         typer.echo(text, nl=False)
     if output is not None:

@@ -97,7 +97,7 @@ def tune_cmd(
                           "--output": output if output != resume else None, **{f"workload {k}": v for k, v in given.items()}})
         return finish(go_on(resume, budget_s, limit), resume)
     opts = new_options(space, model, budget_s or parse_budget("30m"), slo, hold_s, limit, gate, output, given)
-    from llmopt_bench.tune.tuner import tune
+    from llmopt_bench.tune.command import tune
 
     finish(interrupted_said(lambda: tune(opts), opts.out_dir), opts.out_dir)
 
@@ -110,8 +110,8 @@ def new_options(space: Path | None, model: str | None, budget_s: float, slo: str
     from llmopt_bench.core.models import default_model, parse_model
     from llmopt_bench.core.workload import resolve_workload
     from llmopt_bench.run.registry import JOURNEY_DIR, cuda_devices
+    from llmopt_bench.tune.command import TuneOptions
     from llmopt_bench.tune.space import read_space
-    from llmopt_bench.tune.tuner import TuneOptions
 
     cuda = bool(cuda_devices())
     device = "cuda" if cuda else "cpu"
@@ -130,7 +130,7 @@ def new_options(space: Path | None, model: str | None, budget_s: float, slo: str
 def go_on(directory: Path, budget_s: float | None, max_trials: int | None):
     """--resume DIR: the interrupted run's record and options, the budget and trial limit updated if given."""
     from llmopt_bench.core.workload import WorkloadConfig
-    from llmopt_bench.tune.tuner import TuneOptions, load_record, tune
+    from llmopt_bench.tune.command import TuneOptions, load_record, tune
 
     record = load_record(directory)
     s = record.settings

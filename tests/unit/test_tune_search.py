@@ -18,12 +18,14 @@ from llmopt_bench.core.records import QualityRecord
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.load.search import Trial
 from llmopt_bench.scenarios.serving_record import ServingParams
+from llmopt_bench.tune.answer import conclude
 from llmopt_bench.tune.capacity import ServerCapacity
+from llmopt_bench.tune.command import TuneOptions, new_record
 from llmopt_bench.tune.record import TUNE_JSON, Confirmation, TuneRecord
 from llmopt_bench.tune.space import DEFAULT, SearchSettings, Space
 from llmopt_bench.tune.study import key
 from llmopt_bench.tune.trial import Shared, climb, passes
-from llmopt_bench.tune.tuner import TuneOptions, Tuner, conclude, new_record
+from llmopt_bench.tune.tuner import Tuner
 
 START_S = 30.0
 HOLD_S = 60.0
