@@ -198,10 +198,10 @@ def tune_lines(baseline: Path, new: Path) -> list[str]:
     runs = read(baseline), read(new)
     if None in runs:
         return []
-    lines = ["", "llmopt tune's held capacities, req/s (baseline -> new; docs/tune.md):"]
+    lines = ["", "llmopt tune's held capacities (baseline -> new; docs/tune.md):"]
     for role in ("defaults", "winner"):
         a, b = (r.trial(getattr(r, role)) for r in runs)  # type: ignore[union-attr]
-        side = lambda t: "-" if t is None else f"{capacity_text(t.held_rung or t.last)} {interval(t.held_rung or t.last)} ({t.label})"  # noqa: E731
+        side = lambda t: "-" if t is None else f"{capacity_text(t.held_rung or t.last, ' req/s')} {interval(t.held_rung or t.last)} ({t.label})"  # noqa: E731
         lines.append(f"- {role}: {side(a)} -> {side(b)}")
     return lines
 

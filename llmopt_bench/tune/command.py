@@ -98,12 +98,19 @@ def load_record(out: Path) -> TuneRecord:
 
 def stop_leftovers(out: Path, record: TuneRecord, say: Any) -> None:
     """Servers an interrupted run left running for its unfinished trials (a SIGKILL gives no time to stop them)."""
-    from llmopt_bench.procs.spawn import kill_session
+    import signal
+
+    from llmopt_bench.procs.spawn import signal_all
+    from llmopt_bench.procs.tree import PGRP, members
 
     dirs = [str(out / "trials" / f"{t.number:03d}") for t in record.trials if t.outcome == "running"]
-    for sid in leftover_servers(dirs) if dirs else []:
-        say(f"stopping a server the interrupted run left behind (session {sid})")
-        kill_session(sid)
+    for group in leftover_servers(dirs) if dirs else []:
+        say(f"stopping a server the interrupted run left behind (process group {group})")
+        signal_all(group, signal.SIGKILL, PGRP)
+        for _ in range(300):  # gone, and its memory with it, before the next server starts
+            if not members(group, PGRP):
+                break
+            time.sleep(0.1)
 
 
 def tune(opts: TuneOptions, record: TuneRecord | None = None) -> TuneRecord:

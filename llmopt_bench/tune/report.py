@@ -36,12 +36,13 @@ def interval(r: Rung | None) -> str:
     return f"[{num(r.capacity_rps)}, {hi}){reached}"
 
 
-def capacity_text(r: Rung | None) -> str:
+def capacity_text(r: Rung | None, unit: str = "") -> str:
+    """A rung's capacity as the report says it: held, or "~N" (short trials only, or a failed hold)."""
     if r is None or r.capacity_rps is None:
         return "-"
     if r.name == "held":
-        return f"{num(r.capacity_rps)} held" if r.held else f"~{num(r.capacity_rps)} (hold failed)"
-    return f"~{num(r.capacity_rps)}"
+        return f"{num(r.capacity_rps)}{unit} held" if r.held else f"~{num(r.capacity_rps)}{unit} (hold failed)"
+    return f"~{num(r.capacity_rps)}{unit}"
 
 
 def quality_text(t: TrialRecord) -> str:
@@ -90,7 +91,7 @@ def headline(rec: TuneRecord) -> list[str]:
         lines.append(f"**Deploy trial {w.number}** ({w.label}): **{num(wr.capacity_rps)} req/s held {hold:g} s**, known within "
                      f"{interval(wr)}.")
         if d is not None and d.last is not None:
-            lines.append(f"vLLM's defaults (trial {d.number}): {capacity_text(d.held_rung or d.last)} req/s, known within "
+            lines.append(f"vLLM's defaults (trial {d.number}): {capacity_text(d.held_rung or d.last, ' req/s')}, known within "
                          f"{interval(d.held_rung or d.last)}.")
         if rec.ratio:
             lo = f"{rec.ratio.lo:.2f}" if rec.ratio.lo is not None else "?"

@@ -129,8 +129,10 @@ def _start(shared: Shared, rec: TrialRecord, trial_dir: Path, steer: Steer) -> t
     prepare_engine_env(params, shared.device)
     cfg = engine_config(params, shared.device, shared.model.max_position_embeddings)
     log = trial_dir / "server.log"
+    # in this process's session (a process group of its own): the client and the server share one
+    # scheduling group, so a busy host does not starve the client through whole answers (scripts/peer-serve.py)
     server = VLLMServer(served.path, cfg, log_path=log, served_model_name=served_name(shared.model.source),
-                        env={MARKER: str(trial_dir)})
+                        env={MARKER: str(trial_dir)}, own_session=False)
     rec.command, rec.log = server.reproduce(), str(log.relative_to(shared.run_dir))
     steer.save(rec)
     before = lifecycle.device_memory(use_torch=False)
@@ -226,6 +228,8 @@ def climb(shared: Shared, rec: TrialRecord, cap: Any, steer: Steer, confirm: Cal
             return False
     held = rec.held_rung.capacity_rps if rec.held_rung else None
     rec.outcome = "held" if held else "hold failed"
+    if not held:
+        rec.reason = rung.notes[-1] if rung.notes else "the hold missed the SLO"
     if held and steer.confirm(rec):
         steer.say(f"  vllm bench serve at {held:g} req/s for {shared.hold_s:g} s (the confirmation)")
         rec.confirmation = confirm(held)
@@ -275,8 +279,9 @@ def warm_up(endpoint: Any, load: Any, workload: WorkloadConfig) -> None:
 
 
 def leftover_servers(trial_dirs: list[str]) -> list[int]:
-    """The sessions of servers a killed run left behind for these trials (found by MARKER)."""
-    from llmopt_bench.procs.tree import SESSION, live_processes
+    """The process groups of servers a killed run left behind for these trials (found by MARKER;
+    each server leads a group of its own)."""
+    from llmopt_bench.procs.tree import PGRP, live_processes
 
     wanted, found = {f"{MARKER}={d}".encode() for d in trial_dirs}, set()
     for pid, stat in live_processes().items():
@@ -285,6 +290,6 @@ def leftover_servers(trial_dirs: list[str]) -> list[int]:
                 env = set(f.read().split(b"\0"))
         except OSError:
             continue
-        if env & wanted and pid != os.getpid():
-            found.add(int(stat[SESSION]))
+        if env & wanted and int(stat[PGRP]) != os.getpgrp():
+            found.add(int(stat[PGRP]))
     return sorted(found)

@@ -207,8 +207,9 @@ class TrialSteer:
         value = rung.capacity_rps or 0.0
         self.trial.report(value, STEPS[rung.name])
         pruned = self.trial.should_prune()  # the defaults too: their value is every later trial's competitor
-        self.say(f"  trial {rec.number} {rung.name} rung: {value:.4g} req/s [{rung.passing_rps or 0:.4g}, "
-                 f"{rung.failing_rps or float('inf'):.4g}), {rung.probes} points in {rung.seconds:.0f} s")
+        top = f"{rung.failing_rps:.4g}" if rung.failing_rps else "no failing rate yet"
+        self.say(f"  trial {rec.number} {rung.name} rung: {value:.4g} req/s [{rung.passing_rps or 0:.4g}, {top}), "
+                 f"{rung.probes} points in {rung.seconds:.0f} s")
         if rec.defaults or not pruned:
             return None
         return (f"successive halving: {value:.4g} req/s at the {rung.name} rung is not among the best "
