@@ -11,6 +11,7 @@ from pathlib import Path
 from llmopt_bench.core.results import MemoryRecord, StageResult
 from llmopt_bench.run.rundir import RunDir
 from llmopt_bench.tune.record import Ratio, TrialRecord, TuneRecord
+from llmopt_bench.tune.space import DEFAULT
 from llmopt_bench.tune.trial import Measured
 
 
@@ -24,7 +25,7 @@ def stage_result(rec: TrialRecord, m: Measured, name: str) -> StageResult:
                           note="the server's card memory after its start (NVML), read by llmopt tune") \
         if rec.memory.gpu_used_bytes else MemoryRecord()
     return StageResult(name=name, stage="vllm-serve", description=f"vLLM's server, configuration of llmopt tune trial {rec.number}",
-                       changes=rec.label, own_workload=True, status="ok", params={"tune_trial": rec.number, **rec.config},
+                       changes=rec.label, own_workload=True, status="ok", params={k: v for k, v in rec.config.items() if v != DEFAULT},
                        load=m.load, metrics=compute(m.samples), samples=compact(m.samples), memory=memory, quality=rec.quality,
                        facts=facts, extra=m.extra.model_dump(mode="json", exclude_none=True), log=rec.log)
 

@@ -168,14 +168,14 @@ def label(config: Config) -> str:
 
 
 def fp8_weights_problem(device: str) -> str | None:
-    """Why this device cannot run FP8 weights (compute capability 8.9+, as the vllm-fp8 stage asks)."""
-    if device != "cuda":
-        return "FP8 weights need a GPU of compute capability 8.9+ (this run has no GPU)"
-    from llmopt_bench.measure import nvml
+    """Why this device cannot run FP8 weights (the vllm-serve stage's check: compute capability 8.9+)."""
+    from llmopt_bench.core.contract import StageSkipped
+    from llmopt_bench.stages.vllm_serve import check_fp8
 
-    caps = [d.get("compute_capability") for i in nvml.device_indices() if (d := nvml.device_info(i))]
-    if not caps or tuple(int(x) for x in str(caps[0]).split(".")) < (8, 9):
-        return f"FP8 weights need a GPU of compute capability 8.9+ ({caps[0] if caps else 'none found'} here)"
+    try:
+        check_fp8(VLLMEngineParams(quantization="fp8"), device)
+    except StageSkipped as e:
+        return e.reason
     return None
 
 
