@@ -192,8 +192,8 @@ def write_report(out: Path, rec: TuneRecord) -> Path:
         path = chart(rec, out / CHART)
     except ImportError:  # matplotlib is optional (the charts extra): the table says everything
         path = None
-    text = markdown(rec, Path(CHART) if path else None)
+    from llmopt_bench.core.models import portable_text
     from llmopt_bench.run.rundir import atomic_write
 
-    atomic_write(out / "tune.md", text)
+    atomic_write(out / "tune.md", portable_text(markdown(rec, Path(CHART) if path else None)))
     return out / "tune.md"

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from llmopt_bench.core.models import portable_text
 from llmopt_bench.core.results import utcnow
 from llmopt_bench.run.rundir import RunDir, atomic_write
 from llmopt_bench.tune.answer import stage_result
@@ -61,7 +62,8 @@ class Tuner:
 
     def save(self) -> None:
         self.record.wall_s = round(self.elapsed(), 3)
-        atomic_write(self.out / TUNE_JSON, self.record.model_dump_json(indent=1))
+        # the cache's and the home's paths in portable form, as run.json writes them ($LLMOPT_CACHE/..., ~/...)
+        atomic_write(self.out / TUNE_JSON, portable_text(self.record.model_dump_json(indent=1)))
 
     def fits(self, what: str, seconds: float) -> bool:
         if seconds <= self.left():
