@@ -46,7 +46,7 @@ class TuneOptions:
     device: str = "cpu"
 
 
-def reference(opts: TuneOptions, resume: bool) -> None:
+def reference(opts: TuneOptions, say: Any) -> None:
     """The FP16 quality reference into run.json, through the runner (skipped when there already)."""
     from llmopt_bench.analysis.selectors import reference as ref_of
     from llmopt_bench.core.models import parse_model
@@ -57,25 +57,21 @@ def reference(opts: TuneOptions, resume: bool) -> None:
     rd = RunDir(opts.out_dir)
     if rd.run_json.is_file() and ref_of(rd.load()) is not None:
         return
+    say("the FP16 quality reference (hf-fp16), through the runner")
     dtype = opts.space.fixed.get("dtype", "auto")
     plans = [StagePlan(name=REFERENCE_STAGE, params={"dtype": dtype, "measure_overhead": False})]
     run_journey(RunOptions(out_dir=opts.out_dir, model=parse_model(opts.model), workload=opts.workload, plans=plans,
                            command=opts.command, resume=rd.run_json.is_file(), min_quality=opts.min_quality), make_reporter())
 
 
-def shared_of(opts: TuneOptions) -> Shared:
+def shared_of(opts: TuneOptions, model: Any) -> Shared:
     """What every trial shares: the model (prepared), the load, the quality reference."""
     from llmopt_bench.analysis.selectors import reference as ref_of
-    from llmopt_bench.checkpoints.prepare import prepare
-    from llmopt_bench.core.models import parse_model
     from llmopt_bench.run.runner import REFERENCE_FILE
     from llmopt_bench.scenarios.serving_record import ServingParams
 
     load = ServingParams(**opts.space.load, slo=opts.slo, hold_s=opts.hold_s, concurrency=[], throughput_point=False)
-
-    run = RunDir(opts.out_dir).load()
-    ref = ref_of(run)
-    model = prepare(parse_model(opts.model))
+    ref = ref_of(RunDir(opts.out_dir).load())
     ref_file = RunDir(opts.out_dir).stage_dir(ref.name) / REFERENCE_FILE if ref else None
     return Shared(model=model, device=opts.device, space=opts.space, load=load, workload=opts.workload, run_dir=opts.out_dir,
                   reference_file=ref_file if ref_file and ref_file.is_file() else None, reference_name=ref.name if ref else None,
@@ -115,20 +111,24 @@ def stop_leftovers(out: Path, record: TuneRecord, say: Any) -> None:
 
 def tune(opts: TuneOptions, record: TuneRecord | None = None) -> TuneRecord:
     """The whole command (see the module doc); `record` is an interrupted run's, to go on with."""
-    resume = record is not None
+    from llmopt_bench.checkpoints.prepare import prepare
+    from llmopt_bench.core.models import parse_model, portable_text
+    from llmopt_bench.run.rundir import atomic_write
+
     t0 = time.monotonic()
     say = lambda msg: print(f"[tune] {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    if record is not None:
+    model = prepare(parse_model(opts.model))
+    if record is None:  # tune.json first, so a run cut short even in its reference can be resumed
+        opts.space = for_device(opts.space, model, opts.device)  # fitted to this device and model once
+        record = new_record(opts)
+        atomic_write(opts.out_dir / TUNE_JSON, portable_text(record.model_dump_json(indent=1)))
+    else:
         stop_leftovers(opts.out_dir, record, say)
-    say("the FP16 quality reference (hf-fp16), through the runner")
-    reference(opts, resume)
+    reference(opts, say)
     rd = RunDir(opts.out_dir)
     rd.lock()
     try:
-        shared = shared_of(opts)
-        if record is None:  # the space fitted to this device and model once, when the run begins
-            shared.space = opts.space = for_device(opts.space, shared.model, opts.device)
-            record = new_record(opts)
+        shared = shared_of(opts, model)
         record.wall_s += time.monotonic() - t0  # the reference's time counts in the budget
         record.status = "running"
         tuner = Tuner(opts.out_dir, record, shared, opts.budget_s, opts.max_trials)
