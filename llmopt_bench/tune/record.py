@@ -17,10 +17,11 @@ TUNE_JSON = "tune.json"
 RungName = Literal["short", "precise", "held"]
 RUNGS: tuple[RungName, ...] = ("short", "precise", "held")
 # running: started, not ended (an interrupted run starts it again); held: it climbed every rung
-# and its capacity held (hold failed: every hold missed the SLO); pruned: successive halving
+# and its capacity held (hold failed: every hold missed the SLO; hold not judged: the client could not
+# deliver or time it); pruned: successive halving
 # stopped it; stopped: the budget did; cannot start: the server refused (its reason); quality: it
 # failed the quality gate; skipped: it could not run here; error: it broke while measured
-Outcome = Literal["running", "held", "hold failed", "pruned", "stopped", "cannot start", "quality", "skipped", "error"]
+Outcome = Literal["running", "held", "hold failed", "hold not judged", "pruned", "stopped", "cannot start", "quality", "skipped", "error"]
 
 
 class Rung(StrictModel):

@@ -36,6 +36,7 @@ class Steer(Protocol):
     def start_rps(self) -> float | None: ...  # a capacity already known, where the search starts
     def go_on(self, rec: TrialRecord, rung: Rung) -> str | None: ...  # why to stop after this rung (None: go on)
     def fits(self, what: str, seconds: float) -> bool: ...  # the budget
+    def rung_s(self, rung: str) -> float: ...  # what a rung is expected to cost
     def confirm(self, rec: TrialRecord) -> bool: ...  # whether to confirm this held capacity now
 
 
@@ -212,7 +213,7 @@ def climb(shared: Shared, rec: TrialRecord, cap: Any, steer: Steer, confirm: Cal
              ("precise", lambda: cap.narrow("precise", start, s.precision, s.point_s, s.probes)),
              ("held", lambda: cap.hold(shared.hold_s, shared.load.hold_attempts))]
     for i, (name, run) in enumerate(rungs):
-        if i and not steer.fits(f"trial {rec.number}'s {name} rung", estimate(shared, name)):
+        if i and not steer.fits(f"trial {rec.number}'s {name} rung", steer.rung_s(name)):
             rec.outcome, rec.reason = "stopped", f"the budget left no time for the {name} rung"
             return False
         rung = run()
@@ -227,7 +228,7 @@ def climb(shared: Shared, rec: TrialRecord, cap: Any, steer: Steer, confirm: Cal
             rec.outcome, rec.reason = "pruned", why
             return False
     held = rec.held_rung.capacity_rps if rec.held_rung else None
-    rec.outcome = "held" if held else "hold failed"
+    rec.outcome = "held" if held else "hold failed" if rung.held is False else "hold not judged"
     if not held:
         rec.reason = rung.notes[-1] if rung.notes else "the hold missed the SLO"
     if held and steer.confirm(rec):
@@ -237,7 +238,8 @@ def climb(shared: Shared, rec: TrialRecord, cap: Any, steer: Steer, confirm: Cal
 
 
 def estimate(shared: Shared, rung: str) -> float:
-    """A rung's worst-case seconds, from its settings (the budget's check before it starts)."""
+    """A rung's seconds from its settings, before any was timed (a point of a few seconds' arrivals
+    at its minimum length, its warm-up, the drain)."""
     s, p = shared.space.search, shared.load
     per_point = lambda point_s: max(point_s, p.requests_per_point / 2.0) + p.warmup_s + 5  # noqa: E731
     if rung == "short":

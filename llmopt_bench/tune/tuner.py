@@ -100,9 +100,14 @@ class Tuner:
         better = b is None or (rec.held_rung.capacity_rps or 0) > (b.held_rung.capacity_rps or 0)  # type: ignore[union-attr]
         return better and self.fits(f"trial {rec.number}'s confirmation", self.shared.hold_s * 2 + 60)
 
+    def rung_s(self, rung: str) -> float:
+        """A rung's expected cost: the longest it took here so far (plus a quarter), else its settings' estimate."""
+        seen = [r.seconds for t in self.record.trials for r in t.rungs if r.name == rung and r.seconds]
+        return max(seen) * 1.25 if seen else estimate(self.shared, rung)
+
     def new_trial_s(self) -> float:
         starts = [t.start_s for t in self.record.trials if t.start_s]
-        return (max(starts) if starts else START_GUESS_S.get(self.shared.device, 120.0)) + estimate(self.shared, "short") + 30
+        return (max(starts) if starts else START_GUESS_S.get(self.shared.device, 120.0)) + self.rung_s("short") + 30
 
     def stop_reason(self) -> str | None:
         done = len(self.record.trials)
@@ -219,6 +224,9 @@ class TrialSteer:
 
     def fits(self, what: str, seconds: float) -> bool:
         return self.tuner.fits(what, seconds)
+
+    def rung_s(self, rung: str) -> float:
+        return self.tuner.rung_s(rung)
 
     def confirm(self, rec: TrialRecord) -> bool:
         return self.tuner.should_confirm(rec)

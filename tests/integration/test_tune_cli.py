@@ -191,6 +191,9 @@ def test_run_json_holds_the_held_results_and_recommend_reads_them(tuned):
     r = run_cli("recommend", str(tuned["out"]), env=tuned["env"])
     assert r.returncode == 0, r.stderr
     assert "vllm serve" in r.stdout and trials(tuned)[rec["winner"]]["command"].split()[-1] in r.stdout
+    r = run_cli("report", str(tuned["out"]), "-o", str(tuned["out"] / "report"), env=tuned["env"])
+    assert r.returncode == 0, r.stderr
+    assert "tune-defaults" in (tuned["out"] / "report" / "report.md").read_text()
 
 
 def test_the_report_and_the_progress_lines(tuned):
