@@ -182,7 +182,7 @@ def chart(rec: TuneRecord, path: Path) -> Path | None:
         ax.set_xlabel("capacity under the SLO (req/s)")
         ax.set_ylabel(f"p99 {metric.upper()} at that rate (ms)")
         legend(ax, fontsize=8)
-    axes[0].set_title("square: vLLM defaults; star: winner; ringed: Pareto front", fontsize=9)
+    axes[0].set_title("square: vLLM defaults; star: winner; ringed: Pareto front; orange: fails the quality gate", fontsize=9)
     return save(fig, path)
 
 
