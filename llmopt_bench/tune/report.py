@@ -6,7 +6,8 @@ Pareto front), and a chart of capacity against p99 TTFT and TPOT.
 
 The Pareto front: the trials that pass the quality gate and that no other such trial beats on
 every one of capacity (higher), p99 TTFT, p99 TPOT and memory (lower) at once; each trial at its
-last rung (a held capacity where it was held)."""
+last rung (a held capacity where it was held). Memory counts in steps of 5% (MEMORY_STEP): two
+servers' peaks a few megabytes apart are the same memory, not a trade-off."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from llmopt_bench.tune.record import Rung, TrialRecord, TuneRecord
 from llmopt_bench.tune.space import KNOBS
 
 CHART = "charts/tune_trials.png"
+MEMORY_STEP = 1.05
 
 
 def _ms(v: float | None) -> str:
@@ -68,8 +70,9 @@ def pareto(trials: list[TrialRecord]) -> set[int]:
         r = t.last
         if r is None or r.capacity_rps is None or not t.quality_ok:
             continue
+        memory = round(math.log(t.memory.bytes) / math.log(MEMORY_STEP)) if t.memory.bytes else 0
         pts[t.number] = (-r.capacity_rps, r.ttft_p99_s if r.ttft_p99_s is not None else math.inf,
-                         r.tpot_p99_s if r.tpot_p99_s is not None else math.inf, t.memory.bytes or 0)
+                         r.tpot_p99_s if r.tpot_p99_s is not None else math.inf, memory)
 
     def dominated(a: tuple, b: tuple) -> bool:  # b dominates a
         return all(y <= x for x, y in zip(a, b)) and any(y < x for x, y in zip(a, b))

@@ -49,6 +49,9 @@ def test_the_pareto_front_keeps_what_no_other_trial_beats_on_every_figure_and_le
     e = trial(5, 10.0, 0.10, 0.020, 8)  # a with less memory: beats a
     assert pareto([a, b, c, d, e]) == {2, 5}
     assert pareto([a, b, c]) == {1, 2}
+    f = trial(6, 9.0, 0.25, 0.035, 9_800_000_000)  # worse but for 2% less memory: within 5%, g dominates it
+    g = trial(7, 12.0, 0.20, 0.030, 10_000_000_000)
+    assert pareto([f, g]) == {7}
 
 
 def test_the_ratio_reads_with_the_interval_both_capacities_allow():
