@@ -100,7 +100,7 @@ def tuned(tmp_path_factory):
             trials = rec["trials"] if rec else []
             running = [t["number"] for t in trials if t["outcome"] == "running" and starts(out, t["number"])]
             if trials and trials[0]["outcome"] != "running" and running:
-                time.sleep(3)  # its server is starting
+                time.sleep(1)  # its server is starting (a refused one takes ~10 s to exit)
                 killed_in = running[0]
                 os.kill(proc.pid, signal.SIGKILL)
             time.sleep(0.5)
