@@ -162,4 +162,6 @@ def finish(record, out: Path) -> None:
     ratio = f" ({record.ratio.value:.2f}x vLLM's defaults)" if record.ratio and not w.defaults else \
         " (vLLM's defaults)" if w.defaults else ""
     typer.echo(f"winner: trial {w.number}, {w.label}: {w.held_rung.capacity_rps:.4g} req/s held{ratio}")
-    typer.echo(w.command)
+    from llmopt_bench.core.models import cache_dir
+
+    typer.echo((w.command or "").replace("$LLMOPT_CACHE", str(cache_dir())))  # tune.json keeps it portable; this shell's path
