@@ -174,19 +174,23 @@ def _measure(shared: Shared, rec: TrialRecord, server: Any, info: LoadInfo, tria
     from llmopt_bench.scenarios.serving import serving_plans
     from llmopt_bench.tune.capacity import ServerCapacity
     from llmopt_bench.tune.confirm import confirm
+    from llmopt_bench.workloads.text import PromptTexts
 
     tok = tokenizer(shared.model.path)
     encode = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    endpoint = Endpoint(server.base_url, server.served_model_name, request_timeout_s=shared.load.request_timeout_s)
+    endpoint = Endpoint(server.base_url, server.served_model_name, request_timeout_s=shared.load.request_timeout_s,
+                        sampling=shared.load.sampling())
+    # what the vllm-serve stage sends: text of the asked length on the server's tokenizer (workloads/text.py), or token ids
+    texts = PromptTexts(tok, shared.workload.seed) if shared.load.prompt_format == "text" else None
     ctx = context(shared, trial_dir, steer)
     if not passes(shared, rec, quality(endpoint, encode, shared, ctx, server)):
         return None
     plan = serving_plans(shared.workload, tok, shared.model.vocab_size, encode, server.cfg.max_model_len, shared.load)[0]
     load = PlanLoad(plan)
-    warm_up(endpoint, load, shared.workload)
+    warm_up(endpoint, load, shared.workload, texts)
     target = {"kind": "vllm serve (started by llmopt tune)", "url": server.base_url, "model": server.served_model_name,
               "command": server.reproduce(), "entry": " ".join(server.entry)}
-    cap = ServerCapacity.serving(HTTPLoad(endpoint, lambda s: list(s.token_ids)), target, shared.load, load, ctx, shared.workload.seed)
+    cap = ServerCapacity.serving(HTTPLoad(endpoint, texts=texts), target, shared.load, load, ctx, shared.workload.seed)
     if not climb(shared, rec, cap, steer, lambda rate: confirm(server, shared, rate, trial_dir.relative_to(shared.run_dir), load.lengths())):
         return None
     samples, extra, facts = cap.result()
@@ -267,8 +271,8 @@ def quality(endpoint: Any, encode: Any, shared: Shared, ctx: StageContext, serve
         return QualityRecord(reference=shared.reference_name, error=describe(e, 300))
 
 
-def warm_up(endpoint: Any, load: Any, workload: WorkloadConfig) -> None:
-    """A few requests one at a time, untimed: a server's first answers pay for lazy set-up."""
+def warm_up(endpoint: Any, load: Any, workload: WorkloadConfig, texts: Any) -> None:
+    """A few requests one at a time, untimed, sent as the load sends them: a server's first answers pay for lazy set-up."""
     import asyncio
 
     from llmopt_bench.engines.openai_http import OpenAIClient
@@ -276,7 +280,8 @@ def warm_up(endpoint: Any, load: Any, workload: WorkloadConfig) -> None:
     async def go() -> None:
         async with OpenAIClient(endpoint) as client:
             for r in load.warmup(max(1, workload.warmup)):
-                await client.complete(r.id, r.prompt_id, list(r.token_ids), r.output_len or workload.max_new_tokens)
+                await client.complete(r.id, r.prompt_id, texts.text(r.token_ids) if texts else list(r.token_ids),
+                                      r.output_len or workload.max_new_tokens)
     asyncio.run(go())
 
 
