@@ -143,7 +143,7 @@ def plain(line: str) -> str:
     return re.sub(r"^#+ ", "", line).replace("**", "").replace("`", "")
 
 
-def print_terminal(cmp) -> None:
+def print_terminal(cmp, after: list[str] | None = None) -> None:
     """The comparison at the terminal's width ($COLUMNS): sentences wrapped between words, the
     table's cells too, its least needed columns left out (and named) where even that does not fit."""
     from llmopt_bench.cli.terminal import echo, print_table, width
@@ -154,7 +154,7 @@ def print_terminal(cmp) -> None:
     head = [h if h != "interval" else f"{cmp.confidence * 100:g}% interval" for h in HEADERS]
     print_table(head, [[plain(c) for c in r] for r in rows], columns=cols, drop=DROP_FIRST,
                 dropped_note="--format md or json has every column")
-    echo([plain(line) for line in _summary(cmp)], cols)
+    echo([plain(line) for line in _summary(cmp) + (after or [])], cols)
 
 
 def slug(text: str) -> str:
@@ -181,6 +181,29 @@ def promote_fix(baseline: Path, new: Path, cmp) -> str:
                 f"(the baseline {baseline} is a run's own record: leave it)")
     return (f"if the change is intended, keep the new run as a baseline file (the baseline {baseline} is a run's own "
             f"record: leave it): mkdir -p {dst.parent} && cp {src} {dst}, then compare against {dst}")
+
+
+def tune_lines(baseline: Path, new: Path) -> list[str]:
+    """Both runs' held capacities where both are llmopt tune runs (tune.json beside run.json):
+    the defaults with the defaults, the winner with the winner, each with its settings."""
+    from llmopt_bench.tune.record import TUNE_JSON, TuneRecord
+    from llmopt_bench.tune.report import capacity_text, interval
+
+    def read(path: Path):
+        f = (path if path.is_dir() else path.parent) / TUNE_JSON
+        try:
+            return TuneRecord.model_validate_json(f.read_text()) if f.is_file() else None
+        except (OSError, ValueError):
+            return None
+    runs = read(baseline), read(new)
+    if None in runs:
+        return []
+    lines = ["", "llmopt tune's held capacities (baseline -> new; docs/tune.md):"]
+    for role in ("defaults", "winner"):
+        a, b = (r.trial(getattr(r, role)) for r in runs)  # type: ignore[union-attr]
+        side = lambda t: "-" if t is None else f"{capacity_text(t.held_rung or t.last, ' req/s')} {interval(t.held_rung or t.last)} ({t.label})"  # noqa: E731
+        lines.append(f"- {role}: {side(a)} -> {side(b)}")
+    return lines
 
 
 def known_stages(*runs) -> set[str]:
@@ -231,9 +254,10 @@ def compare_cmd(
     history = [] if no_history else fingerprint_runs(db or default_db(), base_run, new_run)
     cmp = compare_runs(base_run, new_run, thresholds, force=force, resamples=resamples, confidence=confidence,
                        seed=seed, history=history, allowed=allowed, host_rule=host_rule)
-    text = json.dumps(cmp.to_dict(), indent=1) + "\n" if fmt == "json" else to_markdown(cmp)
+    tune = tune_lines(baseline, new)  # two llmopt tune runs: their held capacities beside each other
+    text = json.dumps(cmp.to_dict(), indent=1) + "\n" if fmt == "json" else to_markdown(cmp) + "\n".join(tune)
     if fmt == "table":
-        print_terminal(cmp)
+        print_terminal(cmp, tune)
     else:
         typer.echo(text, nl=False)
     if output is not None:

@@ -31,6 +31,12 @@ class VLLMEngineParams(StrictModel):
     # off: repeats and warm-up reuse the same prompts, and a cached prefix would turn TTFT into a
     # cache lookup that transformers never gets; on: measure what prefix caching buys
     enable_prefix_caching: bool = False
+    # None: vLLM's own default (not passed); `llmopt tune` searches them (docs/tune.md)
+    enable_chunked_prefill: bool | None = None
+    kv_cache_dtype: str | None = None  # auto, fp8, fp8_e4m3, fp8_e5m2 (vLLM's --kv-cache-dtype)
+
+
+VLLM_OWN_DEFAULT = ("enable_chunked_prefill", "kv_cache_dtype")  # passed only when set: else vLLM chooses
 
 
 def share_key(params: VLLMEngineParams) -> str:
@@ -51,6 +57,7 @@ def engine_config(params: VLLMEngineParams, device: str, max_len_cap: int | None
                           load_format=params.load_format, max_num_seqs=params.max_num_seqs,
                           max_num_batched_tokens=params.max_num_batched_tokens,
                           extra={"enable_prefix_caching": params.enable_prefix_caching,
+                                 **{k: getattr(params, k) for k in VLLM_OWN_DEFAULT if getattr(params, k) is not None},
                                  **({"pipeline_parallel_size": params.pipeline_parallel_size} if params.pipeline_parallel_size > 1 else {}),
                                  **({"distributed_executor_backend": params.distributed_executor_backend}
                                     if params.distributed_executor_backend else {})})

@@ -24,7 +24,8 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 args = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])
 keys = ["model", "dtype", "seed", "load_format", "tensor_parallel_size", "pipeline_parallel_size",
         "gpu_memory_utilization", "enforce_eager", "quantization", "max_model_len", "max_num_seqs",
-        "max_num_batched_tokens", "attention_backend", "enable_prefix_caching", "served_model_name"]
+        "max_num_batched_tokens", "attention_backend", "enable_prefix_caching", "served_model_name",
+        "enable_chunked_prefill", "kv_cache_dtype"]
 print(json.dumps({k: getattr(args, k) for k in keys}, default=str))
 """
 
@@ -35,7 +36,8 @@ def test_vllm_parses_the_flags_we_write():
     cfg = V.EngineConfig(dtype="bfloat16", quantization="fp8", max_model_len=4096, gpu_memory_utilization=0.85,
                          enforce_eager=True, tensor_parallel_size=2, attention_backend="FLASH_ATTN",
                          load_format="dummy", max_num_seqs=128, max_num_batched_tokens=8192, seed=3,
-                         extra={"enable_prefix_caching": False, "pipeline_parallel_size": 2})
+                         extra={"enable_prefix_caching": False, "pipeline_parallel_size": 2,
+                                "enable_chunked_prefill": False, "kv_cache_dtype": "fp8"})  # llmopt tune's knobs
     argv = ["--model", "/models/m", "--served-model-name", "m", *engine_args(cfg)]
     proc = subprocess.run([VLLM_PYTHON, "-c", PARSE, *argv], capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -44,4 +46,5 @@ def test_vllm_parses_the_flags_we_write():
                    "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "gpu_memory_utilization": 0.85,
                    "enforce_eager": True, "quantization": "fp8", "max_model_len": 4096, "max_num_seqs": 128,
                    "max_num_batched_tokens": 8192, "attention_backend": "FLASH_ATTN",
-                   "enable_prefix_caching": False, "served_model_name": ["m"]}
+                   "enable_prefix_caching": False, "served_model_name": ["m"], "enable_chunked_prefill": False,
+                   "kv_cache_dtype": "fp8"}

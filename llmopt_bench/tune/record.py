@@ -1,0 +1,135 @@
+"""What `llmopt tune` keeps in its run directory's tune.json, rewritten (atomically) as each trial
+starts and ends, so an interrupted run loses only the trial it was in: the settings, the space,
+every trial with its rungs, quality, memory and outcome, the winner and the defaults."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from llmopt_bench.core.records import QualityRecord, StrictModel
+from llmopt_bench.tune.space import Config, Space
+
+SCHEMA = 1
+TUNE_JSON = "tune.json"
+
+RungName = Literal["short", "precise", "held"]
+RUNGS: tuple[RungName, ...] = ("short", "precise", "held")
+# running: started, not ended (an interrupted run starts it again); held: it climbed every rung
+# and its capacity held (hold failed: every hold missed the SLO; hold not judged: the client could not
+# deliver or time it); pruned: successive halving
+# stopped it; stopped: the budget did; cannot start: the server refused (its reason); quality: it
+# failed the quality gate; skipped: it could not run here; error: it broke while measured
+Outcome = Literal["running", "held", "hold failed", "hold not judged", "pruned", "stopped", "cannot start", "quality", "skipped", "error"]
+
+
+class Rung(StrictModel):
+    """The capacity one rung found: its interval, its precision, its latency there."""
+
+    name: RungName
+    capacity_rps: float | None = None  # the highest rate that met the SLO (held: the rate that held)
+    passing_rps: float | None = None
+    failing_rps: float | None = None  # None: it met the SLO at every rate tried
+    precision: float  # asked of the search (failing / passing - 1)
+    converged: bool = False
+    held: bool | None = None  # the held rung only: whether the hold met the SLO
+    hold_s: float | None = None
+    probes: int = 0  # load points this rung ran
+    seconds: float = 0.0
+    ttft_p99_s: float | None = None  # at the capacity's point
+    tpot_p99_s: float | None = None
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def reached(self) -> float | None:
+        """The precision reached: the interval's width over its lower end (None: not bracketed)."""
+        if self.passing_rps and self.failing_rps:
+            return self.failing_rps / self.passing_rps - 1
+        return None
+
+
+class Confirmation(StrictModel):
+    """vLLM's own client (`vllm bench serve`) at the capacity, on the same server."""
+
+    rate_rps: float
+    seconds: float  # of arrivals asked
+    num_prompts: int
+    command: str
+    verdict: Literal["held", "missed", "failed"]
+    why: str = ""
+    figures: dict[str, Any] = Field(default_factory=dict)  # p99s against the SLO (ms), completed, failed, req/s
+
+
+class Memory(StrictModel):
+    gpu_used_bytes: int | None = None  # the card's memory the server took (NVML, after its start)
+    host_peak_rss_bytes: int | None = None  # the server's processes' peak resident memory
+    kv_cache_tokens: int | None = None  # the KV cache's size vLLM logged
+
+    @property
+    def bytes(self) -> int | None:
+        return self.gpu_used_bytes or self.host_peak_rss_bytes
+
+
+class TrialRecord(StrictModel):
+    number: int
+    config: Config
+    label: str
+    defaults: bool = False
+    outcome: Outcome = "running"
+    reason: str | None = None
+    fix: str | None = None
+    command: str | None = None  # the `vllm serve` line of this configuration
+    started_at: str | None = None
+    seconds: float | None = None
+    start_s: float | None = None  # the server's start, to /health
+    rungs: list[Rung] = Field(default_factory=list)
+    quality: QualityRecord | None = None
+    memory: Memory = Field(default_factory=Memory)
+    confirmation: Confirmation | None = None
+    value: float | None = None  # what the study was told: the capacity's lower bound at its last rung (0: none)
+    server_pid: int | None = None  # while running: the server's session, stopped by a resumed run if still there
+    log: str | None = None  # the server's log, relative to the run directory
+
+    @property
+    def last(self) -> Rung | None:
+        return self.rungs[-1] if self.rungs else None
+
+    @property
+    def held_rung(self) -> Rung | None:
+        return next((r for r in self.rungs if r.name == "held" and r.held), None)
+
+    @property
+    def quality_ok(self) -> bool:
+        return not (self.quality is not None and self.quality.quality_regression)
+
+
+class Ratio(StrictModel):
+    """The winner's held capacity over the defaults', with the interval both capacities allow."""
+
+    value: float
+    lo: float | None  # winner's capacity / defaults' first failing rate
+    hi: float | None  # winner's first failing rate / defaults' capacity (None: the winner never failed)
+
+
+class TuneRecord(StrictModel):
+    schema_version: int = SCHEMA
+    command: str
+    created_at: str
+    status: Literal["running", "complete", "interrupted", "failed"] = "running"
+    device: str
+    model: str
+    settings: dict[str, Any]  # slo, hold_s, budget_s, seed, min_quality, workload, max_trials
+    space: Space
+    trials: list[TrialRecord] = Field(default_factory=list)
+    wall_s: float = 0.0  # every invocation's time together (the budget's clock)
+    winner: int | None = None  # the trial number
+    defaults: int | None = None
+    ratio: Ratio | None = None
+    notes: list[str] = Field(default_factory=list)
+
+    def trial(self, number: int | None) -> TrialRecord | None:
+        return next((t for t in self.trials if t.number == number), None)
+
+    def finished(self) -> list[TrialRecord]:
+        return [t for t in self.trials if t.outcome != "running"]
