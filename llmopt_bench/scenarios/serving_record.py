@@ -27,8 +27,8 @@ class ServingParams(SearchParams):
     prompt_format: Literal["tokens", "text"] = "tokens"  # token ids (exact lengths) or the decoded text
 
 
-# replay: a trace on its own schedule
-Phase = Literal["sweep", "point", "replay", "search", "hold", "throughput"]
+# replay: a trace on its own schedule; ceiling: the workload's requests all at once, under which the search starts
+Phase = Literal["sweep", "point", "replay", "ceiling", "search", "hold", "throughput"]
 
 
 class LoadRow(PointRow):
