@@ -103,13 +103,15 @@ def capacity_blocks(x: ServingExtra) -> list[Block]:
     c = x.capacity
     if c is None:
         return [Block(text="Capacity search: not run (capacity_search = false).")]
-    rows = [[i + 1, t.kind, t.rate, num(t.duration_s), num(t.cost_s), "not judged" if t.invalid else "met" if t.ok else "missed",
+    costed = any(t.cost_s is not None for t in c.trials)  # runs from before issue 34 kept no trial's cost
+    rows = [[i + 1, t.kind, t.rate, num(t.duration_s), *([num(t.cost_s)] if costed else []),
+             "not judged" if t.invalid else "met" if t.ok else "missed",
              t.invalid or t.detail.get("reason") or "-", t.detail.get("goodput_rps"), t.detail.get("achieved_rate"),
              t.detail.get("completion_rps"), ms(t.detail.get("send_delay_p99_s")), t.detail.get("backlog_at_end")]
             for i, t in enumerate(c.trials)]
     return [Block(text=capacity_line(c, x.settings.get("slo", "?")),
-                  headers=["trial", "kind", "rate req/s", "window s", "load s", "SLO", "why", "goodput req/s", "achieved req/s",
-                           "completed req/s", "send delay p99 ms", "backlog at end"], rows=rows)]
+                  headers=["trial", "kind", "rate req/s", "window s", *(["load s"] if costed else []), "SLO", "why", "goodput req/s",
+                           "achieved req/s", "completed req/s", "send delay p99 ms", "backlog at end"], rows=rows)]
 
 
 def client_block(x: ServingExtra) -> Block:

@@ -104,3 +104,17 @@ def test_a_budget_too_small_says_the_precision_reached_and_what_5_percent_would_
             f"req/s); reaching 5% needs about 1 more trial, ~{cap.more_s:.0f} s of load") in stop and 5 < cap.more_s < 20
     line = capacity_line(cap, extra.settings["slo"])
     assert stop.rstrip(".") in line and f"**~{cap.capacity_rps:.1f} req/s, not held** (no hold), known within" in line
+
+
+def test_an_open_loop_point_counts_toward_the_ceiling_for_at_most_the_rate_it_offered():
+    """A trial at 42.9 req/s whose later half happened to answer 47.9 a second (the arrivals'
+    own noise) would raise the ceiling above what the server completes, and the search would
+    chase it up; a point that fell behind answers what the server could, and counts whole."""
+    from llmopt_bench.load.capacity import Ceiling
+
+    c = Ceiling()
+    c.see(45.0, "ceiling: concurrency 256")
+    c.see(47.9, "search: 42.9 req/s", offered=42.9)
+    assert c() == (45.0, "ceiling: concurrency 256")
+    c.see(46.2, "search: 60 req/s", offered=60.0)
+    assert c() == (46.2, "search: 60 req/s")
