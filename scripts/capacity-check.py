@@ -86,6 +86,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     a.add_argument("--max-point-s", type=float, default=60.0)
     a.add_argument("--batch1-prompts", type=int, default=64, help="requests of vllm bench serve at concurrency 1")
     a.add_argument("--saturation-requests", type=int, default=256, help="requests all at once (both clients)")
+    a.add_argument("--client-cpus", help="run both clients on these CPUs (e.g. 1, or 2,3) once the server started on its "
+                   "own (vLLM-CPU binds its worker to core 0: a client there reads tokens late, piled up)")
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--budget-s", type=float, default=1500.0, help="the whole run's wall time, server start included")
     a.add_argument("--out", type=Path, default=Path("results") / "capacity-check" / time.strftime("%Y%m%d-%H%M%S"))
@@ -135,7 +137,9 @@ def start_server(args: argparse.Namespace, model, budget: Budget) -> VLLMServer:
     params = VLLMEngineParams(dtype=args.dtype, max_model_len=args.max_model_len, enable_prefix_caching=False)
     prepare_engine_env(params, device)
     cfg = engine_config(params, device, model.max_position_embeddings)
-    server = VLLMServer(model.path, cfg, log_path=args.out / "server.log", served_model_name="capacity-check")
+    # in this script's session, as the vllm-serve stage runs it: the clients and the server share one
+    # scheduling group (in a session of its own a busy host can keep a client off the CPU for whole answers)
+    server = VLLMServer(model.path, cfg, log_path=args.out / "server.log", served_model_name="capacity-check", own_session=False)
     budget.say(f"starting {server.reproduce()}")
     server.start(timeout_s=min(900.0, max(60.0, budget.left())))
     budget.say(f"server ready at {server.base_url}")
@@ -325,6 +329,8 @@ def main(argv: list[str]) -> int:
     tok = AutoTokenizer.from_pretrained(model.path)
     requests = random_requests(tok, max(256, args.saturation_requests), args.input_len, args.seed)
     server = start_server(args, model, budget)
+    if args.client_cpus:  # after the server started (it keeps its own); both clients (vLLM's processes too) inherit it
+        os.sched_setaffinity(0, {int(c) for c in args.client_cpus.split(",")})
     summary: dict = {"server": server.reproduce(), "command": shlex.join(["python", "scripts/capacity-check.py", *argv]),
                      "llmopt": None, "vllm": {}, "max_failure_rate": ServingParams().max_failure_rate,
                      "warmup_s": ServingParams().warmup_s}

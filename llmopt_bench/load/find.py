@@ -81,6 +81,10 @@ def _budget_notes(cap: Capacity, search: Search, budget: LoadBudget, failed_hold
     what = (f"its trial cap ({budget.max_trials} trials)" if budget.stopped == "trials" else
             f"its budget ({budget.spent:.0f} s of load spent of {budget.seconds:g} s)")
     c, hi = cap.capacity_rps, cap.upper_rps
+    if all(t.invalid for t in search.trials):
+        out.append(f"stopped by {what}: no trial measured the server, so what reaching {search.precision * 100:g}% would "
+                   "cost cannot be told")
+        return out
     if c is None:
         known = "no rate held" if failed_holds else "no rate met the SLO yet"
     elif cap.known_within is not None and hi is not None:

@@ -161,7 +161,8 @@ class Search:
         self.saturation: Saturation = saturation or (lambda: (ceiling, ceiling_how))
         self.anchored = start_rate is None  # steps of (1 + precision)^(2^k) from the ceiling, else doubling
         first = start_rate if start_rate is not None else (ceiling or 0) / (1 + precision)
-        self.start = min(max(first, min_rate or first), max_rate or first)
+        first = first if min_rate is None else max(first, min_rate)
+        self.start = first if max_rate is None else min(first, max_rate)
         self.min_rate, self.max_rate = min_rate, max_rate
         self.trials: list[Trial] = []
 
@@ -208,8 +209,8 @@ class Search:
 
     def converged(self, lower: float | None) -> bool:
         """Whether [lower, upper] is within the precision."""
-        within = self.within(lower)
-        return lower is not None and within is not None and close_enough(lower, lower * (1 + within), self.precision)
+        hi = self.bound(lower)
+        return lower is not None and hi is not None and close_enough(lower, hi, self.precision)
 
     # --- the search -----------------------------------------------------------------------
 
@@ -218,21 +219,22 @@ class Search:
         if not self.trials:
             return self.start
         lo, hi = self.passing(), self.upper()
-        judged = len(self.trials)
-        if hi is None:  # every rate so far passed: step up from the highest
-            if self.max_rate is not None and lo is not None and lo >= self.max_rate:
-                return None
+        if lo is not None and self.max_rate is not None and lo >= self.max_rate:
+            return None  # it held as high as it may go: a lower bound
+        if lo is None and hi is not None and self.min_rate is not None and hi <= self.min_rate:
+            return None  # it failed as low as it may go: no capacity
+        if hi is None:  # every rate so far passed, nothing above bounds it: step up from the highest
             assert lo is not None
-            rate = lo * step(judged, self.precision, self.anchored)
-            return rate if self.max_rate is None else min(rate, self.max_rate)
-        if lo is None:  # every rate so far failed (or was not judged): step down from the lowest
-            if self.min_rate is not None and hi <= self.min_rate:
-                return None
-            rate = hi / step(judged, self.precision, self.anchored)
-            return rate if self.min_rate is None else max(rate, self.min_rate)
-        if close_enough(lo, hi, self.precision):
+            rate = lo * step(len(self.trials), self.precision, self.anchored)
+        elif lo is None:  # every rate so far failed (or was not judged): step down from the lowest
+            rate = hi / step(len(self.trials), self.precision, self.anchored)
+        elif close_enough(lo, hi, self.precision):
             return None
-        return math.sqrt(lo * hi)
+        else:
+            rate = math.sqrt(lo * hi)
+        if self.min_rate is not None:
+            rate = max(rate, self.min_rate)
+        return rate if self.max_rate is None else min(rate, self.max_rate)
 
     def trials_to_precision(self, lower: float | None) -> int | None:
         """About how many more trials would bring [lower, upper] within the precision: the

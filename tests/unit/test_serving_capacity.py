@@ -234,3 +234,13 @@ def test_knee_of_the_mm1_curve_lies_before_saturation():
     pts = [(r, math.log(100) / (mu - r)) for r in (1, 2, 3, 4, 5, 6, 7, 8, 9, 9.5)]
     k = knee(pts)
     assert k is not None and 6 <= k <= 9  # where the queue starts to build, short of mu
+
+
+def test_a_budget_spent_on_trials_the_client_could_not_time_says_so():
+    def untimed(rate: float, hold_s: float | None = None) -> Trial:
+        return Trial(rate=rate, ok=True, invalid="the client could not time this point", cost_s=TRIAL_S)
+    cap = find_capacity(untimed, ceiling=45.0, budget_s=40.0)
+    assert len(cap.trials) == 3 and cap.capacity_rps is None and cap.more_s is None
+    assert [t.rate for t in cap.trials] == pytest.approx([45 / 1.05, 45 / 1.05 ** 2, 45 / 1.05 ** 4])  # stepping under each
+    assert "stopped by its budget (36 s of load spent of 40 s): no trial measured the server, so what reaching 5% would cost " \
+           "cannot be told" in cap.notes and "no trial measured the server: no capacity" in cap.notes
