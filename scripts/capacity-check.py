@@ -212,7 +212,7 @@ def verdict(result: dict, slo, max_failure_rate: float, rate: float | None, warm
                          "measured": res.sent, "warmup_excluded": res.warmup_excluded, "achieved_rps": res.achieved_rate,
                          "completion_rps": st.completion_rps if st else None, "steady": st.ok if st else None}
         return {**out, "verdict": "held" if v.ok else "missed", "why": v.reason or "",
-                "judged_by": "llmopt (SLO and steady state)"}
+                "judged_by": "llmopt: SLO and steady state"}
     limits = {t.metric: t.limit_s * 1e3 for t in slo.targets}
     misses = [f"{m}_p99 {got[m]:.1f} ms > {limits[m]:g} ms" for m in ("ttft", "tpot")
               if m in limits and got[m] is not None and got[m] > limits[m]]
@@ -276,6 +276,16 @@ def regime(cap: dict) -> str | None:
     return f"the SLO binds ({reason})"
 
 
+def against_vllm(cap: float, runs: dict) -> dict | None:
+    """C against the highest completion rate vLLM's client measured (above C, or all at once):
+    where the SLO does not bind before saturation, C should be at least 0.95 of it."""
+    done = {k: r["request_rps"] for k, r in runs.items() if r.get("request_rps") and (k.startswith("above") or k == "rate-inf")}
+    if not done:
+        return None
+    where = max(done, key=lambda k: done[k])
+    return {"vllm_completed_rps": done[where], "where": where, "c_over_it": cap / done[where]}
+
+
 def _ms(v: float | None) -> float | None:
     return None if v is None else v * 1e3
 
@@ -296,8 +306,8 @@ def markdown(args: argparse.Namespace, summary: dict) -> str:
              f"vLLM's default scheduler limits, max_model_len {args.max_model_len}. Command: `{summary['command']}`.", "",
              f"llmopt: capacity **{_g(lo.get('capacity_rps'))} req/s**, {held}, {within} ([{interval}]; "
              f"{_g((lo.get('precision') or 0) * 100)}% asked); {lo.get('regime') or '-'}. The search: the ceiling "
-             f"{_g(lo.get('ceiling_rps'))} req/s ({lo.get('ceiling_how')}), {len(probes)} trials then "
-             f"{len(lo.get('trials') or []) - len(probes)} holds, {_g(lo.get('spent_s'))} s of load of its "
+             f"{_g(lo.get('ceiling_rps'))} req/s ({lo.get('ceiling_how')}), {len(probes)} trial(s) then "
+             f"{len(lo.get('trials') or []) - len(probes)} hold(s), {_g(lo.get('spent_s'))} s of load of its "
              f"{_g(lo.get('search_budget_s'))} s budget; highest completion rate measured {_g(lo.get('saturation_rps'))} req/s.",
              "", "| vllm bench serve | rate req/s | prompts | p99 TTFT ms | p99 TPOT ms | completed | req/s | verdict (judged by) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -308,7 +318,10 @@ def markdown(args: argparse.Namespace, summary: dict) -> str:
         lines.append(f"| {label} | {_g(r.get('rate_rps'))} | {r.get('num_prompts')} | {_g(r.get('p99_ttft_ms'))} | "
                      f"{_g(r.get('p99_tpot_ms'))} | {r.get('completed')} | {_g(r.get('request_rps'))} | {r['verdict']} "
                      f"{r.get('why', '')} ({r.get('judged_by', '-')}) |")
-    one, inf = v.get("concurrency-1", {}), v.get("rate-inf", {})
+    one, inf, vs = v.get("concurrency-1", {}), v.get("rate-inf", {}), summary.get("against_vllm")
+    if vs:
+        lines += ["", f"C is {vs['c_over_it']:.3f} of the highest completion rate vLLM's client measured "
+                      f"({_g(vs['vllm_completed_rps'])} req/s, {vs['where']})."]
     lines += ["", "| beside each other | llmopt | vllm bench serve |", "| --- | --- | --- |",
               f"| TTFT p50 at concurrency 1, ms | {_g(lo.get('concurrency_1', {}).get('ttft_p50_ms'))} | {_g(one.get('ttft_p50_ms'))} |",
               f"| TPOT p50 at concurrency 1, ms | {_g(lo.get('concurrency_1', {}).get('tpot_p50_ms'))} | {_g(one.get('tpot_p50_ms'))} |",
@@ -341,6 +354,7 @@ def main(argv: list[str]) -> int:
         cap = summary["llmopt"]["capacity_rps"]
         if cap:
             vllm_phases(args, server, model.path, cap, budget, summary)
+            summary["against_vllm"] = against_vllm(cap, summary["vllm"])
     finally:
         summary["server_stop"] = server.stop()
         (args.out / "summary.json").write_text(json.dumps(summary, indent=1))

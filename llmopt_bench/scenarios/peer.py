@@ -122,13 +122,15 @@ def vllm_samples(result: dict) -> list[RequestSample]:
     requests, so that llmopt's own SLO code judges vLLM's client (scripts/capacity-check.py):
     each sent at its start time, its first token ttft later, the next ones its inter-token gaps
     apart (a chunk of several tokens is one gap), done its latency later; a request with an
-    error failed."""
+    error failed. A result kept without its inter-token gaps (a committed copy, slimmed) gives
+    each request its first and last token only: TTFT, TPOT and E2E are judged the same, ITL not."""
     out = []
     for i, start in enumerate(result["start_times"]):
         error = result["errors"][i] or None
         first = start + result["ttfts"][i]
+        gaps = result["itls"][i] if "itls" in result else [result["latencies"][i] - result["ttfts"][i]]
         times = [first]
-        for gap in result["itls"][i]:
+        for gap in gaps:
             times.append(times[-1] + gap)
         out.append(RequestSample(request_id=f"vllm{i:05d}", prompt_id=f"vllm{i:05d}", prompt_tokens=result["input_lens"][i],
                                  output_tokens=result["output_lens"][i], t_submit=start, t_first=first,

@@ -111,3 +111,17 @@ def test_vllm_s_run_at_a_rate_is_judged_steady_or_not_by_llmopt_s_rules():
     v = slo_verdict(loose, falls_behind, 0.01)  # every request met the loose SLO: the steady state says no
     assert falls_behind.steady.ok is False and not v.ok and v.reason.startswith("not steady: ")
     assert falls_behind.steady.completion_rps == pytest.approx(17.0, rel=0.05)
+
+
+def test_a_slimmed_vllm_result_is_judged_as_the_full_one():
+    """Committed copies drop the inter-token gaps (megabytes a run): TTFT, TPOT, E2E and the
+    steady state come out the same."""
+    from llmopt_bench.analysis.slo import parse_slo
+    from llmopt_bench.load.record import slo_verdict
+
+    full = vllm_run(20.0, 30.0, 17.0)
+    slim = {k: v for k, v in full.items() if k != "itls"}
+    slo = parse_slo("ttft_p99=3s,tpot_p99=20ms")
+    a, b = (slo_verdict(slo, peer.vllm_point(r, 20.0, warmup_s=2.0), 0.01) for r in (full, slim))
+    assert (a.ok, a.reason, [t.value_s for t in a.targets]) == (b.ok, b.reason, [t.value_s for t in b.targets])
+    assert a.reason and "ttft_p99" in a.reason
