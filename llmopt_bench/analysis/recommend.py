@@ -47,6 +47,7 @@ class Candidate:
     capacity_rps: float | None = None
     held: bool | None = None  # the capacity held for a longer window (load/hold.py); else "~N, not held"
     interval: list[float | None] | None = None
+    known_within: float | None = None  # the precision reached: the interval's upper end / the capacity - 1
     goodput_rps: float | None = None
     meets: bool = False  # some measured rate met the SLO
     miss: str | None = None  # how the nearest point misses, in words
@@ -136,11 +137,22 @@ def candidate(s: StageResult, batch_size: int, rejudge_with: SLO | None = None) 
     else:
         c.capacity_rps, c.interval, c.goodput_rps, c.held = judged.capacity_rps, judged.interval, judged.goodput_rps, judged.held
         c.notes += judged.notes
+    c.known_within = known_within(c, f.slo_capacity_known_within if rejudge_with is None else None)
     c.meets = c.capacity_rps is not None
     near = judged.closest_miss()
     if not c.meets and near is not None and near.worst is not None:
         c.miss_ratio, c.miss = near.worst, f"at {num(near.rate_rps)} req/s, {near.reason}"
     return c
+
+
+def known_within(c: Candidate, recorded: float | None) -> float | None:
+    """The precision a capacity is known to: the stage's own (its search's untrusted trials
+    taken into account), else the interval's upper end over the capacity, less 1 (runs from
+    before issue 34 and capacities judged again under another SLO)."""
+    if recorded is not None:
+        return recorded
+    hi = c.interval[1] if c.interval and len(c.interval) > 1 else None
+    return hi / c.capacity_rps - 1 if hi and c.capacity_rps else None
 
 
 def _key(c: Candidate, priority: str, serving: bool) -> tuple[float, ...]:
@@ -233,7 +245,7 @@ def _slo_note(served: list[StageResult], rejudging: bool, run_slos: list[str]) -
     if rejudging:
         return (f"re-judged from the measured open-loop points under this SLO (the run searched under {', '.join(run_slos)}): "
                 "the capacity is the highest measured rate that meets it, known within the neighbouring measured rates")
-    return "the capacity each serving result found by its own search (bracket, then bisect)"
+    return "the capacity each serving result found by its own search"
 
 
 def _explain(rec: Recommendation, cands: list[Candidate], pool: list[Candidate]) -> None:

@@ -34,12 +34,17 @@ def _rel(a: float | None, b: float | None) -> str:
 
 
 def _capacity(c: Any) -> str:
+    """"38.0 req/s, known within 4.1% ([38.0, 39.6])"; "~N req/s, not held, ..." for a capacity
+    that was not held, never the deployable figure; "at least" where no rate above it failed."""
     if c.capacity_rps is None:
         return "none"
     hi = c.interval[1] if c.interval and len(c.interval) > 1 else None
-    held = "" if getattr(c, "held", None) else "~"  # a capacity that was not held is never the deployable figure
-    return (f"{held}{num(c.capacity_rps)} req/s{', not held' if held else ''} "
-            f"(within [{num(c.capacity_rps)}, {num(hi) if hi else 'not found'}])")
+    held = "" if getattr(c, "held", None) else "~"
+    base = f"{held}{num(c.capacity_rps)} req/s{', not held' if held else ''}"
+    kw = getattr(c, "known_within", None)
+    if kw is not None:
+        return f"{base}, known within {pct(kw)} ([{num(c.capacity_rps)}, {num(hi)}])"
+    return f"{base}, at least ({'no rate above it failed' if hi is None else 'the rates above it measured the client'})"
 
 
 def _why(rec: Any) -> str:

@@ -176,6 +176,7 @@ class StageFacts(StrictModel):
     slo_capacity_rps: float | None = None
     slo_capacity_interval: list[float | None] | None = None
     slo_capacity_converged: bool | None = None
+    slo_capacity_known_within: float | None = None  # the precision reached: first failing / capacity - 1 (None: no upper bound, older runs)
     slo_capacity_held: bool | None = None  # the capacity held for slo_hold_s (load/hold.py); None: not held (no hold, older runs)
     slo_hold_s: float | None = None
     saturation_rps: float | None = None  # the highest completion rate the stage measured: the capacity never exceeds it

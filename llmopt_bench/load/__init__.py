@@ -7,8 +7,9 @@
 - steady.py: whether the server kept up (the steady-state judgement of an open-loop point);
 - engine.py: the engine interface (LoadEngine: drive(dispatcher)) and run_point();
 - record.py: the row every load stage keeps (PointRow), goodput, the SLO verdict, SLOPoint;
-- search.py, hold.py, capacity.py: the capacity under an SLO (bracket, bisect, knee), held for
-  longer and checked against the highest completion rate measured.
+- find.py (the entry point: find_capacity), search.py, budget.py, hold.py, capacity.py: the
+  capacity under an SLO, searched from the highest completion rate measured down to a precision
+  within a budget of seconds of load, held for longer, with the knee of the latency curve.
 
 The engines' adapters live in engines/ (vllm_engine.VLLMEngine, static_engine.StaticBatcher,
 http_load.HTTPLoad) and satisfy LoadEngine without importing this package; the scenarios above

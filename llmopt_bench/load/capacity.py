@@ -1,7 +1,17 @@
 """The capacity search as a stage runs it, on any engine: its params, the size of each trial
-(long enough to see a queue form), a trial from a measured point, and the saturation ceiling.
-The search itself is load/search.py, the hold load/hold.py; a scenario gives them a function
-that measures one open-loop point (serving: scenarios/serving.py)."""
+(long enough to see a queue form), a trial from a measured point, what a trial will cost, and
+the ceiling (the highest completion rate measured). The search itself is load/find.py (the
+search load/search.py, its budget load/budget.py, the hold load/hold.py); a scenario gives it a
+function that measures one open-loop point (serving: scenarios/serving.py).
+
+Trial length against the number of trials. A trial can only be judged if its window is at least
+WINDOW_E2E (5) times its median time in system (load/steady.py): shorter, a queue that grows
+does not show against the backlog's jitter. So the window is sized for SIZE_MARGIN x WINDOW_E2E
+x the longest time in system of a steady point so far, and never made longer: a longer window
+judges a rate near saturation more surely (a queue growing at 2% of the rate needs a long
+window to stand out), but costs its length in every trial, where from the ceiling down the
+answer needs few trials (two or three where the SLO does not bind: the interval under the
+ceiling starts 5% wide) and the hold (60 s) is the long look at the one rate that matters."""
 
 from __future__ import annotations
 
@@ -30,13 +40,16 @@ class SearchParams(StrictModel):
     slo: str = DEFAULT_SLO  # MLPerf Inference's Server limits for Llama-3.1-8B (analysis/slo.py)
     max_failure_rate: float = Field(0.01, ge=0, lt=1)  # a point with more failures misses the SLO
     capacity_search: bool = True
-    search_start_rps: float | None = Field(None, gt=0)  # default: half the closed-loop sweep's best QPS
-    search_precision: float = Field(0.05, gt=0, lt=1)  # stop when (first failing - last passing) <= this x last passing
-    search_max_probes: int = Field(10, ge=2)
+    ceiling_requests: int = Field(256, ge=0)  # the ceiling: this many of the workload's requests at once (0: the sweep's top)
+    search_start_rps: float | None = Field(None, gt=0)  # default: just under the ceiling (the search goes down from there)
+    search_precision: float = Field(0.05, gt=0, lt=1)  # stop when first failing / last passing <= 1 + this
+    search_budget_s: float = Field(240.0, gt=0)  # seconds of load for the trials and holds; the trial count follows
+    search_max_probes: int | None = Field(None, ge=1)  # a trial cap besides the budget (default none: the budget decides)
     search_min_rps: float | None = Field(None, gt=0)
     search_max_rps: float | None = Field(None, gt=0)
     hold_s: float = Field(60.0, ge=0)  # hold the answer this long (0: no hold, the capacity is "not held")
-    hold_attempts: int = Field(2, ge=1)  # holds at most; after a failed one the search goes on below it
+    hold_attempts: int | None = Field(None, ge=1)  # a cap on holds (default none: after a failed one the holds go on
+    #                                               below it while the budget allows)
 
 
 def seed_for(run_seed: int, rate: float) -> int:
@@ -76,17 +89,36 @@ def trial_of(res: PointResult | None, v: Verdict | None, slo: SLO, rate: float, 
               "send_delay_p99_s": res.send_delay_s.p99 if res and res.send_delay_s else None,
               "steady": st.ok if st else None, "time_in_system_p50_s": st.time_in_system_p50_s if st else None}
     return Trial(rate=rate, ok=bool(v and v.ok), latency_s=latency, invalid=invalid, kind=kind,
-                 duration_s=res.window_s if res else None, detail=detail)
+                 duration_s=res.window_s if res else None, cost_s=load_seconds(res) if res else None, detail=detail)
+
+
+def load_seconds(res: PointResult) -> float:
+    """The load a point put on the server: its warm-up and window (its planned length), and its
+    drain (until the last measured answer)."""
+    pt = res.point
+    return (pt.duration_s if pt.duration_s is not None else res.window_s) + res.drain_s
+
+
+def planned_cost(rate: float, hold_s: float | None, p: SearchParams, run_seed: int, in_system_s: float | None) -> float:
+    """What a trial (hold_s None) or a hold at `rate` will cost in seconds of load: its planned
+    length, and a drain of two times in system (a trial above the capacity drains a backlog)."""
+    point = open_point(rate, p, run_seed, in_system_s, hold_s)
+    return (point.duration_s or 0.0) + 2 * (in_system_s or 0.0)
 
 
 class Ceiling:
-    """The saturation check's ceiling: the highest completion rate measured so far, and where."""
+    """The ceiling: the highest completion rate measured so far, and where. An open-loop point
+    counts for at most the rate it offered: a point that kept up completes what arrived, and the
+    arrivals' own noise over a short window (a tenth either way at 40 req/s over 5 s) is not
+    the server's capacity; one that fell behind completes what the server could."""
 
     def __init__(self) -> None:
         self.rps: float | None = None
         self.where: str | None = None
 
-    def see(self, rps: float | None, where: str) -> None:
+    def see(self, rps: float | None, where: str, offered: float | None = None) -> None:
+        if rps and offered:
+            rps = min(rps, offered)
         if rps and (self.rps is None or rps > self.rps):
             self.rps, self.where = rps, where
 

@@ -1,19 +1,42 @@
-"""Capacity under an SLO: the highest request rate whose load point still meets it.
+"""Capacity under an SLO: the highest request rate whose load point still meets it, searched from
+the server's ceiling down (the entry point that runs it, with its budget and its hold, is
+load/find.find_capacity).
 
-The search brackets, then bisects (a fixed grid would spend most of its trials far from the
-answer): from a start rate it doubles while the SLO holds (or halves while it fails) until one
-rate passes and a higher one fails; then it tries the middle of [last passing, first failing]
-until that interval is narrower than `precision` times its lower end (5% by default). The
-answer is the highest passing rate below the lowest failing one, with the interval it is known
-within. A trial whose pass cannot be trusted (`Trial.invalid`: the client fell behind its
-schedule, so the server saw less load than asked) is neither a pass nor a fail: nothing above
-its rate can be told, so the search bisects below it and the capacity is a lower bound.
+Where it starts. What the server can complete bounds the answer: an arrival rate above the
+highest completion rate measured (the **ceiling**: the all-at-once point, the sweep's top,
+every trial's answers a second) cannot be sustained, so the ceiling is the interval's upper end
+before any trial fails. The first trial is just under it, at ceiling / (1 + precision): where
+the SLO does not bind before saturation it passes, and the answer is known to the precision
+after that one trial. No trial is spent at the ceiling itself: the server is critically loaded
+there, and a short window cannot tell a queue that keeps up from one that slowly grows (on the
+simulated server of tests/simserver.py 10-s trials passed at 100% and at 105% of what it
+completes). An all-at-once point of fewer requests than the server batches can measure the
+ceiling low; the answer then errs low, never high, and a trial whose completions exceed it
+raises it (and the search goes up toward it).
+
+How it moves. While every trial failed it steps down from the lowest (and, from a start rate
+with nothing above it, up from the highest); the step is (1 + precision) at first and doubles
+in log at each step (1.05, 1.1025, 1.2155, 1.477, 2.18, 4.75 at 5%), so an answer near the
+ceiling costs one to three trials, and one far under it (an SLO that binds early) about 2
+log2(log(ceiling / answer) / log(1 + precision)). Once a pass lies under a failure (or the
+ceiling), it bisects the interval in log (its geometric middle: the criterion is a ratio) until
+upper / lower <= 1 + precision. Without a ceiling it starts from a given rate and doubles or
+halves (the search before issue 34).
+
+The saturation check. A trial that met the SLO at a rate above every completion rate measured
+is not counted as sustained (the steady-state judgement allows completions 5% short of arrivals
+over a short window): such a pass bounds the interval from above like a failure, so the
+capacity never exceeds the highest completion rate measured.
+
+The answer is the highest passing rate below the interval's upper end (the lowest failure, or
+the ceiling), with the precision reached (upper / lower - 1). A trial whose pass cannot be trusted
+(`Trial.invalid`: the client fell behind its schedule, so the server saw less load than asked)
+is neither a pass nor a fail: nothing above its rate can be told, so the search steps below it
+and the capacity is a lower bound, never converged.
 
 The search keeps its trials, and a trial added from outside counts like its own: load/hold.py
 holds the answer for longer and adds each hold, so a failed hold is a failing bound and
-`passing()` then answers below it. Each trial is a whole load point, so it costs its duration
-in machine time: about log2(answer / start) + log2(1 / precision) + 1 trials, 9 or so for a
-start within 8x.
+`passing()` then answers below it.
 
 The knee of the latency curve is found on the tried points with Kneedle (Satopaa et al.,
 "Finding a 'Kneedle' in a Haystack", 2011) for an increasing convex curve: both axes are scaled
@@ -23,6 +46,7 @@ load. It needs three rates, and a curve that bends (else None)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -33,6 +57,9 @@ from llmopt_bench.core.records import StrictModel
 
 KNEE_METHOD = ("Kneedle on the tried points: the rate farthest below the chord from the lowest to the highest "
                "rate tried, both axes scaled to [0, 1]")
+MAX_STEP = 16.0  # the step up or down never exceeds this factor (the doubling in log would overflow)
+
+Saturation = Callable[[], tuple[float | None, str | None]]  # the highest completion rate measured so far, and where
 
 
 class Trial(StrictModel):
@@ -48,7 +75,8 @@ class Trial(StrictModel):
     # pass nor a fail; the search treats its rate as a ceiling it cannot test above
     invalid: str | None = None
     kind: Literal["probe", "hold"] = "probe"
-    duration_s: float | None = None
+    duration_s: float | None = None  # its measured window
+    cost_s: float | None = None  # seconds of load it took (warm-up, window, drain): what the budget counts
 
 
 class Capacity(StrictModel):
@@ -56,9 +84,10 @@ class Capacity(StrictModel):
     # a dropped None back when the record is read (a required None made it unreadable)
     capacity_rps: float | None = None  # the deployable answer (held, or said not to be); None: no rate met the SLO
     passing_rps: float | None = None  # the interval the search's answer is known within: [last passing,
-    failing_rps: float | None = None  #   first failing]; failing None: it held at every rate tried
-    precision: float
-    converged: bool  # the interval is within `precision` of its lower end
+    failing_rps: float | None = None  #   first failing (a miss, or a pass above every completion rate measured)];
+    #                                   failing None: it held at every rate tried
+    precision: float  # the precision asked: upper / lower - 1
+    converged: bool  # the capacity is known within `precision` (upper / capacity - 1 <= precision)
     # every trial in the order it ran (runs before the hold kept them as "probes")
     trials: list[Trial] = Field(validation_alias=AliasChoices("trials", "probes"))
     knee_rps: float | None = None
@@ -71,6 +100,14 @@ class Capacity(StrictModel):
     # the saturation check: the highest completion rate the stage measured, and where
     saturation_rps: float | None = None
     saturation_how: str | None = None
+    # the search from the ceiling down (issue 34); None in runs from before it
+    ceiling_rps: float | None = None  # the completion ceiling the first trial was placed under
+    ceiling_how: str | None = None
+    known_within: float | None = None  # the precision reached: upper / capacity - 1 (None: no upper bound)
+    upper_rps: float | None = None  # that upper end: the lowest failing rate, or the ceiling where it is lower
+    budget_s: float | None = None  # seconds of load the trials and holds were given (None: unbounded)
+    spent_s: float | None = None  # seconds of load they took
+    more_s: float | None = None  # stopped short of `precision`: about what reaching it would have cost more
 
     @property
     def holds(self) -> list[Trial]:
@@ -82,42 +119,98 @@ def _lowest(*rates: float | None) -> float | None:
     return min(known) if known else None
 
 
-class Search:
-    """Bracket then bisect, resumable: the state is the trials so far."""
+def step(j: int, precision: float, anchored: bool) -> float:
+    """The j-th step (j >= 1) up or down: from a ceiling (1 + precision)^(2^(j-1)), doubling in
+    log; from a start rate 2 (the search before issue 34)."""
+    if not anchored:
+        return 2.0
+    return math.exp(min(2 ** min(j - 1, 60) * math.log1p(precision), math.log(MAX_STEP)))
 
-    def __init__(self, start_rate: float, precision: float = 0.05, min_rate: float | None = None,
-                 max_rate: float | None = None, max_trials: int = 20):
-        if start_rate <= 0:
-            raise UsageError(f"the capacity search needs a start rate above zero (got {start_rate:g})", "pass a start rate in req/s, e.g. 1")
+
+def close_enough(lo: float, hi: float, precision: float) -> bool:
+    """upper / lower <= 1 + precision (a rounding's worth of slack: a geometric middle lands on it)."""
+    return hi <= (1 + precision) * lo * (1 + 1e-9)
+
+
+def bisections(lo: float, hi: float, precision: float) -> int:
+    """Geometric bisections that bring [lo, hi] within the precision."""
+    n = 0
+    while not close_enough(lo, hi, precision):
+        hi, n = math.sqrt(lo * hi), n + 1
+    return n
+
+
+class Search:
+    """From the ceiling down (or from a start rate), then bisect; resumable: the state is the
+    trials so far."""
+
+    def __init__(self, ceiling: float | None = None, precision: float = 0.05, *, start_rate: float | None = None,
+                 min_rate: float | None = None, max_rate: float | None = None, ceiling_how: str | None = None,
+                 saturation: Saturation | None = None):
+        if ceiling is None and start_rate is None:
+            raise UsageError("the capacity search needs a ceiling (the highest completion rate measured) or a start rate",
+                             "measure an all-at-once point first, or pass a start rate in req/s, e.g. 1")
+        for name, value in (("ceiling", ceiling), ("start rate", start_rate)):
+            if value is not None and not value > 0:
+                raise UsageError(f"the capacity search needs a {name} above zero (got {value:g})", "pass a rate in req/s, e.g. 1")
         if not 0 < precision < 1:
             raise UsageError(f"the capacity search precision must lie in (0, 1) (got {precision:g})", "use 0.05 for 5%")
         if min_rate is not None and max_rate is not None and min_rate >= max_rate:
             raise UsageError(f"min_rate {min_rate:g} must be below max_rate {max_rate:g}")
-        if max_trials < 2:
-            raise UsageError("the capacity search needs at least two trials to bracket the answer")
-        self.start, self.precision, self.min_rate, self.max_rate = start_rate, precision, min_rate, max_rate
-        self.budget = max_trials
+        self.ceiling, self.ceiling_how, self.precision = ceiling, ceiling_how, precision
+        self.saturation: Saturation = saturation or (lambda: (ceiling, ceiling_how))
+        self.anchored = start_rate is None  # steps of (1 + precision)^(2^k) from the ceiling, else doubling
+        first = start_rate if start_rate is not None else (ceiling or 0) / (1 + precision)
+        first = first if min_rate is None else max(first, min_rate)
+        self.start = first if max_rate is None else min(first, max_rate)
+        self.min_rate, self.max_rate = min_rate, max_rate
         self.trials: list[Trial] = []
-        self.out_of_budget = False
 
     # --- the state ------------------------------------------------------------------------
 
-    def failing(self) -> float | None:
-        """The lowest rate that failed, a hold included."""
-        return _lowest(*(t.rate for t in self.trials if not t.invalid and not t.ok))
+    def unsustained(self) -> list[Trial]:
+        """Passes at a rate above every completion rate measured (the saturation check)."""
+        top, _ = self.saturation()
+        return [t for t in self.trials if t.ok and not t.invalid and top is not None and t.rate > top * (1 + 1e-9)]
 
-    def ceiling(self) -> float | None:
+    def failing(self) -> float | None:
+        """The lowest rate that failed (a hold included), or passed above every completion rate measured."""
+        return _lowest(*(t.rate for t in self.trials if not t.invalid and not t.ok), *(t.rate for t in self.unsustained()))
+
+    def untrusted(self) -> float | None:
         """The lowest rate whose trial was not judged: nothing above it can be told."""
         return _lowest(*(t.rate for t in self.trials if t.invalid))
 
     def passing(self) -> float | None:
         """The highest rate that passed, below every failure and every untrusted trial."""
-        top = _lowest(self.failing(), self.ceiling())
+        top = _lowest(self.failing(), self.untrusted())
         ok = [t.rate for t in self.trials if t.ok and not t.invalid and (top is None or t.rate < top)]
         return max(ok) if ok else None
 
+    def upper(self) -> float | None:
+        """The interval's upper end: the lowest failure, untrusted trial, or the highest completion
+        rate measured (None: nothing above the answer bounds it)."""
+        return _lowest(self.failing(), self.untrusted(), self.saturation()[0])
+
     def add(self, trial: Trial) -> None:
         self.trials.append(trial)
+
+    def within(self, lower: float | None) -> float | None:
+        """The precision reached over [lower, upper]: None without an upper end, or where an
+        untrusted trial is the upper end (the answer is then a lower bound)."""
+        hi = self.upper()
+        if lower is None or hi is None or hi == self.untrusted():
+            return None
+        return max(0.0, hi / lower - 1)
+
+    def bound(self, lower: float | None) -> float | None:
+        """The upper end the precision is stated against (None where there is none to state)."""
+        return None if self.within(lower) is None else self.upper()
+
+    def converged(self, lower: float | None) -> bool:
+        """Whether [lower, upper] is within the precision."""
+        hi = self.bound(lower)
+        return lower is not None and hi is not None and close_enough(lower, hi, self.precision)
 
     # --- the search -----------------------------------------------------------------------
 
@@ -125,58 +218,63 @@ class Search:
         """The next rate to try, None when the search is done."""
         if not self.trials:
             return self.start
-        lo, hi, rate = self.passing(), _lowest(self.failing(), self.ceiling()), self.trials[-1].rate
-        if hi is None:  # every rate so far passed: double
-            if self.max_rate is not None and rate >= self.max_rate:
-                return None
-            return rate * 2 if self.max_rate is None else min(rate * 2, self.max_rate)
-        if lo is None:  # every rate so far failed: halve
-            if self.min_rate is not None and rate <= self.min_rate:
-                return None
-            return rate / 2 if self.min_rate is None else max(rate / 2, self.min_rate)
-        if hi - lo <= self.precision * lo:
+        lo, hi = self.passing(), self.upper()
+        if lo is not None and self.max_rate is not None and lo >= self.max_rate:
+            return None  # it held as high as it may go: a lower bound
+        if lo is None and hi is not None and self.min_rate is not None and hi <= self.min_rate:
+            return None  # it failed as low as it may go: no capacity
+        if hi is None:  # every rate so far passed, nothing above bounds it: step up from the highest
+            assert lo is not None
+            rate = lo * step(len(self.trials), self.precision, self.anchored)
+        elif lo is None:  # every rate so far failed (or was not judged): step down from the lowest
+            rate = hi / step(len(self.trials), self.precision, self.anchored)
+        elif close_enough(lo, hi, self.precision):
             return None
-        return (lo + hi) / 2
+        else:
+            rate = math.sqrt(lo * hi)
+        if self.min_rate is not None:
+            rate = max(rate, self.min_rate)
+        return rate if self.max_rate is None else min(rate, self.max_rate)
 
-    def run(self, measure: Callable[[float], Trial]) -> None:
-        """Try rates until the answer is known to the precision, or the budget is spent."""
-        while (rate := self.next_rate()) is not None:
-            if sum(1 for t in self.trials if t.kind == "probe") >= self.budget:
-                self.out_of_budget = True
-                return
-            self.trials.append(measure(rate))
+    def trials_to_precision(self, lower: float | None) -> int | None:
+        """About how many more trials would bring [lower, upper] within the precision: the
+        bisections left, plus a step where one end is still open (at least that many)."""
+        hi = self.upper()
+        if lower is None or hi is None:
+            return 1 + bisections(1.0, step(len(self.trials) + 1, self.precision, self.anchored), self.precision)
+        return bisections(lower, hi, self.precision)
 
     def result(self) -> Capacity:
-        lo, hi, ceiling = self.passing(), self.failing(), self.ceiling()
-        converged = lo is not None and hi is not None and _lowest(hi, ceiling) == hi and hi - lo <= self.precision * lo
+        lo, hi = self.passing(), self.failing()
         judged = [t for t in self.trials if not t.invalid]
         probes = [t for t in judged if t.kind == "probe"]
-        return Capacity(capacity_rps=lo, passing_rps=lo, failing_rps=hi, precision=self.precision, converged=converged,
-                        trials=list(self.trials), notes=self._notes(lo, hi, ceiling, judged),
+        return Capacity(capacity_rps=lo, passing_rps=lo, failing_rps=hi, precision=self.precision,
+                        converged=self.converged(lo), known_within=self.within(lo), upper_rps=self.bound(lo),
+                        trials=list(self.trials), notes=self._notes(lo, hi, judged), ceiling_rps=self.ceiling,
+                        ceiling_how=self.ceiling_how,
                         knee_rps=knee([(t.rate, t.latency_s) for t in probes if t.latency_s is not None]))
 
-    def _notes(self, lo: float | None, hi: float | None, ceiling: float | None, judged: list[Trial]) -> list[str]:
+    def _notes(self, lo: float | None, hi: float | None, judged: list[Trial]) -> list[str]:
         notes = []
-        if self.out_of_budget:
-            notes.append(f"stopped after {self.budget} probes before the interval narrowed to {self.precision:.0%}")
-        if ceiling is not None:
-            why = next(t.invalid for t in self.trials if t.invalid and t.rate == ceiling)
-            notes.append(f"at {ceiling:g} req/s {why}: rates from there up measure the client, not the server")
+        top, where = self.saturation()
+        over = self.unsustained()
+        if over:
+            notes.append(f"{', '.join(f'{t.rate:g}' for t in over)} req/s met the SLO in a {over[0].kind} above the highest "
+                         f"completion rate measured ({top:.4g} req/s, {where}): a rate the server was never seen to "
+                         "complete is not counted as sustained")
+        untrusted = self.untrusted()
+        if untrusted is not None:
+            why = next(t.invalid for t in self.trials if t.invalid and t.rate == untrusted)
+            notes.append(f"at {untrusted:g} req/s {why}: rates from there up measure the client, not the server")
         if not judged:
             notes.append("no trial measured the server: no capacity")
-        elif lo is None:
+        elif lo is None and not any(t.ok for t in judged):
             notes.append(f"the SLO failed at every rate tried, down to {min(t.rate for t in judged):g} req/s")
-        elif hi is None:
+        elif lo is None:
+            notes.append(f"no rate met the SLO below the lowest that failed, {hi:g} req/s")
+        elif hi is None and top is None:
             notes.append(f"the SLO held at every rate tried, up to {lo:g} req/s: the capacity is at least that")
         return notes
-
-
-def find_capacity(measure: Callable[[float], Trial], start_rate: float, precision: float = 0.05,
-                  min_rate: float | None = None, max_rate: float | None = None, max_probes: int = 20) -> Capacity:
-    """Bracket, then bisect, the highest rate for which measure(rate).ok holds (no hold)."""
-    search = Search(start_rate, precision, min_rate, max_rate, max_probes)
-    search.run(measure)
-    return search.result()
 
 
 def knee(points: Sequence[tuple[float, float]]) -> float | None:

@@ -22,6 +22,8 @@ from typing import Any
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Request, Sampling
+from llmopt_bench.load.dispatchers import Timeline
+from llmopt_bench.load.point import LoadPoint, PointResult, point_result
 
 
 def add_sampling_options(parser: Any) -> None:
@@ -140,6 +142,41 @@ def vllm_figures(result: dict) -> dict[str, float | None]:
             "e2e_p50_ms": result.get("median_e2el_ms"), "request_rps": result.get("request_throughput"),
             "completed": result.get("completed"),
             "failed": result.get("failed"), "duration_s": result.get("duration")}
+
+
+def vllm_samples(result: dict) -> list[RequestSample]:
+    """`vllm bench serve --save-result --save-detailed`'s per-request results as llmopt's
+    requests, so that llmopt's own SLO code judges vLLM's client (scripts/capacity-check.py):
+    each sent at its start time, its first token ttft later, the next ones its inter-token gaps
+    apart (a chunk of several tokens is one gap), done its latency later; a request with an
+    error failed. A result kept without its inter-token gaps (a committed copy, slimmed) gives
+    each request its first and last token only: TTFT, TPOT and E2E are judged the same, ITL not."""
+    out = []
+    for i, start in enumerate(result["start_times"]):
+        error = result["errors"][i] or None
+        first = start + result["ttfts"][i]
+        gaps = result["itls"][i] if "itls" in result else [result["latencies"][i] - result["ttfts"][i]]
+        times = [first]
+        for gap in gaps:
+            times.append(times[-1] + gap)
+        out.append(RequestSample(request_id=f"vllm{i:05d}", prompt_id=f"vllm{i:05d}", prompt_tokens=result["input_lens"][i],
+                                 output_tokens=result["output_lens"][i], t_submit=start, t_first=first,
+                                 t_done=start + result["latencies"][i], token_times=times, ok=error is None, error=error))
+    return out
+
+
+def vllm_point(result: dict, rate: float, warmup_s: float) -> PointResult:
+    """vLLM's run at a request rate as an open-loop point of llmopt's (load/point.point_result
+    over its requests' timelines: each arrived when vLLM's client sent it, answered at its
+    latency; the arrivals of the first warmup_s seconds not measured), so that llmopt's own
+    verdict (load/record.slo_verdict: the SLO and the steady state) judges vLLM's client."""
+    samples = vllm_samples(result)
+    t0 = min(s.t_submit for s in samples)
+    span = max(s.t_submit for s in samples) - t0
+    timelines = [Timeline(index=i, arrival=s.t_submit, sent=s.t_submit, answered=s.t_done, sample=s)
+                 for i, s in enumerate(sorted(samples, key=lambda s: s.t_submit))]
+    point = LoadPoint(rate=rate, duration_s=span, warmup_s=min(warmup_s, span / 2))
+    return point_result(point, timelines, t0)
 
 
 def llmopt_figures(point: Any) -> dict[str, float | None]:

@@ -2,12 +2,13 @@
 engine the load machine drives (load/): vllm-serve and openai-endpoint hand it an HTTP client
 (engines/http_load.HTTPLoad), and nothing here knows which.
 
-In order: a closed-loop concurrency sweep; the open-loop points asked for; the capacity under
-the SLO (load/search.py: bracket, then bisect, each trial an open-loop point judged in steady
-state; then held, load/hold.py); the throughput point (N requests at once). Every point is a
-timed window (energy per point); the headline (the stage's samples, its row in the metrics
-table, the "main" energy) is the hold at the capacity, else the search's trial there, else the
-sweep point at main_concurrency (default: the largest).
+In order: a closed-loop concurrency sweep; the open-loop points asked for; the ceiling (the
+workload's requests all at once: what the server can complete a second); the capacity under the
+SLO (load/find.py: from just under the ceiling down to the precision within a budget of seconds
+of load, each trial an open-loop point judged in steady state; then held); the throughput point
+(N requests at once). Every point is a timed window (energy per point); the headline (the
+stage's samples, its row in the metrics table, the "main" energy) is the hold at the capacity,
+else the search's trial there, else the sweep point at main_concurrency (default: the largest).
 
 Closed-loop points leave out their ramp (each user's first request, sent all at once);
 open-loop points leave out the arrivals of their warm-up. Each point's arrival schedule is
@@ -33,13 +34,13 @@ from llmopt_bench.core.errors import LlmoptError, UsageError
 from llmopt_bench.core.records import RequestSample, SLOPoint, StageFacts
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.engines.client_health import could_not_time
-from llmopt_bench.load.capacity import Ceiling, open_point, trial_of
+from llmopt_bench.load.capacity import Ceiling, open_point, planned_cost, trial_of
 from llmopt_bench.load.engine import LoadEngine, run_plan
-from llmopt_bench.load.hold import search_and_hold
+from llmopt_bench.load.find import find_capacity
 from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.load.point import LoadPoint, PointResult
 from llmopt_bench.load.record import figures, slo_point, slo_verdict
-from llmopt_bench.load.search import Capacity, Search, Trial
+from llmopt_bench.load.search import Capacity, Trial
 from llmopt_bench.load.turns import with_requests
 from llmopt_bench.scenarios.serving_record import ClientTally, LoadRow, Phase, ServingExtra, ServingParams
 from llmopt_bench.scenarios.serving_rows import count_tally, facts_of, main_key, prompt_count, sent_by
@@ -147,8 +148,8 @@ class ServingRun:
         count_tally(self.tally, getattr(self.engine, "tally", None))
         self.examples += [s.error for s in res.samples if not s.ok and s.error and s.error not in self.examples][:KEEP - len(self.examples)]
         if phase != "throughput":
-            self.ceiling.see(res.completion_rps, key)
-            if res.steady is None or res.steady.ok:
+            self.ceiling.see(res.completion_rps, key, res.point.rate)
+            if phase != "ceiling" and (res.steady is None or res.steady.ok):  # all at once: its time in system is the batch's
                 self.in_system = max(self.in_system or 0.0, row.e2e_p50_s or 0.0)
         if res.point.rate is not None and phase != "throughput" and not row.client_untimed:  # recommend judges the server's
             self.slo_points.append(slo_point(res, v, hold=phase == "hold"))
@@ -167,23 +168,35 @@ class ServingRun:
         if self.load.plan.own_schedule:  # a trace: once on its own schedule (its speedup), beside the scaled points
             self.measure("replay", self.load.replay_point(self.p.warmup_s))
 
-    def trial(self, rate: float, phase: Phase = "search") -> Trial:
-        """One open-loop point of the search (or its hold), as the search sees it."""
-        hold = phase == "hold"
-        row, v, res = self.measure(phase, open_point(rate, self.p, self.seed, self.in_system, self.p.hold_s if hold else None))
+    def ceiling_point(self) -> None:
+        """What the server can complete: ceiling_requests of the workload's requests at once, their
+        completions a second over their busy window. The search starts just under the highest
+        completion rate measured (this, the sweep's top)."""
+        if self.p.ceiling_requests:
+            n = self.p.ceiling_requests
+            self.measure("ceiling", LoadPoint(concurrency=n, num_requests=n))
+
+    def trial(self, rate: float, hold_s: float | None = None) -> Trial:
+        """One open-loop point of the search (hold_s None) or a hold of hold_s, as the search sees it."""
+        phase: Phase = "hold" if hold_s else "search"
+        row, v, res = self.measure(phase, open_point(rate, self.p, self.seed, self.in_system, hold_s))
         # a miss under less load than asked is still a miss; only a pass needs the load it asked for;
         # a point the client could not time is neither
         late = row.client_untimed or (client_late(row.queued_at_end, row.requests) if v is not None and v.ok else None)
-        return trial_of(res, v, self.slo, rate, kind="hold" if hold else "probe", invalid=late, error=row.error)
+        return trial_of(res, v, self.slo, rate, kind="hold" if hold_s else "probe", invalid=late, error=row.error)
 
     def search(self) -> Capacity:
-        """The capacity under the SLO, from a start rate the sweep suggests, then held."""
+        """The capacity under the SLO (load/find.py): from just under the ceiling down, within the
+        budget, then held; from search_start_rps instead where it is set, or where nothing was
+        measured to start under."""
         p = self.p
-        best_qps = max((r.qps or 0 for r in self.rows if r.phase == "sweep"), default=0)
-        start = p.search_start_rps or (best_qps / 2 if best_qps else 1.0)
-        search = Search(start, p.search_precision, p.search_min_rps, p.search_max_rps, p.search_max_probes)
-        return search_and_hold(search, self.trial, lambda rate: self.trial(rate, "hold"), hold_s=p.hold_s,
-                               attempts=p.hold_attempts, saturation=self.ceiling)
+        ceiling, how = self.ceiling()
+        start = p.search_start_rps or (None if ceiling else 1.0)
+        return find_capacity(self.trial, ceiling, p.search_budget_s, precision=p.search_precision, hold_s=p.hold_s,
+                             hold_attempts=p.hold_attempts, ceiling_how=how, saturation=self.ceiling,
+                             estimate=lambda rate, hold_s: planned_cost(rate, hold_s, p, self.seed, self.in_system),
+                             start_rate=start, min_rate=p.search_min_rps, max_rate=p.search_max_rps,
+                             max_trials=p.search_max_probes)
 
     def throughput(self) -> None:
         assert self.tp_load is not None
@@ -192,6 +205,8 @@ class ServingRun:
 
     def run(self) -> tuple[list[RequestSample], ServingExtra, StageFacts]:
         self.sweep()
+        if self.p.capacity_search:
+            self.ceiling_point()
         capacity = self.search() if self.p.capacity_search else None
         if self.p.throughput_point and self.tp_load is not None:
             self.throughput()

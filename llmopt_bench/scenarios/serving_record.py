@@ -50,8 +50,8 @@ class PromptCount(StrictModel):
         return self.counted_mean / self.asked_mean - 1 if self.asked_mean else 0.0
 
 
-# replay: a trace on its own schedule
-Phase = Literal["sweep", "point", "replay", "search", "hold", "throughput"]
+# replay: a trace on its own schedule; ceiling: the workload's requests all at once, under which the search starts
+Phase = Literal["sweep", "point", "replay", "ceiling", "search", "hold", "throughput"]
 
 
 class LoadRow(PointRow):

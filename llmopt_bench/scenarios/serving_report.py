@@ -61,7 +61,8 @@ def steady_cell(r: Any) -> str:
 
 
 def capacity_line(c: Capacity, slo: str) -> str:
-    """The capacity with its hold and its saturation check, as the report states it."""
+    """The capacity with its hold, the precision it is known to, how the search got there, and
+    the saturation check, as the report states it."""
     if c.capacity_rps is None:
         return f"Capacity under the SLO {slo}: none; {'; '.join(n.rstrip('.') for n in c.notes)}."
     judged = any(t.detail.get("steady") is not None for t in c.trials)  # runs from before the steady-state rules: none
@@ -69,28 +70,55 @@ def capacity_line(c: Capacity, slo: str) -> str:
     held = (f"**{cap} req/s**, held {c.hold_s:g} s" if c.held and c.hold_s else
             f"**~{cap} req/s, not held**" + (f" (holds of {c.hold_s:g} s)" if c.hold_s else
                                              " (no hold)" if judged else " (a run from before holds)"))
-    hi = f"{num(c.failing_rps)} req/s" if c.failing_rps else "not found (it held at every rate tried)"
     sat = (f" Saturation check: the highest completion rate measured is {num(c.saturation_rps)} req/s ({c.saturation_how})."
            if c.saturation_rps else "")
     probes = [t for t in c.trials if t.kind == "probe"]
     how = "each judged in steady state" if judged else "judged by the SLO alone, before the steady-state rules"
-    return (f"Capacity under the SLO {slo}: {held}; the search's answer is known within [{num(c.passing_rps)}, {hi}] "
-            f"({'converged to' if c.converged else 'not converged to'} {pct(c.precision)}; {len(probes)} trials, "
-            f"bracket then bisect, {how}; {len(c.holds)} holds).{sat} Knee of the latency curve: "
-            f"{num(c.knee_rps) + ' req/s' if c.knee_rps else 'none found'}." + "".join(f" {n.rstrip('.')}." for n in c.notes))
+    knee = f" Knee of the latency curve: {num(c.knee_rps) + ' req/s' if c.knee_rps else 'none found'}."
+    notes = "".join(f" {n.rstrip('.')}." for n in c.notes)
+    if c.spent_s is None:  # a run from before the search from the ceiling down (issue 34)
+        hi = f"{num(c.failing_rps)} req/s" if c.failing_rps else "not found (it held at every rate tried)"
+        return (f"Capacity under the SLO {slo}: {held}; the search's answer is known within [{num(c.passing_rps)}, {hi}] "
+                f"({'converged to' if c.converged else 'not converged to'} {pct(c.precision)}; {len(probes)} trials, "
+                f"bracket then bisect, {how}; {len(c.holds)} holds).{sat}{knee}{notes}")
+    start = (f"from just under the ceiling, {num(c.ceiling_rps)} req/s ({c.ceiling_how or 'the highest completion rate measured'})"
+             if c.ceiling_rps and c.trials and c.trials[0].rate < c.ceiling_rps else
+             f"from {num(c.trials[0].rate)} req/s" if c.trials else "")
+    spent = (f": {c.spent_s:.0f} s of load" + (f" of its {c.budget_s:g} s budget" if c.budget_s else "")
+             if c.spent_s is not None else "")
+    return (f"Capacity under the SLO {slo}: {held}, {precision_words(c)}. The search: {plural(len(probes), 'trial')} {start}, {how}, "
+            f"then {plural(len(c.holds), 'hold')}{spent}.{sat}{knee}{notes}")
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def precision_words(c: Capacity) -> str:
+    """"known within 4.1% ([38.0, 39.6] req/s; 5% asked)", or why there is no upper bound."""
+    asked = f"{c.precision * 100:g}% asked"
+    if c.known_within is None:
+        why = ("it met the SLO at every rate tried" if c.failing_rps is None else
+               "the rates above it measured the client, not the server")
+        return f"known only as a lower bound ({why}; {asked})"
+    ceiling = c.failing_rps is None or (c.upper_rps is not None and c.upper_rps < c.failing_rps)
+    upper = f"{num(c.upper_rps)}: the ceiling" if ceiling else num(c.upper_rps)
+    return f"known within {pct(c.known_within)} ([{num(c.capacity_rps)}, {upper}] req/s; {asked})"
 
 
 def capacity_blocks(x: ServingExtra) -> list[Block]:
     c = x.capacity
     if c is None:
         return [Block(text="Capacity search: not run (capacity_search = false).")]
-    rows = [[i + 1, t.kind, t.rate, num(t.duration_s), "not judged" if t.invalid else "met" if t.ok else "missed",
+    costed = any(t.cost_s is not None for t in c.trials)  # runs from before issue 34 kept no trial's cost
+    rows = [[i + 1, t.kind, t.rate, num(t.duration_s), *([num(t.cost_s)] if costed else []),
+             "not judged" if t.invalid else "met" if t.ok else "missed",
              t.invalid or t.detail.get("reason") or "-", t.detail.get("goodput_rps"), t.detail.get("achieved_rate"),
              t.detail.get("completion_rps"), ms(t.detail.get("send_delay_p99_s")), t.detail.get("backlog_at_end")]
             for i, t in enumerate(c.trials)]
     return [Block(text=capacity_line(c, x.settings.get("slo", "?")),
-                  headers=["trial", "kind", "rate req/s", "window s", "SLO", "why", "goodput req/s", "achieved req/s",
-                           "completed req/s", "send delay p99 ms", "backlog at end"], rows=rows)]
+                  headers=["trial", "kind", "rate req/s", "window s", *(["load s"] if costed else []), "SLO", "why", "goodput req/s",
+                           "achieved req/s", "completed req/s", "send delay p99 ms", "backlog at end"], rows=rows)]
 
 
 def client_block(x: ServingExtra) -> Block:

@@ -102,8 +102,9 @@ def facts_of(rows: list[LoadRow], capacity: Capacity | None, points: list[SLOPoi
     return StageFacts(
         decode_batch=main_c, batch1_tpot_s=one.tpot_p50_s if one else None, batch1_ttft_s=one.ttft_p50_s if one else None,
         saturated_tok_s=sat, saturated_how=how, slo=slo, slo_max_failure_rate=max_failure_rate, slo_capacity_rps=cap,
-        slo_capacity_interval=[capacity.passing_rps, capacity.failing_rps] if capacity else None,
+        slo_capacity_interval=[capacity.passing_rps, capacity.upper_rps or capacity.failing_rps] if capacity else None,
         slo_capacity_converged=capacity.converged if capacity else None,
+        slo_capacity_known_within=capacity.known_within if capacity else None,
         slo_capacity_held=capacity.held if capacity else None, slo_hold_s=capacity.hold_s if capacity else None,
         saturation_rps=capacity.saturation_rps if capacity else None,
         goodput_rps=at_cap.goodput_rps if at_cap else None, knee_rps=capacity.knee_rps if capacity else None,

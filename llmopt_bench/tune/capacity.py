@@ -1,8 +1,8 @@
 """The one place tune meets the capacity search: a server's capacity under the SLO, rung by rung,
 through the serving scenario (scenarios/serving.ServingRun: each trial an open-loop point judged
-in steady state) and the search and hold of load/ (load/search.Search, load/hold.search_and_hold).
-When the search changes (issue 34: from the server's ceiling down), this module changes, and
-nothing else in tune does.
+in steady state) and the search and hold of load/find.py: from just under the server's ceiling
+(the workload's ceiling_requests at once: what it completes a second) down to a precision, then
+held. When the search changes, this module changes, and nothing else in tune does.
 
 A rung continues the search of the rung before: the search's state is its trials, so the short
 rung's points count in the precise one, and the hold starts from the precise rung's answer."""
@@ -14,8 +14,9 @@ from typing import Any
 
 from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.records import RequestSample, StageFacts
+from llmopt_bench.load.budget import LoadBudget
 from llmopt_bench.load.engine import LoadEngine
-from llmopt_bench.load.hold import search_and_hold
+from llmopt_bench.load.find import hold, narrow
 from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.load.search import Capacity, Search
 from llmopt_bench.scenarios.serving import ServingRun, closed_point
@@ -32,6 +33,7 @@ class ServerCapacity:
         self.run = run
         self.search: Search | None = None
         self.capacity: Capacity | None = None
+        self.start_rps: float | None = None  # where the search starts when no ceiling was measured
 
     @classmethod
     def serving(cls, engine: LoadEngine, target: dict[str, Any], params: ServingParams, load: PlanLoad, ctx: StageContext,
@@ -39,23 +41,29 @@ class ServerCapacity:
         """The serving scenario's points on `engine` (an HTTP client of the trial's server)."""
         return cls(ServingRun(engine, target, params, load, None, ctx, seed))
 
-    def start_rate(self, known_rps: float | None, concurrency: int) -> float:
-        """Where the search starts: a capacity already known (another configuration's), else half
-        what a closed loop at `concurrency` completes a second."""
+    def start(self, known_rps: float | None, concurrency: int) -> None:
+        """Where the search starts: just under the server's ceiling (ceiling_requests of the
+        workload at once); where the load asks for no ceiling point, at a capacity already known
+        (another configuration's), else at half what a closed loop at `concurrency` completes a second."""
+        self.run.ceiling_point()
+        if self.run.ceiling()[0] is not None:
+            return
         if known_rps:
-            return known_rps
+            self.start_rps = known_rps
+            return
         row, _, _ = self.run.measure("sweep", closed_point(concurrency, max(self.run.p.requests_per_point, concurrency)))
-        return (row.qps or 2.0) / 2
+        self.start_rps = (row.qps or 2.0) / 2
 
-    def narrow(self, name: RungName, start_rps: float, precision: float, point_s: float, probes: int) -> Rung:
+    def narrow(self, name: RungName, precision: float, point_s: float, probes: int) -> Rung:
         """The capacity to `precision`, with points of at least point_s, in at most `probes` more points."""
         t0 = time.monotonic()
-        self.run.p = self.run.p.model_copy(update={"min_point_s": point_s, "search_precision": precision})
+        self.run.p = p = self.run.p.model_copy(update={"min_point_s": point_s, "search_precision": precision})
         before = list(self.search.trials) if self.search else []
-        p = self.run.p
-        self.search = Search(start_rps, precision, p.search_min_rps, p.search_max_rps, max(2, len(before) + probes))
-        self.search.trials = list(before)
-        self.search.run(self.run.trial)
+        ceiling, how = self.run.ceiling()
+        self.search = Search(ceiling, precision, start_rate=None if ceiling else self.start_rps, min_rate=p.search_min_rps,
+                             max_rate=p.search_max_rps, ceiling_how=how, saturation=self.run.ceiling)
+        self.search.trials = before
+        narrow(self.search, self.run.trial, LoadBudget(None, max_trials=probes))
         self.capacity = self.search.result()
         return self._rung(name, self.capacity, precision, len(self.search.trials) - len(before), time.monotonic() - t0)
 
@@ -64,8 +72,7 @@ class ServerCapacity:
         assert self.search is not None
         t0, before = time.monotonic(), len(self.search.trials)
         self.run.p = self.run.p.model_copy(update={"hold_s": hold_s, "hold_attempts": attempts})
-        self.capacity = search_and_hold(self.search, self.run.trial, lambda rate: self.run.trial(rate, "hold"), hold_s=hold_s,
-                                        attempts=attempts, saturation=self.run.ceiling)
+        self.capacity = hold(self.search, self.run.trial, LoadBudget(None), hold_s, attempts)
         rung = self._rung("held", self.capacity, self.search.precision, len(self.search.trials) - before, time.monotonic() - t0)
         rung.held, rung.hold_s = self.capacity.held, hold_s
         return rung

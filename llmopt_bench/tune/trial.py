@@ -212,9 +212,9 @@ def passes(shared: Shared, rec: TrialRecord, measured: QualityRecord) -> bool:
 def climb(shared: Shared, rec: TrialRecord, cap: Any, steer: Steer, confirm: Callable[[float], Confirmation]) -> bool:
     """The rungs, as long as the tuner lets this configuration go on; True when it climbed them all."""
     s = shared.space.search
-    start = cap.start_rate(steer.start_rps(), s.start_concurrency)
-    rungs = [("short", lambda: cap.narrow("short", start, s.short_precision, s.short_point_s, s.short_probes)),
-             ("precise", lambda: cap.narrow("precise", start, s.precision, s.point_s, s.probes)),
+    cap.start(steer.start_rps(), s.start_concurrency)
+    rungs = [("short", lambda: cap.narrow("short", s.short_precision, s.short_point_s, s.short_probes)),
+             ("precise", lambda: cap.narrow("precise", s.precision, s.point_s, s.probes)),
              ("held", lambda: cap.hold(shared.hold_s, shared.load.hold_attempts))]
     for i, (name, run) in enumerate(rungs):
         if i and not steer.fits(f"trial {rec.number}'s {name} rung", steer.rung_s(name)):
@@ -250,7 +250,7 @@ def estimate(shared: Shared, rung: str) -> float:
         return s.short_probes * per_point(s.short_point_s)
     if rung == "precise":
         return s.probes * per_point(s.point_s)
-    return p.hold_attempts * (shared.hold_s + p.warmup_s + 10)
+    return (p.hold_attempts or 2) * (shared.hold_s + p.warmup_s + 10)  # no cap: a hold and one below it, most often
 
 
 def tokenizer(path: str) -> Any:

@@ -28,6 +28,7 @@ SLO = "ttft_p90=1s,tpot_p90=100ms"
 NEW_TOKENS = 12
 SWEEP = [1, 2, 4]
 HOLD_S = 4.0
+BUDGET_S = 40.0
 
 JOURNEY = f"""
 [[stage]]
@@ -41,8 +42,8 @@ params = {{ dtype = "float32" }}
 [[stage]]
 name = "vllm-serve"
 params = {{ dtype = "float32", concurrency = {SWEEP}, requests_per_point = 6, warmup_s = 0.5, min_point_s = 2.0, \
-max_point_s = 8.0, slo = "{SLO}", search_precision = 0.25, search_max_probes = 5, hold_s = {HOLD_S}, throughput_requests = 8, \
-throughput_input_len = 16, throughput_output_len = 8, api_key_env = "{KEY_ENV}" }}
+max_point_s = 8.0, slo = "{SLO}", search_precision = 0.25, search_budget_s = {BUDGET_S}, hold_s = {HOLD_S}, \
+ceiling_requests = 16, throughput_requests = 8, throughput_input_len = 16, throughput_output_len = 8, api_key_env = "{KEY_ENV}" }}
 """
 
 
@@ -106,16 +107,20 @@ def test_the_stage_sends_text_of_the_asked_length_and_reads_the_server_s_clock_p
     assert "Server clock (vllm /metrics" in text and "requests at the asked length" in text
 
 
-def test_the_capacity_search_bracketed_then_bisected_then_held(served_run):
+
+def test_the_capacity_search_went_from_the_ceiling_down_then_held(served_run):
     s = serve(served_run)
     cap, f = s["extra"]["capacity"], s["facts"]
     trials = cap["trials"]
     probes, holds = [t for t in trials if t["kind"] == "probe"], [t for t in trials if t["kind"] == "hold"]
     rows = {phase: [r for r in s["extra"]["curve"] if r["phase"] == phase] for phase in ("search", "hold")}
-    assert [p["rate"] for p in probes] == [r["rate_rps"] for r in rows["search"]] and 1 <= len(probes) <= 5
+    assert [p["rate"] for p in probes] == [r["rate_rps"] for r in rows["search"]] and len(probes) >= 1
     assert [p["ok"] for p in probes] == [r["slo_ok"] for r in rows["search"]]
-    assert [h["rate"] for h in holds] == [r["rate_rps"] for r in rows["hold"]] and len(holds) <= 2
+    assert [h["rate"] for h in holds] == [r["rate_rps"] for r in rows["hold"]]
     assert all(r["window_s"] == pytest.approx(HOLD_S) for r in rows["hold"])
+    # the budget: seconds of load, each trial and hold charged; only the first of each may overrun it
+    assert cap["budget_s"] == BUDGET_S and cap["spent_s"] == pytest.approx(sum(t["cost_s"] for t in trials), abs=1e-3)
+    assert cap["spent_s"] <= BUDGET_S or len(probes) == 1 or len(holds) <= 1
     # a pass whose client fell behind is not judged (its server saw less load than asked), nor a
     # point the client could not time (engines/client_health.py)
     late = [bool(r.get("client_untimed") or (r["slo_ok"] and client_late(r["queued_at_end"], r["requests"])))
@@ -125,27 +130,36 @@ def test_the_capacity_search_bracketed_then_bisected_then_held(served_run):
     for r in rows["search"] + rows["hold"]:
         if r["steady"] is False:
             assert r["slo_ok"] is False and r["slo_reason"].startswith("not steady: ")
-    # the search's answer: the highest pass below every failure (a failed hold's too) and every untrusted trial
-    top = min([t["rate"] for t in trials if not t["ok"] and not t.get("invalid")] +
+    # the search's answer: the highest pass below every failure (a failed hold's, a pass above the
+    # highest completion rate measured) and every untrusted trial
+    sat = cap["saturation_rps"]
+    top = min([t["rate"] for t in trials if not t.get("invalid") and (not t["ok"] or t["rate"] > sat)] +
               [t["rate"] for t in trials if t.get("invalid")], default=None)
     passed = [t["rate"] for t in trials if t["ok"] and not t.get("invalid") and (top is None or t["rate"] < top)]
     assert cap.get("passing_rps") == (max(passed) if passed else None)
-    assert f["slo_capacity_interval"] == [cap.get("passing_rps"), cap.get("failing_rps")]  # a None end is left out
+    assert f["slo_capacity_interval"] == [cap.get("passing_rps"), cap.get("upper_rps") or cap.get("failing_rps")]
     # the capacity: the highest hold that met the SLO, held; never above the highest completion rate measured
     held = [h["rate"] for h in holds if h["ok"] and not h.get("invalid")]
     if held:
         assert f["slo_capacity_rps"] == cap["capacity_rps"] == max(held) and cap["held"] is f["slo_capacity_held"] is True
     else:
         assert not cap.get("held") and not f.get("slo_capacity_held")
+    curve = s["extra"]["curve"]
     if f.get("slo_capacity_rps") is not None:
-        assert f["slo_capacity_rps"] <= f["saturation_rps"] == cap["saturation_rps"]
-        completions = [r.get("completion_rps") or r.get("qps") or 0 for r in s["extra"]["curve"] if r["phase"] != "throughput"]
+        assert f["slo_capacity_rps"] <= f["saturation_rps"] == sat
+        # what each point completed a second, an open loop's counted up to the rate it offered
+        completions = [min(r.get("completion_rps") or r.get("qps") or 0, r.get("rate_rps") or float("inf"))
+                       for r in curve if r["phase"] != "throughput"]
         assert f["saturation_rps"] == pytest.approx(max(completions))
+        assert f.get("slo_capacity_known_within") == cap.get("known_within")
     assert f["slo_hold_s"] == HOLD_S
-    # the first trial: half the sweep's best completion rate
-    best = max(r["qps"] for r in s["extra"]["curve"] if r["phase"] == "sweep")
-    assert probes[0]["rate"] == pytest.approx(best / 2)
-    in_order = [r for r in s["extra"]["curve"] if r["phase"] in ("search", "hold")]  # as the trials ran
+    # the ceiling (16 requests at once) measured before the search, the first trial just under the
+    # highest completion rate measured by then
+    ceiling = next(r for r in curve if r["phase"] == "ceiling")
+    assert ceiling["concurrency"] == ceiling["requests"] == 16 and curve.index(ceiling) < curve.index(rows["search"][0])
+    before = max(r["qps"] for r in curve[:curve.index(ceiling) + 1] if r["phase"] in ("sweep", "ceiling"))
+    assert cap["ceiling_rps"] == pytest.approx(before) and probes[0]["rate"] == pytest.approx(before / 1.25)
+    in_order = [r for r in curve if r["phase"] in ("search", "hold")]  # as the trials ran
     timed = [t for t, r in zip(trials, in_order) if not r.get("client_untimed")]
     assert f["slo"] == SLO and len(f["slo_points"]) == len(timed)  # recommend judges only points the client timed
     assert [p.get("hold", False) for p in f["slo_points"]] == [t["kind"] == "hold" for t in timed]

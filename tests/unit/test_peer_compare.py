@@ -54,3 +54,74 @@ def test_vllm_s_random_dataset_as_a_user_runs_it():
     assert "--dataset-path" not in args and "--custom-output-len" not in args
     inf = peer.bench_serve_random_command("http://h:1", "m", 450, 100, 64, concurrency=1)
     assert inf[inf.index("--request-rate") + 1] == "inf" and inf[inf.index("--max-concurrency") + 1] == "1"
+
+
+def test_vllm_s_per_request_results_are_judged_by_llmopt_s_slo_code():
+    """`--save-detailed` keeps each request's start, TTFT, inter-token gaps and latency: as
+    llmopt's requests they give the p99s vLLM's own summary gives (the same definitions: TPOT
+    = (latency - TTFT) / (tokens - 1), numpy's linear percentile), and a failed one counts."""
+    import random
+
+    from llmopt_bench.analysis.slo import judge, parse_slo
+
+    rng = random.Random(4)
+    n, out = 200, 10
+    ttfts = [rng.uniform(0.02, 0.3) for _ in range(n)]
+    itls = [[rng.uniform(0.005, 0.03) for _ in range(out - 1)] for _ in range(n)]
+    result = {"start_times": [i * 0.05 for i in range(n)], "ttfts": ttfts, "itls": itls,
+              "latencies": [t + sum(g) for t, g in zip(ttfts, itls)], "output_lens": [out] * n, "input_lens": [450] * n,
+              "errors": [""] * (n - 1) + ["timeout"]}
+    samples = peer.vllm_samples(result)
+    assert [s.ok for s in samples].count(False) == 1 and samples[-1].error == "timeout"
+    s0 = samples[0]
+    assert (s0.t_first - s0.t_submit, s0.t_done - s0.t_submit) == (ttfts[0], result["latencies"][0])
+    assert len(s0.token_times) == out and s0.token_times[-1] == pytest.approx(s0.t_done)
+    v = judge(parse_slo("ttft_p99=250ms,tpot_p99=20ms"), samples, 10.0, max_failure_rate=0.01)
+    want_ttft = sorted(ttfts[:-1])
+    pos = (len(want_ttft) - 1) * 0.99
+    p99 = want_ttft[int(pos)] + (want_ttft[int(pos) + 1] - want_ttft[int(pos)]) * (pos - int(pos))
+    got = {t.target: t.value_s for t in v.targets}
+    assert got["ttft_p99"] == pytest.approx(p99) and v.failed == 1 and v.requests == n
+    assert v.ok == (p99 <= 0.25 and got["tpot_p99"] <= 0.02)
+
+
+def vllm_run(rate: float, seconds: float, served_rps: float) -> dict:
+    """vLLM's client sending rate a second for `seconds` to a server that answers served_rps a
+    second, first come first served, each in 0.5 s at least (10 tokens)."""
+    n = int(rate * seconds)
+    starts = [i / rate for i in range(n)]
+    done, free = [], 0.0
+    for t in starts:
+        free = max(free, t) + 1 / served_rps
+        done.append(max(free, t + 0.5))
+    return {"start_times": starts, "ttfts": [d - t - 0.09 for t, d in zip(starts, done)], "itls": [[0.01] * 9] * n,
+            "latencies": [d - t for t, d in zip(starts, done)], "output_lens": [10] * n, "input_lens": [450] * n,
+            "errors": [""] * n}
+
+
+def test_vllm_s_run_at_a_rate_is_judged_steady_or_not_by_llmopt_s_rules():
+    from llmopt_bench.analysis.slo import parse_slo
+    from llmopt_bench.load.record import slo_verdict
+
+    loose = parse_slo("ttft_p99=60s,tpot_p99=1s")
+    keeps_up = peer.vllm_point(vllm_run(20.0, 30.0, 25.0), 20.0, warmup_s=2.0)
+    falls_behind = peer.vllm_point(vllm_run(20.0, 30.0, 17.0), 20.0, warmup_s=2.0)
+    assert keeps_up.steady.ok and slo_verdict(loose, keeps_up, 0.01).ok
+    assert keeps_up.warmup_excluded == 40 and keeps_up.sent == 560 and keeps_up.achieved_rate == pytest.approx(20.0, rel=0.01)
+    v = slo_verdict(loose, falls_behind, 0.01)  # every request met the loose SLO: the steady state says no
+    assert falls_behind.steady.ok is False and not v.ok and v.reason.startswith("not steady: ")
+    assert falls_behind.steady.completion_rps == pytest.approx(17.0, rel=0.05)
+
+
+def test_a_slimmed_vllm_result_is_judged_as_the_full_one():
+    """Committed copies drop the inter-token gaps (megabytes a run): TTFT, TPOT, E2E and the
+    steady state come out the same."""
+    from llmopt_bench.analysis.slo import parse_slo
+    from llmopt_bench.load.record import slo_verdict
+
+    full = vllm_run(20.0, 30.0, 17.0)
+    slim = {k: v for k, v in full.items() if k != "itls"}
+    slo = parse_slo("ttft_p99=3s,tpot_p99=20ms")
+    a, b = (slo_verdict(slo, peer.vllm_point(r, 20.0, warmup_s=2.0), 0.01) for r in (full, slim))
+    assert (a.ok, a.reason, [t.value_s for t in a.targets]) == (b.ok, b.reason, [t.value_s for t in b.targets])
+    assert a.reason and "ttft_p99" in a.reason

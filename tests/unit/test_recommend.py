@@ -72,8 +72,9 @@ def test_a_held_capacity_outranks_a_higher_one_that_was_not_held():
     assert [rec.winner.name, rec.runner_up.name] == ["held", "short"]
     assert rec.winner.held is True and rec.runner_up.held is None
     text = "\n".join(lines(rec))
-    assert "it carries 3.00 req/s (within [3.00" in text
-    assert "Capacity: held 3.00 req/s (within [3.00, 4.00]), short ~5.00 req/s, not held (within [5.00, 6.00])" in text
+    assert "it carries 3.00 req/s, known within 33.3% ([3.00, 4.00])" in text
+    assert ("Capacity: held 3.00 req/s, known within 33.3% ([3.00, 4.00]), short ~5.00 req/s, not held, known within 20.0% "
+            "([5.00, 6.00])") in text
     assert any(c.startswith("short's capacity was not held (~5.00 req/s from short trials)") for c in rec.caveats)
 
 

@@ -2,8 +2,8 @@
 a known number (a load point at rate r meets the SLO exactly when r <= it), so the answer is
 known and the search can be judged against it. Everything above the server is the real code:
 the Tuner (budget, stop rules, resume, winner, ratio), the Optuna study (sampler, successive
-halving), the rungs (tune/trial.climb), the capacity adapter and the bracket-and-bisect search
-with its hold (tune/capacity.ServerCapacity over load/search.py and load/hold.py). The time is a
+halving), the rungs (tune/trial.climb), the capacity adapter and the search from the server's ceiling
+down with its hold (tune/capacity.ServerCapacity over load/find.py). The time is a
 constructed clock: a server start costs START_S, a load point its length, so the budget is exact."""
 
 from __future__ import annotations
@@ -54,16 +54,22 @@ class FakeRun:
     def __init__(self, true_rps: float, params: ServingParams, clock: Clock):
         self.true, self.p, self.clock = true_rps, params, clock
         self.rows: list = []
-        self.ceiling = lambda: (None, None)
+        self.seen: tuple[float | None, str | None] = (None, None)
+        self.ceiling = lambda: self.seen
         self.points: list[float] = []
 
-    def measure(self, phase, point):  # the first trial's start point: a closed loop completes 2x the capacity
+    def ceiling_point(self) -> None:  # all at once, the server completes 1.2x its capacity under the SLO
+        if self.p.ceiling_requests:
+            self.clock.t += 10
+            self.seen = (1.2 * self.true, f"{self.p.ceiling_requests} at once")
+
+    def measure(self, phase, point):  # no ceiling point: the start rate's closed loop completes 2x the capacity
         self.clock.t += 10
         return SimpleNamespace(qps=2 * self.true), None, None
 
-    def trial(self, rate: float, phase: str = "search") -> Trial:
+    def trial(self, rate: float, hold_s: float | None = None) -> Trial:
         self.points.append(rate)
-        hold = phase == "hold"
+        hold = bool(hold_s)
         self.clock.t += (self.p.hold_s if hold else self.p.min_point_s) + self.p.warmup_s
         return Trial(rate=rate, ok=rate <= self.true, latency_s=rate / self.true, kind="hold" if hold else "probe")
 
