@@ -194,7 +194,7 @@ class TrendPoint:
     change: float | None = None  # vs the previous comparable run of this stage
     ci: tuple[float, float] | None = None
     verdict: str = ""  # regressed | improved | unchanged | inconclusive | not comparable | first | -
-    method: str = ""  # bootstrap-repeats | history | single value | relative change | ...
+    method: str = ""  # repeats | history | single value | relative change | ...
 
 
 def trend(db: Path, metric: str = "tpot_p50", stage: str | None = None, thresholds: dict[str, float] | None = None,

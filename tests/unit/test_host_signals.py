@@ -1,0 +1,80 @@
+"""The host seen where it is (analysis/host_signals.py, issue 33): each signal the repeats record
+against its range in the other run, in the direction of a busier host, and what compare does
+with a moved host: a verdict the host explains is "inconclusive (host)", exit 8, whichever run's
+host was the busier; what the host cannot explain stands. The conditions are the issue's own
+figures (CPU share 1.99 -> 1.00, preemptions 74-116 -> 812-1607 a repeat), set on the committed
+H200 run's real repeats; the real neighbour is tests/integration/test_host_noise.py."""
+
+from __future__ import annotations
+
+import copy
+
+from gatekit import BASELINE, load, only_stages, repeats_run
+
+from llmopt_bench.analysis import host_signals as HS
+from llmopt_bench.analysis import host_verdict as HV
+from llmopt_bench.analysis.compare import compare_runs
+from llmopt_bench.cli.compare import to_markdown
+from llmopt_bench.core.results import RunResult
+
+QUIET = [dict(cpu_share=s, involuntary_switches=n, load1=1.2, cpus=2, wall_s=w, steal_s=0.0)
+         for s, n, w in ((1.99, 74, 0.92), (1.98, 116, 0.95), (1.99, 90, 0.93))]
+BUSY = [dict(cpu_share=s, involuntary_switches=n, load1=3.1, cpus=2, wall_s=w, steal_s=0.0)
+        for s, n, w in ((1.00, 812, 2.9), (1.02, 1607, 3.1), (0.99, 1200, 3.0))]
+SLOWER_BUILD = [dict(c, cpu_share=1.87, wall_s=c["wall_s"] * 1.2) for c in QUIET]  # 20% slower, its extra work on one thread
+
+
+def test_a_busy_neighbour_moves_share_preemptions_and_load():
+    moved = {m.signal: m for m in HS.moved(QUIET, BUSY)}
+    assert set(moved) == {"cpu_share", "preemptions", "load1"} and all(m.busier == "new" for m in moved.values())
+    assert moved["cpu_share"].text() == "CPU share 1.98-1.99 -> 0.99-1.02 (the new run's host busier)"
+    assert moved["preemptions"].text().startswith("preempted 80.4-122 -> 280-518 a second")
+    assert {m.signal for m in HS.moved(BUSY, QUIET)} == set(moved) and all(m.busier == "baseline" for m in HS.moved(BUSY, QUIET))
+
+
+def test_what_a_slower_build_does_to_them_is_no_host_move():
+    assert HS.moved(QUIET, SLOWER_BUILD) == [] and HS.moved(QUIET, QUIET) == []
+    assert HS.moved(QUIET, []) == [] and HS.moved(None, BUSY) == []  # a run that did not record them
+
+
+def test_counts_a_repeat_where_a_run_lacks_the_wall_time():
+    old = [{k: v for k, v in c.items() if k != "wall_s"} for c in QUIET]  # recorded before wall_s
+    moved = {m.signal: m for m in HS.moved(old, BUSY)}
+    assert moved["preemptions"].unit == "a repeat" and moved["preemptions"].new == (812, 1607)
+
+
+def pair(factor: float, base_cond: list[dict], new_cond: list[dict]) -> tuple[RunResult, RunResult]:
+    """vllm (GPU-bound: the index does not weigh it) from the committed baseline, the new run's
+    repeats slowed as a whole by factor, each side's repeats recording the given conditions."""
+    base = only_stages(load(BASELINE), ["vllm"])
+    new = repeats_run(base, [0, 1, 2], factor=factor)
+    for raw, cond in ((base, base_cond), (new, new_cond)):
+        raw["stages"][0]["extra"]["conditions"] = copy.deepcopy(cond)
+    return RunResult.model_validate(base), RunResult.model_validate(new)
+
+
+def verdict(cmp, metric="tpot_p50") -> str:
+    return next(d.verdict for s in cmp.stages for d in s.metrics if d.metric == metric)
+
+
+def test_a_slowdown_beside_a_busy_neighbour_is_the_hosts_not_a_regression():
+    cmp = compare_runs(*pair(1.3, QUIET, BUSY))
+    assert verdict(cmp) == HV.HOST_INCONCLUSIVE and cmp.regressions == []
+    d = next(d for s in cmp.stages for d in s.metrics if d.metric == "tpot_p50")
+    assert d.raw_verdict == "regressed"
+    md = to_markdown(cmp)
+    assert "Host of vllm moved: CPU share 1.98-1.99 -> 0.99-1.02 (the new run's host busier); preempted" in md
+    assert verdict(cmp, "peak_memory") == "unchanged"  # memory is not the host's to explain
+
+
+def test_on_the_same_host_the_slowdown_regresses_and_on_a_quieter_one_it_still_does():
+    assert verdict(compare_runs(*pair(1.3, QUIET, QUIET))) == "regressed"
+    assert verdict(compare_runs(*pair(1.3, QUIET, SLOWER_BUILD))) == "regressed"  # a slower build's own figures
+    assert verdict(compare_runs(*pair(1.3, BUSY, QUIET))) == "regressed"  # slower on a quieter host: the build's
+
+
+def test_a_busy_baseline_cannot_vouch_for_an_unchanged_run():
+    """The baseline ran beside a neighbour: an unchanged (or better) new run may hide a regression."""
+    cmp = compare_runs(*pair(1.0, BUSY, QUIET))
+    assert verdict(cmp) == HV.HOST_INCONCLUSIVE and "(the baseline's host busier)" in to_markdown(cmp)
+    assert verdict(compare_runs(*pair(1.0, QUIET, BUSY))) == "unchanged"  # no worse on a busier host: stands
