@@ -102,14 +102,19 @@ class StoppingRule:
 
     def add(self, samples: Sequence[RequestSample]) -> bool:
         """Record one repeat; True when measuring should stop."""
+        return self.add_figures({m: repeat_value(samples, m) for m in self.record.watched}, window_s(samples))
+
+    def add_figures(self, figures: dict[str, float | None], seconds: float) -> bool:
+        """Record one repeat's watched figures and its time (what add() reads from its samples;
+        scripts/calibrate-gate.py replays recorded runs through it); True when measuring should stop."""
         rec = self.record
         for m, values in rec.watched.items():
-            values.append(repeat_value(samples, m))
+            values.append(figures.get(m))
             rec.halfwidths_pct[m] = halfwidth_pct(values)
         rec.per_repeat = list(rec.watched[rec.metric])
         rec.halfwidth_pct = rec.halfwidths_pct[rec.metric]
         rec.repeats_run += 1
-        rec.seconds = round(rec.seconds + window_s(samples), 3)
+        rec.seconds = round(rec.seconds + seconds, 3)
         if rec.repeats_run < rec.min_repeats:
             return False
         widths = list(rec.halfwidths_pct.values())
