@@ -76,6 +76,16 @@ def parse_gate(specs: Sequence[str] | None) -> list[str]:
     return list(METRICS) if "all" in names else list(dict.fromkeys(metric_key(n) for n in names))
 
 
+def parse_watch(specs: Sequence[str] | None) -> set[tuple[str, str]]:
+    """--watch flash-attn:tpot,vllm-attn (repeatable) -> {(stage, metric key or "*")}: gated metrics
+    of those stages that are only watched (their inconclusive verdict is reported, does not fail)."""
+    out = set()
+    for part in (p.strip() for spec in specs or [] for p in spec.split(",") if p.strip()):
+        stage, _, metric = part.partition(":")
+        out.add((stage, metric_key(metric) if metric else "*"))
+    return out
+
+
 def parse_percent(text: str) -> float:
     """'5%' or '5' -> 0.05 (a plain number is a percentage too)."""
     t = text.strip().rstrip("%").strip()
@@ -240,7 +250,7 @@ class StageDelta:
 def compare_stage(base: StageResult | None, new: StageResult | None, thresholds: dict[str, float] | None = None,
                   resamples: int = 2000, confidence: float = 0.95, seed: int = 0,
                   history: Sequence[RunResult] = (), gate: Collection[str] = GATED,
-                  host_bound: bool | None = False) -> StageDelta:
+                  host_bound: bool | None = False, watch: Collection[tuple[str, str]] = ()) -> StageDelta:
     if base is None or new is None:
         only = new if base is None else base
         assert only is not None, "compare_stage takes a stage of either run"
@@ -258,7 +268,7 @@ def compare_stage(base: StageResult | None, new: StageResult | None, thresholds:
     out.metrics = [compare_metric(k, base, new, threshold_for(k, thresholds, host_bound), resamples, confidence, seed,
                                   fingerprint_values(history, base, k)) for k in METRICS]
     for d in out.metrics:
-        d.gated = d.metric in gate
+        d.gated = d.metric in gate and not {(base.name, d.metric), (base.name, "*")} & set(watch)
     return out
 
 
@@ -281,6 +291,7 @@ class Comparison:
     host_rule: str = host_verdict.DEFAULT_RULE  # how a host-bound stage's verdict weighs the host
     gate: list[str] = field(default_factory=lambda: list(GATED))  # the metrics whose inconclusive verdict fails
     pass_inconclusive: bool = False  # --pass-inconclusive: an unsettled gated metric passes (the gate before issue 33)
+    watched: list[str] = field(default_factory=list)  # --watch: "stage:metric" (or "stage") only watched
     accepted_drift: dict[str, str] = field(default_factory=dict)  # stage -> its declared params drift, accepted (--drift)
 
     @property
@@ -324,12 +335,13 @@ def compare_runs(base: RunResult, new: RunResult, thresholds: dict[str, float] |
                  resamples: int = 2000, confidence: float = 0.95, seed: int = 0, history: Sequence[RunResult] = (),
                  allowed: Collection[str] = frozenset(), host_rule: str = host_verdict.DEFAULT_RULE,
                  gate: Collection[str] = GATED, pass_inconclusive: bool = False,
-                 drift: Mapping[str, Drift] | None = None) -> Comparison:
+                 drift: Mapping[str, Drift] | None = None, watch: Collection[tuple[str, str]] = ()) -> Comparison:
     """`history`: earlier runs of the same device, model and workload (history.fingerprint_runs),
     the new run not among them; `allowed`: stages (or "run", "all") whose absence is accepted;
     `host_rule`: how a host-bound stage's verdict weighs the host (host_verdict.RULES); `gate`:
-    the metrics an inconclusive verdict fails (judge.GATED); `drift`: the baseline's declared
-    params drift by stage (baseline_drift.declared_for), accepted as no gap."""
+    the metrics an inconclusive verdict fails (judge.GATED), less the (stage, metric) pairs in
+    `watch`; `drift`: the baseline's declared params drift by stage (baseline_drift.declared_for),
+    accepted as no gap."""
     if not (0.5 <= confidence < 1):
         raise UsageError(f"confidence {confidence}: out of range", "use a level between 0.5 and 0.999, e.g. 0.95")
     if resamples < 100:
@@ -341,8 +353,8 @@ def compare_runs(base: RunResult, new: RunResult, thresholds: dict[str, float] |
     names = [s.name for s in base.stages] + [s.name for s in new.stages if base.stage(s.name) is None]
     pairs = [(base.stage(n), new.stage(n)) for n in names]
     bounds = [host_verdict.boundness(b, n, base, new) if b is not None and n is not None else None for b, n in pairs]
-    stages = [compare_stage(b, n, thresholds, resamples, confidence, seed, history, gate, bound.host_bound if bound else False)
-              for (b, n), bound in zip(pairs, bounds)]
+    stages = [compare_stage(b, n, thresholds, resamples, confidence, seed, history, gate, bound.host_bound if bound else False,
+                            watch) for (b, n), bound in zip(pairs, bounds)]
     both = [(s, b, n, bound) for s, (b, n), bound in zip(stages, pairs, bounds) if b is not None and n is not None]
     for s, b, n, bound in both:
         if s.state == "compared" and bound is not None:
@@ -356,4 +368,5 @@ def compare_runs(base: RunResult, new: RunResult, thresholds: dict[str, float] |
                       if s.state == "not comparable" and drift and s.stage in drift and not any(g.stage == s.stage for g in found)}
     return Comparison(run_summary(base), run_summary(new), stages, accepted, resamples, confidence, seed, effective,
                       [g.text for g in found], sorted(allowed), len(history), conditions, found, host_rule,
-                      [k for k in METRICS if k in gate], pass_inconclusive, accepted_drift)
+                      gate=[k for k in METRICS if k in gate], pass_inconclusive=pass_inconclusive,
+                      watched=sorted(f"{st}:{m}" if m != "*" else st for st, m in watch), accepted_drift=accepted_drift)

@@ -54,6 +54,7 @@ def _header(cmp) -> list[str]:
               "regresses only when the whole interval lies beyond its threshold, is unchanged only when it lies wholly "
               "within it, and is inconclusive otherwise; *detectable*: the smallest slowdown this pair catches 80% of "
               f"the time; gated (inconclusive fails): {', '.join(cmp.gate) or 'none'}"
+              + (f", except the watched {', '.join(cmp.watched)}" if cmp.watched else "")
               + (" (inconclusive passed: --pass-inconclusive)" if cmp.pass_inconclusive else ""))]
     if cmp.history_runs:
         lines.append(f"- baseline noise from the history: {cmp.history_runs} earlier run(s) of this device, model and workload")
@@ -246,6 +247,7 @@ def compare_cmd(
     seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap."),
     drift: Optional[Path] = typer.Option(None, "--drift", help="A baselines' drift file (results/baselines/drift.toml): the params it declares for this baseline's stages are accepted as no gap (those stages are not compared); any other difference still exits 6."),
     gate: Optional[List[str]] = typer.Option(None, "--gate", help="Metrics whose inconclusive verdict fails the comparison (exit 9), comma-separated or repeated: tpot, e2e, tok_s, memory (the default), ttft, load, or all. The others are watched: their regression still exits 5."),
+    watch: Optional[List[str]] = typer.Option(None, "--watch", help="Stages or STAGE:METRIC pairs (comma-separated or repeated) whose gated metrics are only watched: judged and reported, a regression still exits 5, an inconclusive verdict does not fail (e.g. flash-attn:tpot, a sweep whose eager decode its own 3 repeats cannot settle)."),
     pass_inconclusive: bool = typer.Option(False, "--pass-inconclusive", help="Let a gated metric whose interval reaches across its threshold pass (exit 0), as the gate did before: a comparison then passes without the evidence that nothing changed."),
     host_rule: str = typer.Option("attribute", "--host-rule", help="How a host-bound stage's verdict weighs the host-speed index: attribute (the raw verdict; a change the hosts' speed explains, or hides, is inconclusive (host)) or normalise (judged as if on the baseline's host). docs/regression.md"),
 ) -> None:
@@ -262,6 +264,7 @@ def compare_cmd(
         parse_allowed,
         parse_gate,
         parse_thresholds,
+        parse_watch,
     )
     from llmopt_bench.analysis.completeness import check_allowed, gap_fix
     from llmopt_bench.core.results import load_run
@@ -279,7 +282,7 @@ def compare_cmd(
     history = [] if no_history else fingerprint_runs(db or default_db(), base_run, new_run)
     cmp = compare_runs(base_run, new_run, thresholds, force=force, resamples=resamples, confidence=confidence,
                        seed=seed, history=history, allowed=allowed, host_rule=host_rule, gate=gated,
-                       pass_inconclusive=pass_inconclusive, drift=declared)
+                       pass_inconclusive=pass_inconclusive, drift=declared, watch=parse_watch(watch))
     text = json.dumps(cmp.to_dict(), indent=1) + "\n" if fmt == "json" else to_markdown(cmp)
     if fmt == "table":
         print_terminal(cmp)
