@@ -8,7 +8,7 @@ their numbers measure other settings), never a crash or another param of theirs.
 
     [[drift]]
     baseline = "nvidia-h200-synthetic-llama2-7b.json"   # a file in results/baselines
-    stage = "vllm"
+    stage = "a-stage"
     params = ["max_num_batched_tokens", "max_num_seqs"]
     reason = "..."
     refresh = "..."                                     # the device command"""

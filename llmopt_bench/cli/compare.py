@@ -266,7 +266,7 @@ def compare_cmd(
         parse_thresholds,
         parse_watch,
     )
-    from llmopt_bench.analysis.completeness import check_allowed, gap_fix
+    from llmopt_bench.analysis.completeness import check_allowed
     from llmopt_bench.core.results import load_run
     from llmopt_bench.run.history import default_db, fingerprint_runs
 
@@ -290,6 +290,14 @@ def compare_cmd(
         typer.echo(text, nl=False)
     if output is not None:
         write_text(output, text, "--output", "compare.md")
+    exit_status(cmp, baseline, new)
+
+
+def exit_status(cmp, baseline: Path, new: Path) -> None:
+    """One exit path, the strongest finding first: a regression (5), an incomplete comparison
+    (6), a change the hosts explain (8), a gated metric left unsettled (9)."""
+    from llmopt_bench.analysis.completeness import gap_fix
+
     if cmp.regressions:
         what = ", ".join(f"{s} {m}" for s, m in cmp.regressions)
         raise LlmoptError(f"{len(cmp.regressions)} regression(s): {what}", promote_fix(baseline, new, cmp),
@@ -304,7 +312,7 @@ def compare_cmd(
         raise LlmoptError(f"inconclusive (host): {what}: {why} (under the table)",
                           "compare runs made on the same host, or on a quiet one (docs/regression.md, 'The host')",
                           code=ExitCode.HOST_INCONCLUSIVE)
-    if cmp.inconclusive and not pass_inconclusive:
+    if cmp.inconclusive and not cmp.pass_inconclusive:
         raise LlmoptError(f"inconclusive: {inconclusive_text(cmp)}", inconclusive_fix(cmp), code=ExitCode.INCONCLUSIVE)
 
 
