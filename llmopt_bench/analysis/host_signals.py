@@ -4,12 +4,14 @@ tree got, how often its main threads were preempted (a second), the CPU time a h
 other guests (steal, a second), the host's load. The host-speed index is weighed apart, with its
 own interval (analysis/host_verdict.py).
 
-A signal has **moved** when one run's busiest repeat lies beyond the other run's whole range,
-widened by the signal's tolerance, in the direction of a busier host: the new run's host was
-*busier* (a repeat's CPU share below the baseline's lowest less a quarter of it, say), or the
-baseline's was. The busiest repeat, not the typical one: on a shared host a neighbour comes and
-goes within a run, and two busy repeats of ten move the run's value by a third (their TPOT 2-10x
-the others' on the 2-core CPU host, scripts/gate-pairs.sh) while its median repeat stays quiet.
+A signal has **moved** when one run's busiest repeat lies beyond the other run's typical repeat
+(the median of its repeats: its quiet level) by more than the signal's tolerance, in the
+direction of a busier host: the new run's host was *busier* (a repeat's CPU share below the
+baseline's typical one less a quarter of it, say), or the baseline's was. The busiest repeat on
+one side: on a shared host a neighbour comes and goes within a run, and two busy repeats of ten
+move the run's value by a third (their TPOT 2-10x the others' on the 2-core CPU host,
+scripts/gate-pairs.sh) while its median repeat stays quiet; the typical repeat on the other, so
+that one busy repeat of its own does not widen its quiet level until nothing stands out.
 The tolerances are wider than what a slower build itself does to
 these figures: a build 20% slower per token, its extra work on one thread, moved the 2-core CPU
 host's CPU share from 1.96 to 1.87 and its preemptions not at all (scripts/gate-pairs.sh);
@@ -21,6 +23,7 @@ the host pushed it (worse on a busier host, better or unchanged on a quieter one
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,7 +36,7 @@ class Signal:
     label: str
     unit: str
     busier_is_higher: bool
-    rel: float  # the range widened by this fraction of its own bound ...
+    rel: float  # the other run's typical repeat widened by this fraction of itself ...
     floor: float  # ... and by at least this much (absolute, in the signal's unit)
 
 
@@ -79,12 +82,10 @@ def values(rows: Sequence[RepeatConditions | dict], key: str, rates: bool) -> li
 
 
 def _beyond(mine: list[float], other: list[float], sig: Signal) -> bool:
-    """My busiest repeat lies past the other run's range, widened, on the busier side."""
-    if sig.busier_is_higher:
-        top = max(other)
-        return max(mine) > top + max(sig.rel * top, sig.floor)
-    low = min(other)
-    return min(mine) < low - max(sig.rel * low, sig.floor)
+    """My busiest repeat lies past the other run's typical one by more than the tolerance, on the busier side."""
+    quiet = statistics.median(other)
+    margin = max(sig.rel * quiet, sig.floor)
+    return max(mine) > quiet + margin if sig.busier_is_higher else min(mine) < quiet - margin
 
 
 def moved(base_rows: Sequence | None, new_rows: Sequence | None) -> list[Moved]:
