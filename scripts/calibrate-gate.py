@@ -349,12 +349,13 @@ def nightly_repeats(raw: dict, preset: dict) -> int:
     sm, tok = st["samples"], st["metrics"]["output_tok_s_repeats"]
     rule = StoppingRule(preset["repeats"], preset.get("max_repeats") or preset["repeats"], preset["stop_within"], "tpot_p50",
                         preset.get("repeat_budget_s"))
+    conditions = st["extra"].get("conditions") or []
     for r in sorted(set(sm["repeat"])):
         rows = [i for i, x in enumerate(sm["repeat"]) if x == r]
         figures = {"tpot_p50": float(np.median([sm["tpot_s"][i] for i in rows])),
                    "e2e_p50": float(np.median([sm["e2e_s"][i] for i in rows])), "output_tok_s": tok[r]}
         seconds = sum(sm["output_tokens"][i] for i in rows) / tok[r]
-        if rule.add_figures(figures, seconds):
+        if rule.add_figures(figures, seconds, conditions[r] if r < len(conditions) else None):
             break
     return rule.record.repeats_run
 
@@ -376,8 +377,8 @@ def real_pairs(directory: str, results: dict) -> None:
     preset = resolve_preset("standard", cuda=cuda)[1]  # the nightly's rule on this device
     print(f"\nReal pairs at the standard preset's stopping rule ({preset}), every ordered pair of two runs:\n")
     print("| stage | pair | pairs | repeats a run (median, range) | TPOT change (median) | exit 5: regression | exit 8: host | "
-          "exit 9: inconclusive | exit 0: pass |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "exit 9: inconclusive | exit 0: pass | host still (pairs): 5 / 9 / 0 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for stage, kinds in runs.items():
         same = kinds.get("a", [])
         for kind in ("a", "x0.1", "x0.2"):
@@ -395,10 +396,14 @@ def real_pairs(directory: str, results: dict) -> None:
                 continue
             reps = [cuts[id(r)]["workload"]["repeats"] for r in others]
             rate = {c: codes.count(c) / len(codes) for c in (5, 8, 9, 0)}
+            still = [c for c in codes if c != 8]  # the pairs whose host held still: what the gate judged
+            calm = {c: still.count(c) / len(still) if still else None for c in (5, 9, 0)}
             results["real_pairs"].append({"stage": stage, "pair": KINDS[kind], "pairs": len(codes), "repeats": reps,
-                                          "tpot_change_median": float(np.median(changes)), **{f"exit_{c}": v for c, v in rate.items()}})
+                                          "tpot_change_median": float(np.median(changes)), **{f"exit_{c}": v for c, v in rate.items()},
+                                          "host_still": len(still), **{f"host_still_exit_{c}": v for c, v in calm.items()}})
             print(f"| {stage} | A vs {KINDS[kind]} | {len(codes)} | {int(np.median(reps))} ({min(reps)}-{max(reps)}) | "
-                  f"{np.median(changes) * 100:+.1f}% | {pct(rate[5])} | {pct(rate[8])} | {pct(rate[9])} | {pct(rate[0])} |", flush=True)
+                  f"{np.median(changes) * 100:+.1f}% | {pct(rate[5])} | {pct(rate[8])} | {pct(rate[9])} | {pct(rate[0])} | "
+                  f"({len(still)}): {pct(calm[5])} / {pct(calm[9])} / {pct(calm[0])} |", flush=True)
 
 
 def pooled_noise(groups: list[list[float]], resamples: int = 2000, seed: int = 0) -> noise.SideNoise:

@@ -14,7 +14,7 @@ import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from llmopt_bench.analysis import host_verdict, noise
+from llmopt_bench.analysis import host_signals, host_verdict, noise
 from llmopt_bench.analysis.baseline_drift import Drift
 from llmopt_bench.analysis.completeness import (  # noqa: F401 - the names compare's callers import from here
     ALLOW_ALL,
@@ -228,6 +228,7 @@ class StageDelta:
     host_bound_why: str = ""
     host: dict | None = None  # the host-speed change (host_verdict.HostChange), where either run recorded the index
     host_moved: list[dict] = field(default_factory=list)  # the repeats' signals that moved (host_signals.Moved)
+    set_aside: dict[str, list[int]] = field(default_factory=dict)  # "baseline"/"new": repeats the host disturbed, not judged
 
     @property
     def regressions(self) -> list[str]:
@@ -326,6 +327,22 @@ class Comparison:
         return d
 
 
+def quiet_pairs(pairs: list[tuple[StageResult | None, StageResult | None]]) -> tuple[list, list[dict[str, list[int]]]]:
+    """Each ok pair with the repeats the host disturbed set aside on either side
+    (host_signals.kept_repeats), and which they were."""
+    out: list = []
+    aside: list[dict[str, list[int]]] = []
+    for b, n in pairs:
+        if b is None or n is None or b.status != "ok" or n.status != "ok":
+            out.append((b, n))
+            aside.append({})
+            continue
+        (b, b_out), (n, n_out) = host_signals.kept_repeats(b), host_signals.kept_repeats(n)
+        out.append((b, n))
+        aside.append({side: idx for side, idx in (("baseline", b_out), ("new", n_out)) if idx})
+    return out, aside
+
+
 def run_summary(run: RunResult) -> dict:
     return {"run_id": run.run_id, "created_at": run.created_at, "commit": run.env.get("llmopt_commit"),
             "device": device_name(run), "model": run.model.source if run.model else None}
@@ -351,10 +368,12 @@ def compare_runs(base: RunResult, new: RunResult, thresholds: dict[str, float] |
     accepted = check_comparable(base, new, force)
     history = [r for r in history if (r.run_id, r.created_at) != (new.run_id, new.created_at)]
     names = [s.name for s in base.stages] + [s.name for s in new.stages if base.stage(s.name) is None]
-    pairs = [(base.stage(n), new.stage(n)) for n in names]
+    pairs, set_aside = quiet_pairs([(base.stage(n), new.stage(n)) for n in names])
     bounds = [host_verdict.boundness(b, n, base, new) if b is not None and n is not None else None for b, n in pairs]
     stages = [compare_stage(b, n, thresholds, resamples, confidence, seed, history, gate, bound.host_bound if bound else False,
                             watch) for (b, n), bound in zip(pairs, bounds)]
+    for s, aside in zip(stages, set_aside):
+        s.set_aside = aside if s.state == "compared" else {}
     both = [(s, b, n, bound) for s, (b, n), bound in zip(stages, pairs, bounds) if b is not None and n is not None]
     for s, b, n, bound in both:
         if s.state == "compared" and bound is not None:

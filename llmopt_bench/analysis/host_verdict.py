@@ -178,7 +178,7 @@ def weigh_host(delta: "StageDelta", base: StageResult, new: StageResult, bound: 
     _weigh_index(delta, base, new, rule, resamples, confidence, seed)
     moved = host_signals.moved((base.extra or {}).get("conditions"), (new.extra or {}).get("conditions"))
     delta.host_moved = [{**asdict(m), "text": m.text()} for m in moved]
-    busier = {m.busier for m in moved}
+    busier = {m.busier for m in moved if m.weighs}
     for d in delta.metrics if busier else []:
         if d.metric != "peak_memory" and (verdict := signal_verdict(d.verdict, busier)) != d.verdict:
             d.raw_verdict = d.raw_verdict or d.verdict

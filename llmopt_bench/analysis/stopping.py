@@ -13,7 +13,9 @@ tell a slower build from a slower hour.
 The interval is the gate's own (analysis/noise.py): each repeat's figure in log space, their
 mean's Student-t interval at 95%, its half-width as a percentage of the value (exp(t x sd /
 sqrt(n)) - 1). A stage whose repeats agree to 0.1% (every vLLM stage on the H200) stops at 2
-or 3; a noisy one runs on."""
+or 3; a noisy one runs on. A repeat the host disturbed (its CPU share, preemptions or steal
+beyond its run's typical repeat: analysis/host_signals.disturbed, judged again after every
+repeat) is not counted, as compare sets it aside: the rule measures another in its place."""
 
 from __future__ import annotations
 
@@ -23,9 +25,11 @@ from typing import Literal, Sequence
 
 from pydantic import Field
 
+from llmopt_bench.analysis.host_signals import disturbed
 from llmopt_bench.analysis.metrics import e2e, tpot
 from llmopt_bench.analysis.noise import t_quantile
 from llmopt_bench.core.records import RequestSample, StrictModel
+from llmopt_bench.measure.conditions import RepeatConditions
 
 CONFIDENCE = 0.95
 
@@ -47,6 +51,7 @@ class StoppingRecord(StrictModel):
         "each watched figure of each repeat (tpot_p50, e2e_p50 in seconds; output_tok_s)"))
     halfwidths_pct: dict[str, float | None] = Field(default_factory=dict, description="each watched figure's half-width")
     max_seconds: float | None = Field(None, description="the repeats' time budget (--repeat-budget), seconds")
+    set_aside: list[int] = Field(default_factory=list, description="repeats the host disturbed, not counted (0-based)")
     seconds: float = Field(0.0, description="the repeats' time so far: each one's first submit to last token")
 
 
@@ -95,27 +100,32 @@ class StoppingRule:
                                      target_pct=target_pct, repeats_run=0, max_seconds=max_seconds,
                                      stopped="fixed" if max_repeats <= min_repeats else "max_repeats",
                                      watched={m: [] for m in watched_metrics(metric)})
+        self.conditions: list[RepeatConditions | dict] = []
 
     @property
     def adaptive(self) -> bool:
         return self.record.max_repeats > self.record.min_repeats
 
-    def add(self, samples: Sequence[RequestSample]) -> bool:
-        """Record one repeat; True when measuring should stop."""
-        return self.add_figures({m: repeat_value(samples, m) for m in self.record.watched}, window_s(samples))
+    def add(self, samples: Sequence[RequestSample], conditions: RepeatConditions | None = None) -> bool:
+        """Record one repeat (and what the machine did during it); True when measuring should stop."""
+        return self.add_figures({m: repeat_value(samples, m) for m in self.record.watched}, window_s(samples), conditions)
 
-    def add_figures(self, figures: dict[str, float | None], seconds: float) -> bool:
+    def add_figures(self, figures: dict[str, float | None], seconds: float, conditions: RepeatConditions | dict | None = None) -> bool:
         """Record one repeat's watched figures and its time (what add() reads from its samples;
         scripts/calibrate-gate.py replays recorded runs through it); True when measuring should stop."""
         rec = self.record
+        if conditions is not None:
+            self.conditions.append(conditions)
+        flags = disturbed(self.conditions) if len(self.conditions) == rec.repeats_run + 1 else []
+        rec.set_aside = [i for i, f in enumerate(flags) if f]
         for m, values in rec.watched.items():
             values.append(figures.get(m))
-            rec.halfwidths_pct[m] = halfwidth_pct(values)
+            rec.halfwidths_pct[m] = halfwidth_pct([v for i, v in enumerate(values) if i not in rec.set_aside])
         rec.per_repeat = list(rec.watched[rec.metric])
         rec.halfwidth_pct = rec.halfwidths_pct[rec.metric]
         rec.repeats_run += 1
         rec.seconds = round(rec.seconds + seconds, 3)
-        if rec.repeats_run < rec.min_repeats:
+        if rec.repeats_run - len(rec.set_aside) < rec.min_repeats and rec.repeats_run < rec.max_repeats:
             return False
         widths = list(rec.halfwidths_pct.values())
         if self.adaptive and all(w is not None and w <= rec.target_pct for w in widths):

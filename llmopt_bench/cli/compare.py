@@ -131,9 +131,17 @@ def host_lines(cmp) -> list[str]:
 
 
 def moved_lines(cmp) -> list[str]:
-    """Per stage, the repeats' signals that moved between the runs (analysis/host_signals.py)."""
-    return [f"Host of {s.stage} moved: " + "; ".join(m["text"] for m in s.host_moved) + "."
-            for s in cmp.stages if s.host_moved]
+    """Per stage, the repeats set aside and the signals that moved between the runs (analysis/host_signals.py)."""
+    out = []
+    for s in cmp.stages:
+        if s.set_aside:
+            sides = "; ".join(f"the {'new run' if side == 'new' else side}'s repeat(s) {', '.join(str(i + 1) for i in idx)}"
+                              for side, idx in s.set_aside.items())
+            out.append(f"Set aside in {s.stage}: {sides}: the host disturbed them (their CPU share, preemptions or steal "
+                       "beyond their run's typical repeat); judged on the others.")
+        if s.host_moved:
+            out.append(f"Host of {s.stage} moved: " + "; ".join(m["text"] for m in s.host_moved) + ".")
+    return out
 
 
 def headline(cmp) -> str:

@@ -144,7 +144,7 @@ def measure(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext, ru
             if conditions is not None:
                 conditions.append(recorder.result)
             samples += got
-            if rule.add(got):
+            if rule.add(got, recorder.result):
                 break
     return reqs, samples, {r.id: tokens.get(r.id, []) for r in reqs}
 

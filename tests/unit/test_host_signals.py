@@ -78,3 +78,51 @@ def test_a_busy_baseline_cannot_vouch_for_an_unchanged_run():
     cmp = compare_runs(*pair(1.0, BUSY, QUIET))
     assert verdict(cmp) == HV.HOST_INCONCLUSIVE and "(the baseline's host busier)" in to_markdown(cmp)
     assert verdict(compare_runs(*pair(1.0, QUIET, BUSY))) == "unchanged"  # no worse on a busier host: stands
+
+
+def test_a_repeat_the_host_disturbed_is_flagged_against_its_own_run():
+    """Round 0's first A run of the calibration (scripts/gate-pairs.sh, 10 repeats): a neighbour
+    came and went; its slow repeats (TPOT 23, 11, 11, 9.5 ms against 2.4) are the ones whose CPU
+    share fell, and the ninth, whose share fell to 1.25 (its TPOT 2.55 ms), stands out once those
+    four no longer drag the run's typical repeat down."""
+    share = [0.663, 0.962, 1.926, 1.891, 1.83, 1.916, 1.089, 0.876, 1.254, 1.966]
+    switches = [501, 358, 76, 86, 93, 103, 793, 754, 405, 134]
+    walls = [5.3, 3.2, 0.88, 0.9, 0.87, 0.9, 3.0, 2.6, 1.3, 0.92]
+    rows = [dict(cpu_share=s, involuntary_switches=n, wall_s=w) for s, n, w in zip(share, switches, walls)]
+    assert [i for i, f in enumerate(HS.disturbed(rows)) if f] == [0, 1, 6, 7, 8]
+    assert not any(HS.disturbed(QUIET)) and not any(HS.disturbed(SLOWER_BUILD))
+    assert HS.disturbed(rows[:2]) == [False, False]  # two repeats: no typical one to stand out from
+    assert not any(HS.disturbed([dict(c, wall_s=0.01, cpu_share=0.1 * i) for i, c in enumerate(QUIET)]))  # too short to say
+
+
+def one_disturbed(raw: dict, rep: int, factor: float) -> dict:
+    """The run with repeat `rep` slowed by factor and recorded beside a neighbour."""
+    st = raw["stages"][0]
+    sm = st["samples"]
+    for c in ("ttft_s", "tpot_s", "e2e_s"):
+        sm[c] = [v * factor if r == rep and v is not None else v for v, r in zip(sm[c], sm["repeat"])]
+    st["metrics"]["output_tok_s_repeats"][rep] /= factor
+    st["extra"]["conditions"][rep] = dict(BUSY[0])
+    return raw
+
+
+def test_compare_sets_the_disturbed_repeat_aside_and_judges_the_rest():
+    base, new = pair(1.0, QUIET, QUIET)
+    new = RunResult.model_validate(one_disturbed(new.model_dump(mode="json"), 1, 3.0))
+    cmp = compare_runs(base, new)
+    stage = cmp.stages[0]
+    assert stage.set_aside == {"new": [1]} and stage.host_moved == [] and verdict(cmp) == "unchanged"
+    assert "Set aside in vllm: the new run's repeat(s) 2: the host disturbed them" in to_markdown(cmp)
+    cmp = compare_runs(*pair(1.0, QUIET, QUIET))  # the same run without the neighbour: nothing set aside
+    assert cmp.stages[0].set_aside == {} and verdict(cmp) == "unchanged"
+
+
+def test_the_stopping_rule_measures_another_repeat_in_a_disturbed_ones_place():
+    from llmopt_bench.analysis.stopping import StoppingRule
+
+    rule = StoppingRule(3, 10, 2.0, "tpot_p50")
+    figures = {"tpot_p50": 0.020, "e2e_p50": 2.0, "output_tok_s": 50.0}
+    stops = [rule.add_figures(dict(figures), 2.0, QUIET[0]), rule.add_figures(dict(figures), 2.0, QUIET[1]),
+             rule.add_figures({k: v * 3 for k, v in figures.items()}, 6.0, BUSY[0]),
+             rule.add_figures(dict(figures), 2.0, QUIET[2])]
+    assert stops == [False, False, False, True] and rule.record.set_aside == [2] and rule.record.stopped == "tight"
