@@ -41,12 +41,39 @@ def conditions(run_dir) -> list[dict]:
     return json.loads((run_dir / "run.json").read_text())["stages"][0]["extra"]["conditions"]
 
 
+QUIET_SHARE = 0.75  # of this process's CPUs: the stage had its cores, the premise of "quiet"
+QUIET_TRIES = 3
+
+
+def is_quiet(run_dir) -> bool:
+    shares = sorted(c["cpu_share"] for c in conditions(run_dir))
+    return shares[len(shares) // 2] >= QUIET_SHARE * len(os.sched_getaffinity(0))
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def first(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("host-noise")
-    quiet, noisy = tmp / "quiet", tmp / "noisy"
-    r = run_cli(*BENCH, "-o", str(quiet), timeout=1200)
+    r = run_cli(*BENCH, "-o", str(tmp / "quiet0"), timeout=1200)
     assert r.returncode == 0, r.stderr
+    return tmp, tmp / "quiet0"
+
+
+@pytest.fixture(scope="module")
+def runs(first):
+    """A quiet run (the machine is shared: under the heavy lock, other sessions' light work still
+    runs; a run whose stage did not get its cores is made again, at most QUIET_TRIES times in
+    all), then the same run beside two busy loops."""
+    tmp, quiet = first
+    for attempt in range(1, QUIET_TRIES):
+        if is_quiet(quiet):
+            break
+        quiet = tmp / f"quiet{attempt}"
+        r = run_cli(*BENCH, "-o", str(quiet), timeout=1200)
+        assert r.returncode == 0, r.stderr
+    if not is_quiet(quiet):
+        pytest.skip(f"the host was busy through {QUIET_TRIES} quiet runs (CPU share below {QUIET_SHARE:.0%} of its CPUs): "
+                    "no quiet run to set a neighbour against")
+    noisy = tmp / "noisy"
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=at_nice_0, start_new_session=True)
             for _ in range(2)]
     try:
@@ -76,8 +103,8 @@ def test_a_busy_neighbour_is_the_hosts_and_compare_names_the_signal(runs):
     assert "No regression." not in r.stdout
 
 
-def test_a_real_run_20_percent_slower_is_never_green(runs):
-    tmp, quiet, _ = runs
+def test_a_real_run_20_percent_slower_is_never_green(first):
+    tmp, quiet = first
     slower = write(tmp / "slower", repeats_run(load(quiet), [0, 1, 2], factor=1.2))
     r = run_cli("compare", "--format", "md", str(quiet), str(slower), env={"LLMOPT_HISTORY_DB": str(tmp / "none.sqlite")})
     assert r.returncode in (5, 9), (r.stdout, r.stderr)
