@@ -7,10 +7,11 @@
 #                                        on): the new baseline, and the journey's time with the rule
 #                                        (~26 min: docs/regression.md, "Time"); then compare of the
 #                                        committed baseline with it (--drift: the declared params)
-#   bash scripts/gate-h200.sh pairs      real pairs for the calibration: 3 rounds of hf-fp16 and of
+#   bash scripts/gate-h200.sh pairs      real pairs for the calibration: 3 rounds of hf-fp16, 2 of
 #                                        bnb-nf4 (each round: 2 runs of the same code, a 1.1x and a
-#                                        1.2x slower build, 6 repeats of 4 x 100; ~15 + ~22 min), and
-#                                        4 runs of vllm (A/A across engine starts, ~9 min)
+#                                        1.2x slower build, 6 repeats of 4 x 100; each run ~110 s and
+#                                        ~160 s with its probe and load: ~22 + ~21 min), and 4 runs of
+#                                        vllm (A/A across engine starts, ~165 s each: ~11 min)
 #   bash scripts/gate-h200.sh table      the calibration table from them (CPU only, ~1 min)
 #
 # Then: commit $DEV/gate-pairs's run.json files under results/h200/gate-pairs, the table into
@@ -39,10 +40,11 @@ case "${1:-}" in
       --no-history --format md --output "$DEV/compare-committed.md" "${force[@]}" > /dev/null || echo "compare exit $?"
     ;;
   pairs)
-    rounds=3 prompts=4 tokens=100 repeats=6 vllm_runs=4
-    if [ "$DRY" = 1 ]; then rounds=1 tokens=32 repeats=4 vllm_runs=2; fi
-    for stage in hf-fp16 bnb-nf4; do
-      MODEL=$MODEL PROMPTS=$prompts TOKENS=$tokens REPEATS=$repeats PYTHON=$PY bash scripts/gate-pairs.sh "$rounds" "$DEV/gate-pairs" "$stage"
+    prompts=4 tokens=100 repeats=6 vllm_runs=4 rounds_hf=3 rounds_nf4=2
+    if [ "$DRY" = 1 ]; then tokens=32 repeats=4 vllm_runs=2 rounds_hf=1 rounds_nf4=1; fi
+    for stage_rounds in "hf-fp16 $rounds_hf" "bnb-nf4 $rounds_nf4"; do
+      set -- $stage_rounds
+      MODEL=$MODEL PROMPTS=$prompts TOKENS=$tokens REPEATS=$repeats PYTHON=$PY bash scripts/gate-pairs.sh "$2" "$DEV/gate-pairs" "$1"
     done
     for i in $(seq 1 "$vllm_runs"); do  # GPU-bound: no slower build of known size reaches vLLM's engine; A/A across starts
       dir=$DEV/gate-pairs/vllm-round$i-a1 tmp=$DEV/vllm-run-$i

@@ -66,6 +66,9 @@ def _header(cmp) -> list[str]:
         lines.append(f"- host-bound stages weigh the host-speed index (rule `{cmp.host_rule}`): "
                      f"{'the verdict is the raw one' if cmp.host_rule == 'attribute' else 'the verdict is judged as if on the baseline host'}; "
                      "a change the hosts' speed explains is *inconclusive (host)* (exit 8)")
+    if any(s.host_moved or s.set_aside for s in cmp.stages):
+        lines.append("- the repeats' recorded CPU share, preemptions and steal are weighed: a repeat the host disturbed is set "
+                     "aside, a change a moved host explains is *inconclusive (host)* (exit 8); see under the table")
     return lines
 
 
