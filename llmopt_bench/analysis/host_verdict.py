@@ -180,7 +180,9 @@ def weigh_host(delta: "StageDelta", base: StageResult, new: StageResult, bound: 
     delta.host_moved = [{**asdict(m), "text": m.text()} for m in moved]
     busier = {m.busier for m in moved if m.weighs}
     for d in delta.metrics if busier else []:
-        if d.metric != "peak_memory" and (verdict := signal_verdict(d.verdict, busier)) != d.verdict:
+        # a watched metric's inconclusive verdict does not fail, nor does the host's version of it
+        weighed = d.judged and (d.gated or d.verdict != "inconclusive")
+        if weighed and d.metric != "peak_memory" and (verdict := signal_verdict(d.verdict, busier)) != d.verdict:
             d.raw_verdict = d.raw_verdict or d.verdict
             d.verdict = verdict
 
