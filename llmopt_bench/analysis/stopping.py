@@ -154,5 +154,7 @@ def stopping_sentence(rec: StoppingRecord) -> str:
            "max_repeats": f"ran to the maximum: {wider}",
            "budget": f"stopped at the time budget ({rec.max_seconds or 0:g} s of repeats): {wider}",
            "fixed": "a fixed count"}[rec.stopped]
+    aside = (f" Repeat(s) {', '.join(str(i + 1) for i in rec.set_aside)} not counted: the host disturbed them (their CPU "
+             "share, preemptions or steal beyond the run's typical repeat)." if rec.set_aside else "")
     return (f"Repeats: {rec.repeats_run} of {rec.min_repeats}..{rec.max_repeats} ({why}; 95% intervals over the repeats: "
-            f"{hw}).")
+            f"{hw}).{aside}")

@@ -118,7 +118,7 @@ def test_compare_sets_the_disturbed_repeat_aside_and_judges_the_rest():
 
 
 def test_the_stopping_rule_measures_another_repeat_in_a_disturbed_ones_place():
-    from llmopt_bench.analysis.stopping import StoppingRule
+    from llmopt_bench.analysis.stopping import StoppingRule, stopping_sentence
 
     rule = StoppingRule(3, 10, 2.0, "tpot_p50")
     figures = {"tpot_p50": 0.020, "e2e_p50": 2.0, "output_tok_s": 50.0}
@@ -126,3 +126,4 @@ def test_the_stopping_rule_measures_another_repeat_in_a_disturbed_ones_place():
              rule.add_figures({k: v * 3 for k, v in figures.items()}, 6.0, BUSY[0]),
              rule.add_figures(dict(figures), 2.0, QUIET[2])]
     assert stops == [False, False, False, True] and rule.record.set_aside == [2] and rule.record.stopped == "tight"
+    assert "Repeat(s) 3 not counted: the host disturbed them" in stopping_sentence(rule.record)
