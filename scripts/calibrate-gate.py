@@ -383,27 +383,39 @@ def real_pairs(directory: str, results: dict) -> None:
         same = kinds.get("a", [])
         for kind in ("a", "x0.1", "x0.2"):
             others = [as_stage_of(r, same[0]) for r in kinds.get(kind, [])] if kind != "a" else same
-            cuts = {id(r): cut(r, nightly_repeats(r, preset)) for r in same + others}
-            codes, changes = [], []
-            for a in same:
-                for b in others:
-                    if a is b:
-                        continue
-                    cmp = compare.compare_runs(RunResult.model_validate(cuts[id(a)]), RunResult.model_validate(cuts[id(b)]))
-                    codes.append(exit_code(cmp))
-                    changes.append(next(d.change for d in cmp.stages[0].metrics if d.metric == "tpot_p50"))
-            if not codes:
+            cuts = {id(r): RunResult.model_validate(cut(r, nightly_repeats(r, preset))) for r in same + others}
+            for label, with_history in (("", False), (" (history: the other A runs)", True)):
+                real_pair_row(stage, kind + label, same, others, cuts, with_history, results)
+
+
+def real_pair_row(stage: str, kind: str, same: list[dict], others: list[dict], cuts: dict, with_history: bool,
+                  results: dict) -> None:
+    """Every (A, other) pair of two different runs through compare, by exit code; with_history:
+    the A runs other than the pair's as the history (the nightly keeps one), where 3 or more."""
+    codes, changes = [], []
+    for a in same:
+        for b in others:
+            if a is b:
                 continue
-            reps = [cuts[id(r)]["workload"]["repeats"] for r in others]
-            rate = {c: codes.count(c) / len(codes) for c in (5, 8, 9, 0)}
-            still = [c for c in codes if c != 8]  # the pairs whose host held still: what the gate judged
-            calm = {c: still.count(c) / len(still) if still else None for c in (5, 9, 0)}
-            results["real_pairs"].append({"stage": stage, "pair": KINDS[kind], "pairs": len(codes), "repeats": reps,
-                                          "tpot_change_median": float(np.median(changes)), **{f"exit_{c}": v for c, v in rate.items()},
-                                          "host_still": len(still), **{f"host_still_exit_{c}": v for c, v in calm.items()}})
-            print(f"| {stage} | A vs {KINDS[kind]} | {len(codes)} | {int(np.median(reps))} ({min(reps)}-{max(reps)}) | "
-                  f"{np.median(changes) * 100:+.1f}% | {pct(rate[5])} | {pct(rate[8])} | {pct(rate[9])} | {pct(rate[0])} | "
-                  f"({len(still)}): {pct(calm[5])} / {pct(calm[9])} / {pct(calm[0])} |", flush=True)
+            past = [cuts[id(r)] for r in same if r is not a and r is not b] if with_history else []
+            if with_history and len(past) < 3:
+                continue
+            cmp = compare.compare_runs(cuts[id(a)], cuts[id(b)], history=past)
+            codes.append(exit_code(cmp))
+            changes.append(next(d.change for d in cmp.stages[0].metrics if d.metric == "tpot_p50"))
+    if not codes:
+        return
+    reps = [cuts[id(r)].workload.repeats for r in others]
+    rate = {c: codes.count(c) / len(codes) for c in (5, 8, 9, 0)}
+    still = [c for c in codes if c != 8]  # the pairs whose host held still: what the gate judged
+    calm = {c: still.count(c) / len(still) if still else None for c in (5, 9, 0)}
+    name = KINDS[kind.split(" ")[0]] + kind[len(kind.split(" ")[0]):]
+    results["real_pairs"].append({"stage": stage, "pair": name, "pairs": len(codes), "repeats": reps,
+                                  "tpot_change_median": float(np.median(changes)), **{f"exit_{c}": v for c, v in rate.items()},
+                                  "host_still": len(still), **{f"host_still_exit_{c}": v for c, v in calm.items()}})
+    print(f"| {stage} | A vs {name} | {len(codes)} | {int(np.median(reps))} ({min(reps)}-{max(reps)}) | "
+          f"{np.median(changes) * 100:+.1f}% | {pct(rate[5])} | {pct(rate[8])} | {pct(rate[9])} | {pct(rate[0])} | "
+          f"({len(still)}): {pct(calm[5])} / {pct(calm[9])} / {pct(calm[0])} |", flush=True)
 
 
 def pooled_noise(groups: list[list[float]], resamples: int = 2000, seed: int = 0) -> noise.SideNoise:
