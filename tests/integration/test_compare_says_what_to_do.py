@@ -1,6 +1,6 @@
 """`llmopt compare` as a newcomer meets it (issue 28): stages measured with other params are not
 compared and say so as `history show` does; exit 6's fix says what to do with each gap and never
-`--resume` on a run it would not change; the promote command never copies a file onto itself; an
+`--resume` on a run it would not change, and `--resume --rerun` for a stage that failed; the promote command never copies a file onto itself; an
 unknown --allow-missing name is refused with a did-you-mean; one vocabulary ("inconclusive");
 exactly one regression still exits 5. On the committed H200 runs and runs built from their real
 repeats (tests/gatekit.py)."""
@@ -60,6 +60,16 @@ def test_exit_6_on_a_complete_run_says_how_to_add_the_stage_not_to_resume_it(tmp
     new["status"] = "interrupted"
     rc, _, err = compare(BASELINE, write(tmp_path / "cut", new), env=env)
     assert rc == 6 and f"finish the run: llmopt bench --resume {tmp_path / 'cut'}" in err
+
+
+def test_exit_6_on_a_failed_stage_says_how_to_measure_it_again_in_place(tmp_path, env):
+    """Issue 33: a flaky stage used to cost a new run (--resume kept it); --rerun measures it again."""
+    new = copy.deepcopy(load(BASELINE))
+    next(s for s in new["stages"] if s["name"] == "vllm").update(status="error", reason="EngineDeadError", metrics=None,
+                                                                  samples=None)
+    path = write(tmp_path / "new", new)
+    rc, _, err = compare(BASELINE, path, env=env)
+    assert rc == 6 and f"then measure it again in place: llmopt bench --resume {path} --rerun vllm" in err
 
 
 def test_the_promote_command_never_copies_a_file_onto_itself(tmp_path, env):
