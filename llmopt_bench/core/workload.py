@@ -65,7 +65,7 @@ class WorkloadConfig(StrictModel):
                                     "within --stop-within (default: --repeats, a fixed count)", json_schema_extra=option())
     stop_within: float = Field(2.0, ge=0.1, le=100, description="the stopping rule's target: each gated figure's 95% interval "
                                                                 "half-width over the repeats, in % of the value", json_schema_extra=option())
-    repeat_budget_s: float | None = Field(None, gt=0, le=86400, description="the stopping rule's time cap: no repeat past "
+    repeat_budget_s: float | None = Field(None, ge=1, le=86400, description="the stopping rule's time cap: no repeat past "
                                           "--repeats starts that would end after the stage's repeats have taken this many "
                                           "seconds (default: none)", json_schema_extra=option(name="--repeat-budget"))
     seed: int = Field(0, ge=0, le=2**32 - 1, description="seed for prompt choice, generated workloads and arrivals",
