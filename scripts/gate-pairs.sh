@@ -43,7 +43,7 @@ printf '[[stage]]\n%s\n' "$base" > "$site/a.toml"
 for f in 0.1 0.2; do printf '[[stage]]\n%s\n' "${slower/F/$f}" > "$site/x$f.toml"; done
 mkdir -p "$out"
 for i in $(seq -w 1 "$rounds"); do
-  done_runs=$(ls -d "$out/$stage-round$i-"*/run.json 2>/dev/null | wc -l)
+  done_runs=$(find "$out" -maxdepth 2 -path "$out/$stage-round$i-*/run.json" 2>/dev/null | wc -l)
   [ "$done_runs" -ge 4 ] && continue  # a round already measured (the script resumes where it stopped)
   if [ -n "${LOCK:-}" ]; then exec 9>"$LOCK"; flock 9; fi  # a round at a time on a shared machine
   for kind in $(printf 'a1\na2\nx0.1\nx0.2\n' | shuf); do
