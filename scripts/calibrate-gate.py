@@ -1,7 +1,25 @@
 #!/usr/bin/env python3
 """Calibrate `llmopt compare`'s regression gate on real runs: how often it flags a pair of runs
-of the same code (false alarms) and how often it flags an injected whole-run slowdown of 1.1x,
-1.2x and 1.3x (detection). The figures in docs/regression.md ("Calibration") come from it.
+of the same code (false alarms) and how often it flags a slowdown (detection). The figures in
+docs/regression.md ("Calibration") come from it.
+
+**Real pairs at the nightly preset** (`--real-pairs DIR`, issue 33; the runs of
+scripts/gate-pairs.sh): rounds of independent runs of one stage, two of the same code (A) and two
+of a real slower build of known size (scripts/slower_build.py: every forward pass 1.1x and 1.2x
+as long), each recording 10 repeats. Each run is cut where the standard preset's stopping rule
+would have stopped it (analysis/stopping.py replayed on its recorded repeats, the preset's
+min/max repeats, target and time budget), then every ordered pair of two different A runs (false
+alarms) and every (A, slower) pair (detection) goes through compare itself (compare_runs, the
+host signals included), each counted by the exit code it gives: 5 regression, 8 the host, 9
+inconclusive, 0 pass. `--statistics` sets the statistic chosen (each repeat's median, their
+geometric mean, a t interval) beside the one it replaced (the pooled requests' median with a
+cluster bootstrap) and shorter repeats (each repeat's requests split in two halves), on the same
+real pairs at 3 repeats.
+
+    scripts/calibrate-gate.py --real-pairs results/cpu/gate-pairs --statistics --json results/cpu/gate-pairs/calibration.json
+
+**Synthetic pairs** (the earlier calibration, kept): a pair is drawn from a pool of real repeats
+and a slowdown of 1.1x, 1.2x and 1.3x is injected as a whole-run factor:
 
     scripts/calibrate-gate.py                       # the committed runs, default repeats (3)
     scripts/calibrate-gate.py --pairs 400 --json calibration.json
@@ -34,7 +52,9 @@ bootstrap over requests), `repeats` the cluster bootstrap over repeats (analysis
 from __future__ import annotations
 
 import argparse
+import copy
 import glob
+import itertools
 import json
 import math
 import sys
@@ -46,9 +66,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llmopt_bench.analysis import changepoint, compare, host_verdict
-from llmopt_bench.analysis.hostbound import index_per_repeat
-from llmopt_bench.core.results import load_run
+from llmopt_bench.analysis import changepoint, compare, host_verdict, noise  # noqa: E402
+from llmopt_bench.analysis.hostbound import index_per_repeat  # noqa: E402
+from llmopt_bench.analysis.stopping import StoppingRule  # noqa: E402
+from llmopt_bench.core.distribution import Distribution  # noqa: E402
+from llmopt_bench.core.results import RunResult, load_run  # noqa: E402
+from llmopt_bench.run.registry import resolve_preset  # noqa: E402
 
 FACTORS = (1.0, 1.1, 1.2, 1.3)
 COLUMNS = {"ttft_p50": "ttft_s", "tpot_p50": "tpot_s", "e2e_p50": "e2e_s"}
@@ -252,6 +275,224 @@ def main_table(all_pools: list[Pool], args, methods: list[str], metrics: list[st
                       f"{pct(r['host_1x'])} / {pct(r['host_1.2x'])} |", flush=True)
 
 
+def ladder_table(all_pools: list[Pool], args, methods: list[str], metrics: list[str], results: dict) -> None:
+    print("\n| pool | metric | method | repeats | false alarms | 1.2x detected | median detectable |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for pool in all_pools:
+        for key in (k for k in metrics if k in COLUMNS):
+            between, within = noise_split(pool, key, args.seed)
+            results["ladder"].append({"pool": pool.name, "metric": key, "cv_between_repeats": between,
+                                      "cv_within_repeat": within})
+            print(f"| {pool.name} | {key} | noise of a repeat's median: {pct(between)} between repeats, "
+                  f"{pct(within)} from its requests | | | | |")
+        for key in metrics:
+            for r in (int(x) for x in args.ladder.split(",")):
+                cell = calibrate(pool, key, r, args.pairs, [m for m in methods if m != "requests"], args.seed)
+                for m, c in ((m, c) for m, c in cell.items() if c["false_alarm"] is not None):
+                    results["ladder"].append({"pool": pool.name, "metric": key, "method": m, "repeats": r, **c})
+                    print(f"| {pool.name} | {key} | {m} | {r} | {pct(c['false_alarm'])} | {pct(c['detect_1.2x'])} | "
+                          f"{pct(c['median_mde'])} |", flush=True)
+
+
+def series_table(all_pools: list[Pool], args, metrics: list[str], results: dict) -> None:
+    print("\n| pool | metric | series | false alarms | 1.2x from night N-10 flagged | ... first run named right |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    results["series"] = []
+    for pool in all_pools:
+        for key in metrics:
+            c = series_check(pool, key, args.repeats, args.series, args.nights, args.seed)
+            results["series"].append({"pool": pool.name, "metric": key, **c})
+            print(f"| {pool.name} | {key} | {args.series} x {args.nights} | {pct(c['false_alarm'])} | "
+                  f"{pct(c['detected'])} | {pct(c['first_night_right'])} |", flush=True)
+
+
+# ---- real pairs at the nightly preset (issue 33) ------------------------------------------------
+
+KINDS = {"a": "same code", "x0.1": "1.1x slower build", "x0.2": "1.2x slower build"}
+
+
+def real_runs_by_kind(directory: str) -> dict[str, dict[str, list[dict]]]:
+    """{stage: {"a": [raw runs], "x0.1": [...], "x0.2": [...]}} from DIR/<stage>-roundN-<kind>/run.json."""
+    out: dict[str, dict[str, list[dict]]] = {}
+    for path in sorted(Path(directory).glob("*-round*-*/run.json")):
+        stage, _, kind = path.parent.name.rpartition("-")
+        stage = stage.rsplit("-round", 1)[0]
+        raw = json.loads(path.read_text())
+        if raw.get("status") == "complete" and raw["stages"] and raw["stages"][0]["status"] == "ok":
+            out.setdefault(stage, {}).setdefault(kind.rstrip("12") if kind.startswith("a") else kind, []).append(raw)
+    return out
+
+
+def cut(raw: dict, k: int) -> dict:
+    """The run as if it had measured its first k repeats: samples, metrics and conditions."""
+    out = copy.deepcopy(raw)
+    st = out["stages"][0]
+    sm, m = st["samples"], st["metrics"]
+    keep = [i for i, r in enumerate(sm["repeat"]) if r < k]
+    st["samples"] = {c: [v[i] for i in keep] for c, v in sm.items()}
+    for c in ("ttft_s", "tpot_s", "e2e_s"):
+        d = Distribution.of([v for v in st["samples"][c] if v is not None])
+        m[c] = d.model_dump() if d else None
+    for key in ("output_tok_s_repeats", "qps_repeats", "tpot_p50_repeats_s"):
+        m[key] = (m.get(key) or [])[:k]
+    m["output_tok_s"] = sum(m["output_tok_s_repeats"]) / k if m["output_tok_s_repeats"] else None
+    m.update(repeats=k, requests=len(keep))
+    st["extra"]["conditions"] = (st["extra"].get("conditions") or [])[:k]
+    out["workload"]["repeats"] = k
+    return out
+
+
+def nightly_repeats(raw: dict, preset: dict) -> int:
+    """Where the preset's stopping rule would have stopped this run: its recorded repeats replayed
+    through analysis/stopping.StoppingRule, in order."""
+    st = raw["stages"][0]
+    sm, tok = st["samples"], st["metrics"]["output_tok_s_repeats"]
+    rule = StoppingRule(preset["repeats"], preset.get("max_repeats") or preset["repeats"], preset["stop_within"], "tpot_p50",
+                        preset.get("repeat_budget_s"))
+    conditions = st["extra"].get("conditions") or []
+    for r in sorted(set(sm["repeat"])):
+        rows = [i for i, x in enumerate(sm["repeat"]) if x == r]
+        figures = {"tpot_p50": float(np.median([sm["tpot_s"][i] for i in rows])),
+                   "e2e_p50": float(np.median([sm["e2e_s"][i] for i in rows])), "output_tok_s": tok[r]}
+        seconds = sum(sm["output_tokens"][i] for i in rows) / tok[r]
+        if rule.add_figures(figures, seconds, conditions[r] if r < len(conditions) else None):
+            break
+    return rule.record.repeats_run
+
+
+def exit_code(cmp) -> int:
+    return 5 if cmp.regressions else 6 if cmp.incomplete else 8 if cmp.host_inconclusive else 9 if cmp.inconclusive else 0
+
+
+def as_stage_of(raw: dict, like: dict) -> dict:
+    """A slower build's run named and configured as the stage it slows (compare pairs by name and params)."""
+    out = copy.deepcopy(raw)
+    out["stages"][0].update(name=like["stages"][0]["name"], params=like["stages"][0]["params"])
+    return out
+
+
+def real_pairs(directory: str, results: dict) -> None:
+    runs = real_runs_by_kind(directory)
+    cuda = any(r["env"].get("gpu") for kinds in runs.values() for rs in kinds.values() for r in rs)
+    preset = resolve_preset("standard", cuda=cuda)[1]  # the nightly's rule on this device
+    print(f"\nReal pairs at the standard preset's stopping rule ({preset}), every ordered pair of two runs:\n")
+    print("| stage | pair | pairs | repeats a run (median, range) | TPOT change (median) | exit 5: regression | exit 8: host | "
+          "exit 9: inconclusive | exit 0: pass | host still (pairs): 5 / 9 / 0 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for stage, kinds in runs.items():
+        same = kinds.get("a", [])
+        for kind in ("a", "x0.1", "x0.2"):
+            others = [as_stage_of(r, same[0]) for r in kinds.get(kind, [])] if kind != "a" else same
+            cuts = {id(r): RunResult.model_validate(cut(r, nightly_repeats(r, preset))) for r in same + others}
+            for label, with_history in (("", False), (" (history: the other A runs)", True)):
+                real_pair_row(stage, kind + label, same, others, cuts, with_history, results)
+
+
+def real_pair_row(stage: str, kind: str, same: list[dict], others: list[dict], cuts: dict, with_history: bool,
+                  results: dict) -> None:
+    """Every (A, other) pair of two different runs through compare, by exit code; with_history:
+    the A runs other than the pair's as the history (the nightly keeps one), where 3 or more."""
+    codes, changes = [], []
+    for a in same:
+        for b in others:
+            if a is b:
+                continue
+            past = [cuts[id(r)] for r in same if r is not a and r is not b] if with_history else []
+            if with_history and len(past) < 3:
+                continue
+            cmp = compare.compare_runs(cuts[id(a)], cuts[id(b)], history=past)
+            codes.append(exit_code(cmp))
+            changes.append(next(d.change for d in cmp.stages[0].metrics if d.metric == "tpot_p50"))
+    if not codes:
+        return
+    reps = [cuts[id(r)].workload.repeats for r in others]
+    rate = {c: codes.count(c) / len(codes) for c in (5, 8, 9, 0)}
+    still = [c for c in codes if c != 8]  # the pairs whose host held still: what the gate judged
+    calm = {c: still.count(c) / len(still) if still else None for c in (5, 9, 0)}
+    name = KINDS[kind.split(" ")[0]] + kind[len(kind.split(" ")[0]):]
+    results["real_pairs"].append({"stage": stage, "pair": name, "pairs": len(codes), "repeats": reps,
+                                  "tpot_change_median": float(np.median(changes)), **{f"exit_{c}": v for c, v in rate.items()},
+                                  "host_still": len(still), **{f"host_still_exit_{c}": v for c, v in calm.items()}})
+    print(f"| {stage} | A vs {name} | {len(codes)} | {int(np.median(reps))} ({min(reps)}-{max(reps)}) | "
+          f"{np.median(changes) * 100:+.1f}% | {pct(rate[5])} | {pct(rate[8])} | {pct(rate[9])} | {pct(rate[0])} | "
+          f"({len(still)}): {pct(calm[5])} / {pct(calm[9])} / {pct(calm[0])} |", flush=True)
+
+
+def pooled_noise(groups: list[list[float]], resamples: int = 2000, seed: int = 0) -> noise.SideNoise:
+    """The statistic before issue 33: the pooled requests' median, a cluster bootstrap over repeats."""
+    rng = np.random.default_rng(seed)
+    width = max(len(g) for g in groups)
+    table = np.full((len(groups), width), np.nan)
+    for i, g in enumerate(groups):
+        table[i, :len(g)] = g
+    draws = np.log(np.nanmedian(table[rng.integers(0, len(groups), size=(resamples, len(groups)))].reshape(resamples, -1), axis=1))
+    r = len(groups)
+    return noise.SideNoise(float(np.var(draws)) * r / (r - 1), r - 1, f"{r} repeats")
+
+
+def tpot_groups(raw: dict, k: int, halves: bool = False) -> list[list[float]]:
+    sm = raw["stages"][0]["samples"]
+    groups = noise.repeat_groups(sm["tpot_s"], sm["repeat"])[:k]
+    return [h for g in groups for h in (g[:len(g) // 2], g[len(g) // 2:])] if halves else groups
+
+
+def statistic_verdict(name: str, a: dict, b: dict, k: int, threshold: float) -> tuple[str, float]:
+    """(verdict, interval width as a ratio) of TPOT for one pair under one statistic."""
+    ga, gb = tpot_groups(a, k, name == "half repeats"), tpot_groups(b, k, name == "half repeats")
+    if name == "pooled median, cluster bootstrap (before)":
+        va, vb = float(np.median(np.concatenate(ga))), float(np.median(np.concatenate(gb)))
+        iv = noise.combine(vb / va, pooled_noise(ga), pooled_noise(gb), 0.95)
+    else:
+        va, vb = noise.centre(ga, "median"), noise.centre(gb, "median")
+        iv = noise.combine(vb / va, *(noise.side_noise(g, "median", 100, None) for g in (ga, gb)), 0.95)
+    return compare.change_verdict(iv.ratio, (iv.lo, iv.hi), threshold, False), iv.hi / iv.lo
+
+
+def widths_table(pattern: str, results: dict, ks: tuple[int, ...] = (3, 5, 10)) -> None:
+    """One run's own TPOT interval half-width under each statistic, over every subset of k of its
+    repeats (the H200 host-noise runs: 10 repeats, a fast and a slow host state)."""
+    print(f"\nOne run's TPOT interval half-width (median over every {'/'.join(map(str, ks))} of its repeats):\n")
+    print("| run | repeats | " + " | ".join(STATISTICS[:2]) + " |")
+    print("| --- | --- | --- | --- |")
+    for path in sorted(glob.glob(str(ROOT / pattern))):
+        raw = json.loads(Path(path).read_text())
+        groups = tpot_groups(raw, 10 ** 6)
+        for k in ks:
+            if k > len(groups):
+                continue
+            half = {name: [] for name in STATISTICS[:2]}
+            for subset in itertools.combinations(groups, k):
+                chosen = noise.side_noise(list(subset), "median", 100, None)
+                half[STATISTICS[0]].append(math.exp(noise.t_quantile(0.975, chosen.df) * math.sqrt(chosen.var)) - 1)
+                before = pooled_noise(list(subset))
+                half[STATISTICS[1]].append(math.exp(noise.t_quantile(0.975, before.df) * math.sqrt(before.var)) - 1)
+            row = {name: float(np.median(v)) for name, v in half.items()}
+            results["widths"].append({"run": str(Path(path).parent.relative_to(ROOT)), "repeats": k, **row})
+            print(f"| {Path(path).parent.relative_to(ROOT)} | {k} | " + " | ".join(f"±{v * 100:.0f}%" for v in row.values()) + " |",
+                  flush=True)
+
+
+STATISTICS = ("geometric mean of the repeats' medians, t (chosen)", "pooled median, cluster bootstrap (before)", "half repeats")
+
+
+def statistics_table(directory: str, results: dict, k: int = 3) -> None:
+    print(f"\nTPOT at {k} repeats a run (half repeats: {2 * k} of half the requests), the 10% threshold of a "
+          "host-bound stage, every ordered pair:\n")
+    print("| stage | statistic | A/A: regressed | A/A: unchanged | A/A: interval width (median) | 1.2x build: regressed |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for stage, kinds in real_runs_by_kind(directory).items():
+        same, slow = kinds.get("a", []), kinds.get("x0.2", [])
+        for name in STATISTICS:
+            aa = [statistic_verdict(name, a, b, k, 0.10) for a in same for b in same if a is not b]
+            ab = [statistic_verdict(name, a, b, k, 0.10)[0] for a in same for b in slow]
+            row = {"stage": stage, "statistic": name, "aa_regressed": sum(v == "regressed" for v, _ in aa) / len(aa),
+                   "aa_unchanged": sum(v == "unchanged" for v, _ in aa) / len(aa),
+                   "aa_width": float(np.median([w for _, w in aa])), "slow_regressed": ab.count("regressed") / len(ab) if ab else None}
+            results["statistics"].append(row)
+            print(f"| {stage} | {name} | {pct(row['aa_regressed'])} | {pct(row['aa_unchanged'])} | x{row['aa_width']:.3f} | "
+                  f"{pct(row['slow_regressed'])} |", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=200, help="pairs per cell (default 200)")
@@ -270,39 +511,33 @@ def main() -> int:
     ap.add_argument("--nights", type=int, default=30, help="nights per series (default 30; the shift starts 10 before the end)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="also write the figures to FILE")
+    ap.add_argument("--real-pairs", default="", help="real runs of scripts/gate-pairs.sh (a directory): compare at the "
+                    "standard preset's stopping rule on every pair, by exit code (skips the synthetic tables)")
+    ap.add_argument("--statistics", action="store_true", help="with --real-pairs: the chosen statistic beside the one it "
+                    "replaced and shorter repeats, on the same pairs")
+    ap.add_argument("--widths", default="", help="runs of many repeats (a glob, e.g. 'results/h200/20261204-host-noise/*/run.json'): "
+                    "one run's interval width under each statistic by repeats")
     args = ap.parse_args()
     methods, metrics = args.methods.split(","), args.metrics.split(",")
-    results = {"args": {k: str(v) for k, v in vars(args).items()}, "cells": [], "ladder": []}
+    results = {"args": {k: str(v) for k, v in vars(args).items()}, "cells": [], "ladder": [], "real_pairs": [], "statistics": [],
+               "widths": []}
+    if args.real_pairs or args.widths:
+        if args.widths:
+            widths_table(args.widths, results)
+        if args.real_pairs:
+            real_pairs(args.real_pairs, results)
+        if args.real_pairs and args.statistics:
+            statistics_table(args.real_pairs, results)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1))
+        return 0
     all_pools = pools(args.cpu_runs, args.run_shift, args.stages.split(",") if args.stages else None, args.host_runs)
     if not args.no_table:
         main_table(all_pools, args, methods, metrics, results)
     if args.ladder:
-        print("\n| pool | metric | method | repeats | false alarms | 1.2x detected | median detectable |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
-        for pool in all_pools:
-            for key in (k for k in metrics if k in COLUMNS):
-                between, within = noise_split(pool, key, args.seed)
-                results["ladder"].append({"pool": pool.name, "metric": key, "cv_between_repeats": between,
-                                          "cv_within_repeat": within})
-                print(f"| {pool.name} | {key} | noise of a repeat's median: {pct(between)} between repeats, "
-                      f"{pct(within)} from its requests | | | | |")
-            for key in metrics:
-                for r in (int(x) for x in args.ladder.split(",")):
-                    cell = calibrate(pool, key, r, args.pairs, [m for m in methods if m != "requests"], args.seed)
-                    for m, c in ((m, c) for m, c in cell.items() if c["false_alarm"] is not None):
-                        results["ladder"].append({"pool": pool.name, "metric": key, "method": m, "repeats": r, **c})
-                        print(f"| {pool.name} | {key} | {m} | {r} | {pct(c['false_alarm'])} | {pct(c['detect_1.2x'])} | "
-                              f"{pct(c['median_mde'])} |", flush=True)
+        ladder_table(all_pools, args, methods, metrics, results)
     if args.series:
-        print("\n| pool | metric | series | false alarms | 1.2x from night N-10 flagged | ... first run named right |")
-        print("| --- | --- | --- | --- | --- | --- |")
-        results["series"] = []
-        for pool in all_pools:
-            for key in metrics:
-                c = series_check(pool, key, args.repeats, args.series, args.nights, args.seed)
-                results["series"].append({"pool": pool.name, "metric": key, **c})
-                print(f"| {pool.name} | {key} | {args.series} x {args.nights} | {pct(c['false_alarm'])} | "
-                      f"{pct(c['detected'])} | {pct(c['first_night_right'])} |", flush=True)
+        series_table(all_pools, args, metrics, results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The nightly regression job on any GPU machine, by hand (.github/workflows/nightly-gpu.yml runs
-# the same steps on a self-hosted GPU runner): benchmark every stage, compare with the baseline
-# for this GPU and model (the history's earlier runs giving the baseline's noise), add the run
-# to the history, check the history for sustained shifts, draw the history charts.
+# the same steps on a self-hosted GPU runner): benchmark every stage at the standard preset (the
+# stopping rule on: each stage repeats until its gated figures are settled, within its cap),
+# compare with the baseline for this GPU and model (the history's earlier runs giving the
+# baseline's noise; the baseline's declared params drift, results/baselines/drift.toml,
+# accepted), add the run to the history, check the history for sustained shifts, draw the
+# history charts.
 #
 # usage: scripts/nightly.sh [--baseline FILE] [--output DIR] [--model SOURCE] [--stages LIST]
 #                           [--db FILE] [--gpu SLUG] [--max-regression SPEC]... [--allow-missing LIST]
@@ -14,16 +17,23 @@
 #                     (~/.cache/llmopt/history.sqlite)
 #   --gpu SLUG        default: the first GPU's name from nvidia-smi, e.g. nvidia-h200
 #   --allow-missing   stages the new run may lack (passed to llmopt compare)
+#   --stages LIST     default all: `llmopt bench --preset standard`; a list: those stages with the
+#                     stopping rule's 2 to 10 repeats
 #   --init-baseline   when the baseline file is missing, make this run the baseline
-# Exit: 0 nothing regressed; 5 a metric regressed (compare) or a sustained regression in the
-# history (history check); 6 the run lacks or failed a stage of the baseline, or did not finish;
-# 4 a stage failed (bench); 2 no baseline or runs not comparable; as llmopt otherwise.
+# Exit: 0 every gated metric settled and none regressed; 5 a metric regressed (compare) or a
+# sustained regression in the history (history check); 6 the run lacks or failed a stage of the
+# baseline, or did not finish; 8 the hosts explain a change (compare); 9 a gated metric is
+# inconclusive (compare: more repeats, or a quieter host, would settle it); 4 a stage failed
+# (bench); 2 no baseline or runs not comparable; as llmopt otherwise. A stage that failed is
+# measured again in place with `llmopt bench --resume DIR --rerun failed`, then run the
+# comparison again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 LLMOPT=${LLMOPT:-llmopt}
 command -v "$LLMOPT" >/dev/null 2>&1 || LLMOPT=.venv/bin/llmopt
 baseline="" out="" model="synthetic:llama2-7b" stages="all" db="" gpu="" init=0
+WATCH=${WATCH:-flash-attn:tpot,flash-attn:e2e,flash-attn:tok_s}
 compare_args=() check_args=() bench_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -37,7 +47,7 @@ while [ $# -gt 0 ]; do
     --allow-missing) compare_args+=(--allow-missing "$2"); shift 2 ;;
     --init-baseline) init=1; shift ;;
     --) shift; bench_args=("$@"); break ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "error: unknown argument $1" >&2; echo "  fix: see scripts/nightly.sh --help" >&2; exit 2 ;;
   esac
 done
@@ -67,7 +77,9 @@ fi
 
 echo "nightly: $model on $gpu -> $out (baseline $baseline)" >&2
 bench_rc=0
-"$LLMOPT" bench --stages "$stages" --model "$model" --output "$out" ${bench_args[@]+"${bench_args[@]}"} || bench_rc=$?
+# the gate's preset: the stopping rule on (docs/regression.md, "Enough evidence")
+if [ "$stages" = all ]; then chosen=(--preset standard); else chosen=(--stages "$stages" --repeats 2 --max-repeats 10); fi
+"$LLMOPT" bench "${chosen[@]}" --model "$model" --output "$out" ${bench_args[@]+"${bench_args[@]}"} || bench_rc=$?
 if [ ! -f "$out/run.json" ]; then
   echo "error: the benchmark wrote no run.json (exit $bench_rc)" >&2
   exit $(( bench_rc ? bench_rc : 1 ))
@@ -88,8 +100,13 @@ if [ ! -f "$baseline" ]; then
 fi
 
 # compare before the run joins the history: the history's earlier runs give the baseline's noise
+# flash-attn's decode figures are its sweep's eager transformers decode (host-bound), measured by
+# the stage's own 3 repeats, which the stopping rule does not extend: watched, not gated (its
+# prefill, what the stage is about, stays gated). docs/regression.md, "The nightly job".
 compare_rc=0
-"$LLMOPT" compare "$baseline" "$out" --output "$out/compare.md" ${compare_args[@]+"${compare_args[@]}"} || compare_rc=$?
+drift=(); [ -f results/baselines/drift.toml ] && drift=(--drift results/baselines/drift.toml)
+"$LLMOPT" compare "$baseline" "$out" --output "$out/compare.md" "${drift[@]}" --watch "$WATCH" \
+  ${compare_args[@]+"${compare_args[@]}"} || compare_rc=$?
 echo "nightly: comparison in $out/compare.md; report in $out/report.md" >&2
 
 "$LLMOPT" history add "$out"

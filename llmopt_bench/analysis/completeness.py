@@ -1,7 +1,7 @@
 """Whether the new run is a complete comparison with the baseline (`llmopt compare`'s exit 6),
 each gap with its kind, so that the fix can say what to do about it: a run that did not finish
 resumes, a stage it never measured is added with `--resume DIR --stages`, a stage that failed
-needs its cause fixed and a new run, a stage measured with other params needs a baseline made
+needs its cause fixed and `--resume DIR --rerun STAGE`, a stage measured with other params needs a baseline made
 with the same ones, and any of them may be accepted by name with --allow-missing.
 
 Stages whose params differ are not compared (docs/regression.md): their numbers measure other
@@ -10,7 +10,7 @@ settings, as `llmopt history show` says of the same pair ("not comparable")."""
 from __future__ import annotations
 
 import difflib
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from llmopt_bench.core.errors import UsageError
@@ -25,6 +25,7 @@ class Gap:
     stage: str | None  # None: the run itself
     kind: str  # unfinished | missing | rerun | failed | skipped | params
     text: str
+    params: tuple[str, ...] = ()  # kind params: the params that differ
 
 
 def parse_allowed(specs: Sequence[str] | None) -> set[str]:
@@ -48,10 +49,16 @@ def _value(v) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def params_differing(base: StageResult, new: StageResult) -> list[str]:
+    """The names of the params the two results set differently."""
+    b, n = base.params or {}, new.params or {}
+    return [k for k in sorted(set(b) | set(n)) if b.get(k) != n.get(k)]
+
+
 def params_diff(base: StageResult, new: StageResult) -> list[str]:
     """'concurrency [1, 16, 64] vs [1, 4, 16]' for each param the two results set differently."""
     b, n = base.params or {}, new.params or {}
-    return [f"{k} {_value(b.get(k))} vs {_value(n.get(k))}" for k in sorted(set(b) | set(n)) if b.get(k) != n.get(k)]
+    return [f"{k} {_value(b.get(k))} vs {_value(n.get(k))}" for k in params_differing(base, new)]
 
 
 def params_note(diff: list[str], shown: int = 3) -> str:
@@ -67,16 +74,18 @@ def _stage_gap(name: str, b: StageResult | None, n: StageResult | None) -> Gap |
         kind = "rerun" if n.status in RESUMED_AGAIN else "skipped" if n.status == "skipped" else "failed"
         return Gap(name, kind, f"{name}: {n.status} in the new run{why}" + (" (ok in the baseline)" if b and b.status == "ok" else ""))
     if b is not None and b.status == "ok" and n.status == "ok" and (diff := params_diff(b, n)):
-        return Gap(name, "params", f"{name}: not comparable, {params_note(diff)}")
+        return Gap(name, "params", f"{name}: not comparable, {params_note(diff)}", tuple(params_differing(b, n)))
     return None
 
 
-def gaps(base: RunResult, new: RunResult, allowed: Collection[str] = frozenset()) -> list[Gap]:
+def gaps(base: RunResult, new: RunResult, allowed: Collection[str] = frozenset(),
+         declared: Mapping[str, Collection[str]] | None = None) -> list[Gap]:
     """Why the new run is not a complete comparison with the baseline: a stage the baseline
     measured that the new run lacks or did not finish ok, a stage that crashed (error, oom,
     timeout, interrupted: never accepted silently, even when the baseline crashed too), a stage
     measured with other params, or a run that did not complete. `skipped` on both sides is the
-    same outcome, not a gap."""
+    same outcome, not a gap; other params that the baseline's drift file declares for the stage
+    (`declared`: stage -> params, analysis/baseline_drift.py), and only those, are accepted."""
     every = ALLOW_ALL in allowed
     out = []
     if new.status != "complete" and not (every or ALLOW_RUN in allowed):
@@ -84,7 +93,8 @@ def gaps(base: RunResult, new: RunResult, allowed: Collection[str] = frozenset()
     names = [s.name for s in base.stages] + [s.name for s in new.stages if base.stage(s.name) is None]
     for name in names:
         if not (every or name in allowed) and (gap := _stage_gap(name, base.stage(name), new.stage(name))):
-            out.append(gap)
+            if not (gap.kind == "params" and set(gap.params) <= set((declared or {}).get(name, ()))):
+                out.append(gap)
     return out
 
 
@@ -103,8 +113,8 @@ def gap_fix(found: Sequence[Gap], new_dir: str) -> str:
     if names("missing"):
         steps.append(f"measure the missing stages into it: llmopt bench --resume {new_dir} --stages {names('missing')}")
     if names("failed"):
-        steps.append(f"{names('failed')} failed (its log under {new_dir}/logs says why): fix the cause and make a new run "
-                     "(--resume keeps a failed stage)")
+        steps.append(f"{names('failed')} failed (its log under {new_dir}/logs says why): fix the cause, then measure it "
+                     f"again in place: llmopt bench --resume {new_dir} --rerun {names('failed')}")
     if names("params"):
         steps.append(f"{names('params')} ran with other params: compare against a baseline made with the same params")
     accept = names("missing", "rerun", "failed", "skipped", "params")

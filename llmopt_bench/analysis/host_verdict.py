@@ -22,7 +22,15 @@ divided by it): the run as if it had run on the baseline's host. Then:
 
 Either way a run on a slower host never passes silently: `inconclusive (host)` exits with its
 own code (errors.ExitCode.HOST_INCONCLUSIVE, 8), neither 0 nor the regression's 5. Which rule
-is the default was decided by the calibration (scripts/calibrate-gate.py, docs/regression.md)."""
+is the default was decided by the calibration (scripts/calibrate-gate.py, docs/regression.md).
+
+**What else the repeats saw** (analysis/host_signals.py, issue 33): the index need not move when
+a neighbour takes a core (219.7 -> 232.1 kop/s beside two busy loops on the 2-core CPU host,
+while the stage's CPU share fell from 1.99 to 1.00). So every stage's recorded CPU share,
+preemptions, steal and load are weighed too, host-bound or not: where one of them moved, a
+verdict in the direction the host pushed it is `inconclusive (host)`: on a busier new host a
+regression or an inconclusive change; on a busier baseline host an improvement, "unchanged"
+(a regression may hide under the better host) or an inconclusive change."""
 
 from __future__ import annotations
 
@@ -31,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from llmopt_bench.analysis import hostbound, noise
+from llmopt_bench.analysis import host_signals, hostbound, noise
 from llmopt_bench.analysis.judge import SAMPLE_COLUMNS, judge
 from llmopt_bench.core.results import RunResult, StageResult
 
@@ -144,20 +152,49 @@ def normalised_inputs(stage: StageResult, key: str, index: list, reference: floa
     return (float(np.mean(known)) if known else None), [[v] for v in known]
 
 
-def weigh_host(delta: "StageDelta", base: StageResult, new: StageResult, base_run: RunResult, new_run: RunResult,
-               rule: str, resamples: int, confidence: float, seed: int) -> None:
-    """The host's change beside a compared stage and, where the stage is host-bound, every
-    metric judged again as if on the baseline's host (host_verdict.final_verdict decides)."""
+def signal_verdict(verdict: str, busier: set[str]) -> str:
+    """A timing metric's verdict where the host's signals moved (`busier`: which run's host was
+    the busier, "new" and/or "baseline"): the verdicts the host could have made are the host's."""
+    if "new" in busier and verdict in ("regressed", "inconclusive"):
+        return HOST_INCONCLUSIVE
+    if "baseline" in busier and verdict in ("improved", "unchanged", "inconclusive"):
+        return HOST_INCONCLUSIVE
+    return verdict
+
+
+def boundness(base: StageResult, new: StageResult, base_run: RunResult, new_run: RunResult) -> hostbound.Bound:
+    """Whether a stage is host-bound, by the new run (else the baseline, where the new cannot say)."""
     bound = hostbound.host_bound(new, new_run)
-    if bound.host_bound is None:
-        bound = hostbound.host_bound(base, base_run)
+    return hostbound.host_bound(base, base_run) if bound.host_bound is None else bound
+
+
+def weigh_host(delta: "StageDelta", base: StageResult, new: StageResult, bound: hostbound.Bound,
+               rule: str, resamples: int, confidence: float, seed: int) -> None:
+    """The host's change beside a compared stage: where the stage is host-bound and both runs
+    recorded the index, every metric judged again as if on the baseline's host
+    (host_verdict.final_verdict decides); then, for every stage, the repeats' other signals
+    (host_signals.moved): a verdict the moved host explains is inconclusive (host)."""
     delta.host_bound, delta.host_bound_why = bound.host_bound, bound.why
+    _weigh_index(delta, base, new, rule, resamples, confidence, seed)
+    moved = host_signals.moved((base.extra or {}).get("conditions"), (new.extra or {}).get("conditions"))
+    delta.host_moved = [{**asdict(m), "text": m.text()} for m in moved]
+    busier = {m.busier for m in moved if m.weighs}
+    for d in delta.metrics if busier else []:
+        # a watched metric's inconclusive verdict does not fail, nor does the host's version of it
+        weighed = d.judged and (d.gated or d.verdict != "inconclusive")
+        if weighed and d.metric != "peak_memory" and (verdict := signal_verdict(d.verdict, busier)) != d.verdict:
+            d.raw_verdict = d.raw_verdict or d.verdict
+            d.verdict = verdict
+
+
+def _weigh_index(delta: "StageDelta", base: StageResult, new: StageResult, rule: str, resamples: int,
+                 confidence: float, seed: int) -> None:
     b_index, n_index = hostbound.index_per_repeat(base), hostbound.index_per_repeat(new)
     if not any(b_index) and not any(n_index):
         return
     change = host_change(b_index, n_index, confidence, resamples, seed)
     delta.host = {**asdict(change), "text": change.text()}
-    if not bound.host_bound or change.baseline_kops is None or change.new_kops is None:
+    if not delta.host_bound or change.baseline_kops is None or change.new_kops is None:
         return
     for d in delta.metrics:
         if d.metric not in SAMPLE_COLUMNS and d.metric != "output_tok_s":

@@ -1,20 +1,23 @@
 """Run-to-run noise for the regression gate (docs/regression.md, "The method").
 
-A run's statistic (the median TPOT of all its requests, say) varies from run to run by more than
-its requests' scatter shows: a repeat runs under other clocks, host load or neighbours than the
-next. So the unit of resampling is the repeat, not the request:
+A run's figure varies from run to run by more than its requests' scatter shows: a repeat runs
+under other clocks, host load or neighbours than the next, and every request in it moves
+together. So the unit is the repeat, not the request:
 
-- **cluster bootstrap**: each side's repeats are drawn with replacement and the statistic is
-  taken over the drawn repeats' requests, kept whole (drawing requests again inside a drawn
-  repeat would count their scatter twice: Davison & Hinkley 1997, section 3.8). With one repeat
-  there is no between-repeat information and the requests are drawn instead (the interval then
-  misses run-level noise, and the method column says so);
-- **small-sample correction**: with R repeats the bootstrap variance of a mean is (R-1)/R of the
-  unbiased one, and a normal quantile is too narrow for R-1 degrees of freedom; the variance is
-  scaled by R/(R-1) and the interval is log(ratio) +- t(df) x SE with Welch-Satterthwaite df;
+- **the statistic**: each repeat's own figure (the median of its requests' TPOT, say, or its
+  windowed tok/s), and the run's value is their geometric mean: the mean of the repeats' log
+  values. Measured against the cluster bootstrap of the pooled requests' median that it
+  replaced (docs/regression.md, "Which statistic"): where a host-bound stage's repeats fall in
+  two groups (a fast and a slow host state), the pooled median jumps between them from one
+  draw to the next and its interval came out about twice as wide, for the same repeats;
+- **the interval**: log(ratio) +- t(df) x SE, each side's variance the sample variance of its
+  repeats' log values over R, the degrees of freedom by Welch-Satterthwaite (R - 1 a side: with
+  3 repeats a side t = 2.78, with 2 repeats 4.30). With one repeat there is no between-repeat
+  information and the requests are drawn instead (the interval then misses run-level noise,
+  and the method column says so);
 - **history**: when earlier runs of the same fingerprint are known, the baseline's variance is
-  the spread of their per-run statistic (it holds the run-level shifts that one run cannot
-  show), and the new run's is at least that.
+  the spread of their per-run value (it holds the run-level shifts that one run cannot show),
+  and the new run's is at least that.
 
 numpy is imported inside the functions (`llmopt --help` stays instant)."""
 
@@ -79,47 +82,48 @@ def repeat_groups(values: Sequence[float | None], repeats: Sequence[int]) -> lis
     return [groups[r] for r in sorted(groups)]
 
 
-def statistic_of(values, statistic: str):
-    """Median or mean along the last axis, NaN (padding of shorter repeats) ignored."""
+def request_draws(values: list[float], statistic: str, resamples: int, rng):
+    """log(statistic) of one repeat's values drawn again with replacement, `resamples` times."""
     import numpy as np
 
-    if not np.isnan(values).any():  # the nan-aware versions are several times slower
-        return np.median(values, axis=-1) if statistic == "median" else values.mean(axis=-1)
-    return np.nanmedian(values, axis=-1) if statistic == "median" else np.nanmean(values, axis=-1)
+    x = np.asarray(values, dtype=float)
+    drawn = x[rng.integers(0, len(x), size=(resamples, len(x)))]
+    return np.log(np.median(drawn, axis=1) if statistic == "median" else drawn.mean(axis=1))
 
 
-def log_draws(groups: list[list[float]], statistic: str, resamples: int, rng, within: bool):
-    """log(statistic) over `resamples` draws: repeats drawn with replacement, each drawn repeat's
-    values kept whole, or (within=True) drawn again with replacement inside it."""
+def repeat_values(groups: list[list[float]], statistic: str) -> list[float]:
+    """Each repeat's own figure: the median (or mean) of its values, the positive finite ones."""
     import numpy as np
 
-    lens = np.array([len(g) for g in groups])
-    width = int(lens.max())
-    table = np.full((len(groups), width), np.nan)
-    for i, g in enumerate(groups):
-        table[i, :len(g)] = g
-    reps = rng.integers(0, len(groups), size=(resamples, len(groups)))
-    n = lens[reps][..., None]  # (resamples, R, 1): the drawn repeat's length
-    pos = np.broadcast_to(np.arange(width), (resamples, len(groups), width))
-    idx = np.floor(rng.random(pos.shape) * n).astype(int) if within else pos
-    values = np.where(pos < n, table[reps[..., None], np.minimum(idx, width - 1)], np.nan)
-    return np.log(statistic_of(values.reshape(resamples, -1), statistic))
+    out = []
+    for g in groups:
+        v = float(np.median(g) if statistic == "median" else np.mean(g)) if g else math.nan
+        if v > 0 and math.isfinite(v):
+            out.append(v)
+    return out
 
 
-def side_noise(groups: list[list[float]], statistic: str, resamples: int, rng, within: bool = False) -> SideNoise | None:
-    """One side's variance of log(statistic) from its own repeats (or, with one repeat, requests)."""
+def centre(groups: list[list[float]], statistic: str) -> float | None:
+    """The run's value: the geometric mean of its repeats' figures (one repeat: that repeat's)."""
+    values = repeat_values(groups, statistic)
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def side_noise(groups: list[list[float]], statistic: str, resamples: int, rng) -> SideNoise | None:
+    """One side's variance of log(its value): from its repeats' log figures (the variance of
+    their mean), or, with one repeat, from its requests (a bootstrap of their statistic)."""
     import numpy as np
 
-    if len(groups) >= 2:
-        draws = log_draws(groups, statistic, resamples, rng, within)
-        units, label = len(groups), f"{len(groups)} repeats"
-    elif groups and len(groups[0]) >= 2:
-        draws = log_draws(groups, statistic, resamples, rng, within=True)
-        units, label = len(groups[0]), f"{len(groups[0])} requests (1 repeat)"
-    else:
-        return None
-    var = float(np.var(draws[np.isfinite(draws)])) * units / (units - 1)
-    return SideNoise(var, units - 1, label, var * units if len(groups) >= 2 else None)
+    values = repeat_values(groups, statistic)
+    if len(values) >= 2:
+        per_repeat = float(np.var(np.log(values), ddof=1))
+        return SideNoise(per_repeat / len(values), len(values) - 1, f"{len(values)} repeats", per_repeat)
+    if len(groups) == 1 and len(groups[0]) >= 2:
+        draws = request_draws(groups[0], statistic, resamples, rng)
+        units = len(groups[0])
+        var = float(np.var(draws[np.isfinite(draws)])) * units / (units - 1)
+        return SideNoise(var, units - 1, f"{units} requests (1 repeat)")
+    return None
 
 
 def fill_in(own: SideNoise | None, other: SideNoise | None, repeats: int) -> SideNoise | None:
@@ -174,3 +178,37 @@ def min_detectable(interval: Interval, threshold: float, higher_is_better: bool)
     exp(-(t + z_power) x SE)). Returned as a fraction: 0.12 = a 12% change."""
     reach = math.exp((interval.t + NormalDist().inv_cdf(POWER)) * interval.se)
     return 1 - (1 - threshold) / reach if higher_is_better else (1 + threshold) * reach - 1
+
+
+MAX_SETTLE = 1000  # repeats a side beyond which "more repeats" is no answer
+
+
+def settling_repeats(ratio: float, base: SideNoise, new: SideNoise, threshold: float, confidence: float) -> int | None:
+    """How many repeats a side would settle an inconclusive verdict, were the change what this
+    pair measured and each repeat as noisy as these: the fewest R whose interval lies wholly
+    within +-threshold (no change) or wholly beyond it. A side whose noise is the history's keeps
+    it (more repeats of one run do not narrow the spread between runs). None: no number up to
+    MAX_SETTLE does (a change right at the threshold, or a history wider than the margin)."""
+    d, up, down = math.log(ratio), math.log(1 + threshold), math.log(1 - threshold) if threshold < 1 else -math.inf
+    margin = min(up - d, d - down) if down < d < up else (d - up if d >= up else down - d)
+    if margin <= 0:
+        return None
+
+    def at(side: SideNoise, r: int) -> tuple[float, float]:
+        return (side.per_repeat / r, r - 1) if side.per_repeat is not None else (side.var, side.df)
+
+    def settles(r: int) -> bool:
+        (vb, db), (vn, dn) = at(base, r), at(new, r)
+        var = vb + vn
+        if var <= 0:
+            return True
+        df = var ** 2 / sum(v ** 2 / k for v, k in ((vb, db), (vn, dn)) if v > 0)
+        return t_quantile(0.5 + confidence / 2, round(df, 2)) * math.sqrt(var) <= margin
+
+    if not settles(MAX_SETTLE):
+        return None
+    lo, hi = 2, MAX_SETTLE  # the interval narrows with r: the first r that settles, by bisection
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if settles(mid) else (mid + 1, hi)
+    return lo

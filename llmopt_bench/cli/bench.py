@@ -124,6 +124,7 @@ def bench_cmd(
     model: str | None = typer.Option(None, "--model", "-m", help="synthetic:tiny | synthetic:llama2-7b | bundled:smollm2-135m | a local checkpoint dir | a hub id. Default: synthetic:llama2-7b on CUDA, synthetic:tiny on CPU."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Run directory, created if missing; never another run's (use --resume). (default: results/runs/<timestamp>)"),
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run in DIR: the journey it was started with, only the stages missing from its run.json or interrupted there."),
+    rerun: str | None = typer.Option(None, "--rerun", help="With --resume: also measure these stages again (comma-separated names, or 'failed': every stage that ended in error, oom or timeout), keeping every other stage as measured.", show_default=False),
     fail_fast: bool = typer.Option(False, "--fail-fast", help="Stop at the first stage that fails (error, oom, timeout)."),
     share_engines: bool = typer.Option(True, "--share-engines/--no-share-engines", help="Run stages that start the same engine configuration (vllm and continuous-batching's vLLM side) one after the other on one engine, in one process."),
     prefetch: bool | None = typer.Option(None, "--prefetch/--no-prefetch", help="Start the next stage's process while the current one loads, so its imports are done by its turn; it waits, stopped, while the current stage measures, and its imports are reported apart (timing.prefetched_s), never in load_s. Default: on with 8 or more cores.", show_default=False),
@@ -152,11 +153,12 @@ def bench_cmd(
     check_preset_use(preset, stages=stages, endpoint=endpoint, resume=resume)
     previous, cuda = (load_run(resume) if resume is not None else None), bool(cuda_devices())
     plans, named, model, cfg = plans_and_workload(preset, given, previous, cuda, stages, model, endpoint, api_key_env, tokenizer, slo, hold)
+    again = rerun_names(rerun, previous, plans)
     spec = parse_model(model or (previous.model.source if previous and previous.model else default_model(cuda)))
     out = run_directory(output, resume)
     opts = RunOptions(out_dir=out, model=spec, workload=cfg, plans=plans, fail_fast=fail_fast, timeout_s=timeout,
                       resume=previous is not None, command=shlex.join(["llmopt", *sys.argv[1:]]), min_quality=gate,
-                      share_engines=share_engines, preset=preset, prefetch=prefetch_on(prefetch))
+                      share_engines=share_engines, preset=preset, prefetch=prefetch_on(prefetch), rerun=again)
     reporter = make_reporter()
     say_workload(cfg, reporter, out)
     try:
@@ -166,6 +168,28 @@ def bench_cmd(
                           f"continue with llmopt bench --resume {out}", code=ExitCode.INTERRUPTED) from None
     write_outputs(run, out, report, as_json)
     exit_status(run, out, named)
+
+
+def rerun_names(rerun: str | None, previous, plans: list) -> frozenset[str]:
+    """--rerun NAME,...|failed -> the names the runner measures again; refused without --resume, and
+    for a name that is no stage of the run (a typo would rerun nothing, silently)."""
+    from llmopt_bench.run.registry import did_you_mean
+    from llmopt_bench.run.runner import RERUN_FAILED
+
+    if rerun is None:
+        return frozenset()
+    if previous is None:
+        raise UsageError("--rerun measures stages of an existing run again, and there is none without --resume",
+                         "add --resume DIR, or drop --rerun")
+    names = [n.strip() for n in rerun.split(",") if n.strip()]
+    if not names:
+        raise UsageError(f"--rerun {rerun!r}: empty", "name stages of the run (comma-separated), or 'failed'")
+    known = [p.name for p in plans]  # the journey the resumed run finishes
+    for name in names:
+        if name != RERUN_FAILED and name not in known:
+            raise UsageError(f"--rerun {name!r}: no such stage in the run's journey",
+                             f"{did_you_mean(name, known)}name its stages ({', '.join(known)}) or 'failed'")
+    return frozenset(names)
 
 
 def prefetch_on(asked: bool | None) -> bool:

@@ -63,10 +63,13 @@ class WorkloadConfig(StrictModel):
                                              "of 16 tokens, their warmup_tokens param; 0: none)", json_schema_extra=option(cpu=1))
     repeats: int = Field(3, ge=1, description="times the workload is measured; the spread is reported", json_schema_extra=option(cpu=2))
     max_repeats: int | None = Field(None, ge=1, le=1000, description="go on past --repeats, one repeat at a time, until the "
-                                    "headline figure's 95% interval over the repeats is within --stop-within (default: "
-                                    "--repeats, a fixed count)", json_schema_extra=option())
-    stop_within: float = Field(2.0, ge=0.1, le=100, description="the stopping rule's target: TPOT p50's 95% interval "
+                                    "gated figures' 95% intervals over the repeats (TPOT p50, E2E p50, output tok/s) are "
+                                    "within --stop-within (default: --repeats, a fixed count)", json_schema_extra=option())
+    stop_within: float = Field(2.0, ge=0.1, le=100, description="the stopping rule's target: each gated figure's 95% interval "
                                                                 "half-width over the repeats, in % of the value", json_schema_extra=option())
+    repeat_budget_s: float | None = Field(None, ge=1, le=86400, description="the stopping rule's time cap: no repeat past "
+                                          "--repeats starts that would end after the stage's repeats have taken this many "
+                                          "seconds (default: none)", json_schema_extra=option(name="--repeat-budget"))
     seed: int = Field(0, ge=0, le=2**32 - 1, description="seed for prompt choice, generated workloads and arrivals",
                       json_schema_extra=option())
     batch_size: int = Field(1, ge=1, description="requests generated together by one-shot stages", json_schema_extra=option())

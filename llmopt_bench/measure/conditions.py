@@ -72,6 +72,8 @@ class RepeatConditions(BaseModel):
                                     "second, the median of its rounds right before and right after the repeat")
     host_device: str | None = Field(None, description="where the index's ops ran: cuda or cpu (measure/hostspeed.py)")
     pinned_cpu: int | None = Field(None, description="the core the stage's main thread was pinned to (--pin-cpu), else None")
+    wall_s: float | None = Field(None, description="the repeat's wall time, seconds: preemptions and steal as rates a second "
+                                 "(a slower repeat is preempted more often in all, not more often a second)")
 
 
 class ConditionsRecorder:
@@ -94,7 +96,7 @@ class ConditionsRecorder:
         devices = nvml.device_indices()
         steal = _steal()
         self.result = RepeatConditions(load1=round(os.getloadavg()[0], 2), cpus=len(os.sched_getaffinity(0)),
-                                       gpu_sm_mhz=nvml.sm_clock_mhz(devices[0]) if devices else None)
+                                       gpu_sm_mhz=nvml.sm_clock_mhz(devices[0]) if devices else None, wall_s=round(wall, 4))
         if steal is not None and self.steal0 is not None:
             self.result.steal_s = round(steal - self.steal0, 3)
         if before is not None and after is not None and wall > 0:

@@ -60,7 +60,8 @@ def environment(run: RunResult) -> list[str]:
 
 def repeats_text(w) -> str:
     if w.max_repeats and w.max_repeats > w.repeats:
-        return f"{w.repeats} to {w.max_repeats} repeats (until TPOT p50's 95% interval is within ±{w.stop_within:g}%)"
+        budget = f", at most {w.repeat_budget_s:g} s of them a stage" if w.repeat_budget_s else ""
+        return f"{w.repeats} to {w.max_repeats} repeats (until the gated figures' 95% intervals are within ±{w.stop_within:g}%{budget})"
     return f"{w.repeats} repeats"
 
 

@@ -18,7 +18,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmopt_bench.analysis import changepoint, compare
+from llmopt_bench.analysis import changepoint, compare, hostbound
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.models import cache_dir
 from llmopt_bench.core.results import RunResult, StageResult, parse_run, utcnow
@@ -194,7 +194,7 @@ class TrendPoint:
     change: float | None = None  # vs the previous comparable run of this stage
     ci: tuple[float, float] | None = None
     verdict: str = ""  # regressed | improved | unchanged | inconclusive | not comparable | first | -
-    method: str = ""  # bootstrap-repeats | history | single value | relative change | ...
+    method: str = ""  # repeats | history | single value | relative change | ...
 
 
 def trend(db: Path, metric: str = "tpot_p50", stage: str | None = None, thresholds: dict[str, float] | None = None,
@@ -226,7 +226,9 @@ def trend(db: Path, metric: str = "tpot_p50", stage: str | None = None, threshol
             p.verdict, p.method = "not comparable", "device, model, workload or stage params differ"
         elif key in compare.METRICS:
             past = [v for r in earlier if r.fingerprint == row.fingerprint and (v := r.value) is not None][-NOISE_RUNS:]
-            d = compare.compare_metric(key, stage_of(last), stage_of(row), threshold, resamples, seed=seed, history=past)
+            bound = hostbound.host_bound(stage_of(row), parsed[row.run_json]).host_bound  # 10% where host-bound, as compare
+            d = compare.compare_metric(key, stage_of(last), stage_of(row), compare.threshold_for(key, thresholds, bound), resamples,
+                                       seed=seed, history=past)
             p.change, p.ci, p.verdict, p.method = d.change, d.ci, d.verdict, d.method
         elif row.value is not None and last.value:  # an ok row has its value; a ratio needs a previous one above 0
             ratio = row.value / last.value

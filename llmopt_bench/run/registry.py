@@ -206,8 +206,9 @@ class Preset:
 
 PRESETS = {
     "quick": Preset("hf-fp16, awq-int4, vllm, vllm-fp8 with quality; light, no sweeps", "quick", "quick"),
-    "standard": Preset("the whole journey at the default workload (as make bench)", "journey", "journey-cpu"),
-    "full": Preset("the journey, served FP8 and AWQ too, 10 repeats (the gate's)", "full", "full-cpu"),
+    "standard": Preset("the whole journey at the default workload, 2 to 10 repeats until settled (the nightly gate's)",
+                       "journey", "journey-cpu"),
+    "full": Preset("the journey, served FP8 and AWQ too, 10 to 30 repeats until settled", "full", "full-cpu"),
 }
 
 

@@ -43,6 +43,7 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
             "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 REFERENCE_FILE = "quality_reference.pt"
 RERUN = ("interrupted", "killed")  # what --resume runs again: stopped from outside, not by the stage itself
+RERUN_FAILED = "failed"  # --rerun failed: every stage that ended in error, oom or timeout, run again too
 
 
 @dataclass
@@ -59,6 +60,7 @@ class RunOptions:
     preset: str | None = None  # the --preset that chose the journey and workload, recorded in run.json
     share_engines: bool = True  # stages of one engine configuration run on one engine (engines/engine_pool.py)
     prefetch: bool = False  # start the next stage's worker while the current one loads (run/prefetch.py)
+    rerun: frozenset[str] = frozenset()  # --resume --rerun: stages (or "failed") measured again, the rest kept
     extra_env: dict[str, str] = field(default_factory=dict)
     # run.wall_s before this invocation, and when it began: wall_s is saved with every stage, so
     # that an invocation killed from outside (a machine taken away) still counts what it ran
@@ -240,10 +242,11 @@ def say_eta(run: RunResult, plans: list[StagePlan], reporter: Reporter) -> None:
 
 def _run_plans(session: RunSession, previous: RunResult | None, opts: RunOptions) -> None:
     run, reporter = session.run, session.reporter
-    todo = [p for p in opts.plans if not ((d := previous.stage(p.name) if previous else None) and d.status not in RERUN)]
+    todo = [p for p in opts.plans if not ((d := previous.stage(p.name) if previous else None) and not again(d, opts.rerun))]
     for plan in opts.plans:
         if plan not in todo and previous is not None and (done := previous.stage(plan.name)) is not None:
-            reporter.progress(plan.name, f"already in the run ({done.status}): kept (resume)", None, None)
+            hint = "; --rerun failed measures it again" if done.status in FAILED else ""
+            reporter.progress(plan.name, f"already in the run ({done.status}): kept (resume{hint})", None, None)
     keys = share_keys(todo, opts.workload) if opts.share_engines else {}
     groups = plan_groups(todo, keys, session.reference.name)
     ahead: Ahead | None = None
@@ -262,6 +265,12 @@ def _run_plans(session: RunSession, previous: RunResult | None, opts: RunOptions
     finally:
         if ahead is not None:  # the run stopped (--fail-fast, Ctrl-C, an error): no worker waits on
             ahead.discard()
+
+
+def again(done: StageResult, rerun: frozenset[str]) -> bool:
+    """Whether --resume runs a stage already in the run: stopped from outside (RERUN), named by
+    --rerun, or failed under --rerun failed. Everything else stays as measured."""
+    return done.status in RERUN or done.name in rerun or (RERUN_FAILED in rerun and done.status in FAILED)
 
 
 def _launcher(session: RunSession, group: list[StagePlan], keys: dict[str, str], opts: RunOptions) -> Callable[[], Launched] | None:

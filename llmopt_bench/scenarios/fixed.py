@@ -115,9 +115,10 @@ def warmup(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext, tok
 
 
 def stopping_rule(workload: WorkloadConfig, output_lens: list[int] | None = None) -> StoppingRule:
-    """Judged on TPOT unless some request's forced output is one token (then on E2E)."""
+    """Settled on the gate's decode figures: TPOT (E2E where some request's forced output is one
+    token), E2E and output tok/s, within --repeat-budget seconds of repeats."""
     return StoppingRule(workload.repeats, workload.max_repeats or workload.repeats, workload.stop_within,
-                        headline_metric(min(output_lens or [workload.max_new_tokens])))
+                        headline_metric(min(output_lens or [workload.max_new_tokens])), workload.repeat_budget_s)
 
 
 def measure(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext, rule: StoppingRule,
@@ -143,7 +144,7 @@ def measure(engine: FixedEngine, workload: WorkloadConfig, ctx: StageContext, ru
             if conditions is not None:
                 conditions.append(recorder.result)
             samples += got
-            if rule.add(got):
+            if rule.add(got, recorder.result):
                 break
     return reqs, samples, {r.id: tokens.get(r.id, []) for r in reqs}
 

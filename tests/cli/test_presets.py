@@ -68,16 +68,18 @@ def test_quick_on_cpu_keeps_the_cpu_defaults(cpu):
     assert cfg.notes and "lighter defaults on CPU" in cfg.notes[0]
 
 
-def test_standard_is_stages_all_on_a_gpu(gpu):
+def test_standard_is_stages_all_on_a_gpu_with_the_stopping_rule(gpu):
+    """The nightly gate's preset (issue 33): the default workload, 2 to 10 repeats until settled."""
     plans, cfg = preset_run("standard", {})
     assert as_run(plans) == as_run(resolve_stages("all")[0])
-    assert sizes(cfg) == GPU_DEFAULTS and cfg.notes == []
+    assert sizes(cfg) == {**GPU_DEFAULTS, "repeats": 2} and cfg.notes == []
+    assert (cfg.max_repeats, cfg.stop_within, cfg.repeat_budget_s) == (10, 2.5, 90)
 
 
 def test_standard_on_cpu_is_make_bench_journey(cpu):
     plans, cfg = preset_run("standard", {})
     assert as_run(plans) == as_run(resolve_stages(str(JOURNEY_DIR / "journey-cpu.toml"))[0])
-    assert sizes(cfg) == CPU_DEFAULTS
+    assert sizes(cfg) == CPU_DEFAULTS and (cfg.max_repeats, cfg.stop_within, cfg.repeat_budget_s) == (10, 5.0, 60)
 
 
 @pytest.mark.parametrize("device, base", [("gpu", "journey"), ("cpu", "journey-cpu")])

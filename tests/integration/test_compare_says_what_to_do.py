@@ -1,6 +1,6 @@
 """`llmopt compare` as a newcomer meets it (issue 28): stages measured with other params are not
 compared and say so as `history show` does; exit 6's fix says what to do with each gap and never
-`--resume` on a run it would not change; the promote command never copies a file onto itself; an
+`--resume` on a run it would not change, and `--resume --rerun` for a stage that failed; the promote command never copies a file onto itself; an
 unknown --allow-missing name is refused with a did-you-mean; one vocabulary ("inconclusive");
 exactly one regression still exits 5. On the committed H200 runs and runs built from their real
 repeats (tests/gatekit.py)."""
@@ -62,6 +62,16 @@ def test_exit_6_on_a_complete_run_says_how_to_add_the_stage_not_to_resume_it(tmp
     assert rc == 6 and f"finish the run: llmopt bench --resume {tmp_path / 'cut'}" in err
 
 
+def test_exit_6_on_a_failed_stage_says_how_to_measure_it_again_in_place(tmp_path, env):
+    """Issue 33: a flaky stage used to cost a new run (--resume kept it); --rerun measures it again."""
+    new = copy.deepcopy(load(BASELINE))
+    next(s for s in new["stages"] if s["name"] == "vllm").update(status="error", reason="EngineDeadError", metrics=None,
+                                                                  samples=None)
+    path = write(tmp_path / "new", new)
+    rc, _, err = compare(BASELINE, path, env=env)
+    assert rc == 6 and f"then measure it again in place: llmopt bench --resume {path} --rerun vllm" in err
+
+
 def test_the_promote_command_never_copies_a_file_onto_itself(tmp_path, env):
     """Reversed: a run directory as the baseline and the committed baseline file, slower, as the
     new run; the file a baseline directory would be promoted to is that very file."""
@@ -80,15 +90,17 @@ def test_an_unknown_allow_missing_name_is_refused_with_a_did_you_mean(env):
     rc, out, err = compare(BASELINE, BASELINE, "--allow-missing", "vllm,vlm", env=env)
     assert rc == 2 and out == "" and "Traceback" not in err
     assert "error: --allow-missing 'vlm': no such stage in either run" in err and "did you mean vllm?" in err
-    assert compare(BASELINE, BASELINE, "--allow-missing", "run,all,vllm-fp8,hf-compiled", env=env)[0] == 0
+    assert compare(BASELINE, BASELINE, "--allow-missing", "run,all,vllm-fp8,hf-compiled", "--pass-inconclusive", env=env)[0] == 0
 
 
 def test_one_vocabulary_with_history_show(tmp_path, env):
-    """A change beyond the threshold whose interval reaches back: "inconclusive", as history show says."""
+    """A change beyond the threshold whose interval reaches back: "inconclusive", as history show
+    says, with the repeats a side that would settle it (hf-fp16's: its repeats spread by 53%)."""
     slow = write(tmp_path / "slow", repeats_run(load(BASELINE), [0, 1, 2], factor=1.15))
     rc, out, _ = compare(BASELINE, slow, env=env)
     hf = next(line for line in out.splitlines() if line.startswith("| hf-fp16 | TPOT p50 |"))
-    assert hf.endswith("| inconclusive |") and "within noise" not in out
+    assert hf.endswith("| **inconclusive**: ~191 repeats a side would settle it |") and "within noise" not in out
+    assert rc == 5  # vllm's 15% slowdown, its repeats within 0.2%, is a regression
 
 
 def test_exactly_one_regression_exits_5(tmp_path, env):

@@ -139,11 +139,21 @@ PLUGIN = textwrap.dedent('''
                 note_pid(ctx, "worker.pid", os.getpid())
                 time.sleep(300)
             return StageRun(samples=samples(workload.num_prompts, workload.max_new_tokens), extra={"quick": True})
+
+
+    class Flaky(Base):
+        """Fails while LLMOPT_TEST_FLAKY is set (a flaky first night), works after."""
+        name = "t-flaky"
+
+        def run(self, workload, ctx):
+            if os.environ.get("LLMOPT_TEST_FLAKY"):
+                raise RuntimeError("flaky from t-flaky")
+            return StageRun(samples=samples(workload.num_prompts, workload.max_new_tokens), extra={"second": True})
 ''')
 
 STAGES = {n: f"llmopt_testplug:{c}" for n, c in [
     ("t-good", "Good"), ("t-param", "WithParams"), ("t-raise", "Raises"), ("t-oom", "Oom"), ("t-skip", "Skips"),
-    ("t-missing", "Missing"), ("t-hang", "Hangs"), ("t-slow", "Slow")]}
+    ("t-missing", "Missing"), ("t-hang", "Hangs"), ("t-slow", "Slow"), ("t-flaky", "Flaky")]}
 
 
 @pytest.fixture(scope="module")
@@ -414,6 +424,32 @@ def test_interrupt_then_resume(tmp_path, plugin_env, started_ignoring_sigint):
     added = read_run(out)
     assert [s["name"] for s in added["stages"]] == ["t-good", "t-slow", "t-param"]
     assert stage(added, "t-slow") == slow2 and [p["name"] for p in added["journey"]] == ["t-good", "t-slow", "t-param"]
+
+
+def test_resume_reruns_a_failed_stage_in_place_and_keeps_the_rest(tmp_path, plugin_env):
+    """Issue 33: one flaky stage of a nightly run used to mean a whole new run (--resume kept it
+    as "error"). --rerun failed (or its name) measures it again; every other stage stays as it was."""
+    out = tmp_path / "run"
+    r = run_cli("bench", "--stages", "t-good,t-flaky,t-param", *TINY, "--output", str(out), "--no-report",
+                env={**plugin_env, "LLMOPT_TEST_FLAKY": "1"})
+    assert r.returncode == 4 and stage(read_run(out), "t-flaky")["status"] == "error", r.stderr[-2000:]
+    first = read_run(out)
+    r = run_cli("bench", "--resume", str(out), "--no-report", env=plugin_env)  # as before: kept, and says how to rerun
+    assert r.returncode == 4 and "already in the run (error): kept (resume; --rerun failed measures it again)" in r.stderr
+    for bad, said in ((["--rerun", "t-flakey"], "did you mean t-flaky?"), (["--rerun", ""], "empty")):
+        r = run_cli("bench", "--resume", str(out), *bad, "--no-report", env=plugin_env)
+        assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    r = run_cli("bench", "--stages", "t-good", *TINY, "--output", str(tmp_path / "other"), "--rerun", "failed", env=plugin_env)
+    assert r.returncode == 2 and "--resume" in r.stderr
+    r = run_cli("bench", "--resume", str(out), "--rerun", "failed", "--no-report", env=plugin_env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    again = read_run(out)
+    assert stage(again, "t-flaky")["status"] == "ok" and stage(again, "t-flaky")["extra"] == {"second": True}
+    assert stage(again, "t-good") == stage(first, "t-good") and stage(again, "t-param") == stage(first, "t-param")
+    assert [s["name"] for s in again["stages"]] == ["t-good", "t-flaky", "t-param"] and again["status"] == "complete"
+    r = run_cli("bench", "--resume", str(out), "--rerun", "t-good", "--no-report", env=plugin_env)  # by name: an ok one too
+    assert r.returncode == 0 and stage(read_run(out), "t-good")["started_at"] != stage(first, "t-good")["started_at"]
+    assert stage(read_run(out), "t-flaky") == stage(again, "t-flaky")
 
 
 # --- (a) the baseline stage, really measured ----------------------------------------------

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from llmopt_bench.analysis.stopping import StoppingRule, halfwidth_pct, repeat_value
+from llmopt_bench.analysis.stopping import StoppingRule, halfwidth_pct, repeat_value, stopping_sentence
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.scenarios.fixed import measure, stopping_rule
@@ -133,3 +133,46 @@ def test_one_token_outputs_are_judged_on_e2e():
     assert rule.record.metric == "e2e_p50"
     assert StoppingRule(2, 2, 2.0, "tpot_p50").label() == "2"
     assert StoppingRule(2, 5, 2.0, "tpot_p50").label() == "2..5"
+
+
+class GappedEngine(ComputedEngine):
+    """Steady TPOT, but the gap between requests (what output tok/s sees, not TPOT) is gap_of(repeat)."""
+
+    def __init__(self, tpot_of, gap_of):
+        super().__init__(tpot_of)
+        self.gap_of = gap_of
+
+    def serve(self, requests, max_new_tokens, *, batch_size, repeat, tokens_out, progress):
+        out = super().serve(requests, max_new_tokens, batch_size=batch_size, repeat=repeat, tokens_out=tokens_out,
+                            progress=progress)
+        for i, s in enumerate(out):
+            shift = i * self.gap_of(repeat)
+            s.t_submit, s.t_first, s.t_done = s.t_submit + shift, s.t_first + shift, s.t_done + shift
+            s.token_times = [t + shift for t in s.token_times]
+        return out
+
+
+def test_every_gated_figure_must_settle_not_only_tpot():
+    """TPOT steady to 0.1%, output tok/s scattered by the gaps between requests: the rule goes on
+    (the gate judges tok/s too), where a TPOT-only rule stopped at the minimum."""
+    gaps = [0.0, 2.0, 0.5, 3.0, 1.0, 2.5]
+    cfg = WorkloadConfig(num_prompts=4, max_new_tokens=8, repeats=3, max_repeats=6, stop_within=2)
+    engine, ctx = GappedEngine(lambda rep: 0.020 * (1 + 0.001 * (rep % 2)), lambda rep: gaps[rep]), Ctx()
+    rule = stopping_rule(cfg)
+    measure(engine, cfg, ctx, rule)
+    rec = rule.record
+    assert rec.halfwidths_pct["tpot_p50"] <= 2 < rec.halfwidths_pct["output_tok_s"]
+    assert rec.stopped == "max_repeats" and engine.repeats_served == list(range(6))
+    assert set(rec.watched) == {"tpot_p50", "e2e_p50", "output_tok_s"} and len(rec.watched["output_tok_s"]) == 6
+
+
+def test_the_time_budget_stops_a_noisy_stage_before_the_maximum():
+    """Each repeat's window is 3.16 s (4 requests 1 s apart, 8 tokens at 20-33 ms): with a 10 s
+    budget the fourth would end past it, so three run; without one, the rule goes to 6."""
+    noisy = [0.020, 0.030, 0.022, 0.033, 0.019, 0.028]
+    engine, _, rec, _ = run(lambda rep: noisy[rep], repeats=2, max_repeats=6, stop_within=2, repeat_budget_s=10)
+    assert rec.stopped == "budget" and rec.repeats_run == 3 == len(engine.repeats_served)
+    assert rec.max_seconds == 10 and 9 < rec.seconds < 10
+    assert "stopped at the time budget (10 s of repeats)" in stopping_sentence(rec)
+    engine, _, rec, _ = run(lambda rep: noisy[rep], repeats=2, max_repeats=6, stop_within=2)
+    assert rec.stopped == "max_repeats" and rec.repeats_run == 6
