@@ -76,6 +76,9 @@ from llmopt_bench.scenarios.serving_record import ServingParams
 from llmopt_bench.workloads.text import PromptTexts
 
 
+VLLM_RUNS = ("capacity", "batch1", "inf")  # vLLM's client runs, by kind
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     a.add_argument("--model", default="synthetic:tiny", help="llmopt model source (prepared once into the cache)")
@@ -95,6 +98,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     a.add_argument("--max-point-s", type=float, default=60.0)
     a.add_argument("--batch1-prompts", type=int, default=64, help="requests of vllm bench serve at concurrency 1")
     a.add_argument("--saturation-requests", type=int, default=256, help="requests all at once (both clients)")
+    a.add_argument("--vllm-runs", default=",".join(VLLM_RUNS),
+                   help="which of vLLM's client runs to make: capacity (at C and --above x C), batch1 (concurrency 1), "
+                   "inf (all at once); e.g. capacity alone where another run already compared batch 1 and the ceiling")
     a.add_argument("--client-cpus", help="run both clients on these CPUs (e.g. 1, or 2,3) once the server started on its "
                    "own (vLLM-CPU binds its worker to core 0: a client there reads tokens late, piled up)")
     a.add_argument("--seed", type=int, default=0)
@@ -109,6 +115,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if not 0 < args.precision < 1 or args.search_budget_s <= 0 or args.above <= 1:
         a.error("--precision lies in (0, 1), --search-budget-s above 0, --above above 1 (e.g. 0.05, 240, 1.1)")
     args.sweep = [int(c) for c in args.concurrency.split(",")]
+    args.vllm_runs = [r.strip() for r in args.vllm_runs.split(",") if r.strip()]
+    if not args.vllm_runs or set(args.vllm_runs) - set(VLLM_RUNS):
+        a.error(f"--vllm-runs takes a comma list of {', '.join(VLLM_RUNS)} (got {args.vllm_runs or 'none'})")
     return args
 
 
@@ -160,8 +169,9 @@ def start_server(args: argparse.Namespace, model, budget: Budget) -> VLLMServer:
 
 
 def vllm_estimate(args: argparse.Namespace) -> float:
-    """Seconds vLLM's client phases take after llmopt's (at C, above C, concurrency 1, all at once)."""
-    return args.bench_s * 1.5 + 30 + args.bench_s * 2 + 30 + args.batch1_prompts * 2.0 + 30 + 90
+    """Seconds vLLM's client phases (--vllm-runs) take after llmopt's."""
+    each = {"capacity": args.bench_s * 1.5 + 30 + args.bench_s * 2 + 30, "batch1": args.batch1_prompts * 2.0 + 30, "inf": 90.0}
+    return sum(each[r] for r in args.vllm_runs)
 
 
 def run_llmopt(args: argparse.Namespace, server: VLLMServer, requests: list[Request], budget: Budget, tok) -> dict:
@@ -242,14 +252,17 @@ def verdict(result: dict, slo, max_failure_rate: float, rate: float | None, warm
 
 
 def vllm_phases(args: argparse.Namespace, server: VLLMServer, tokenizer: str, cap: float, budget: Budget, summary: dict) -> None:
-    """vLLM's client at C, at --above x C, at concurrency 1, and all at once; each written as it ends."""
+    """vLLM's client at C, at --above x C, at concurrency 1, and all at once (those --vllm-runs
+    names); each written as it ends."""
     slo = parse_slo(args.slo)
     above = cap * args.above
-    runs = [(f"at-capacity-{cap:.4g}rps", cap, None, math.ceil(cap * args.bench_s), args.bench_s * 1.5 + 30),
-            (f"above-capacity-{above:.4g}rps", above, None, math.ceil(above * args.bench_s), args.bench_s * 2 + 30),
-            ("concurrency-1", None, 1, args.batch1_prompts, args.batch1_prompts * 2.0 + 30),
-            ("rate-inf", None, None, args.saturation_requests, 90.0)]
-    for label, rate, conc, n, estimate in runs:
+    runs = [("capacity", f"at-capacity-{cap:.4g}rps", cap, None, math.ceil(cap * args.bench_s), args.bench_s * 1.5 + 30),
+            ("capacity", f"above-capacity-{above:.4g}rps", above, None, math.ceil(above * args.bench_s), args.bench_s * 2 + 30),
+            ("batch1", "concurrency-1", None, 1, args.batch1_prompts, args.batch1_prompts * 2.0 + 30),
+            ("inf", "rate-inf", None, None, args.saturation_requests, 90.0)]
+    for kind, label, rate, conc, n, estimate in runs:
+        if kind not in args.vllm_runs:
+            continue
         if not budget.fits(f"vllm bench serve {label} ({n} prompts)", estimate):
             summary["vllm"][label] = {"skipped": f"budget: needs about {estimate:.0f} s"}
             continue

