@@ -69,7 +69,7 @@ plan() {
     loose=(--slo ttft_p99=10s,tpot_p99=1s --input-len 64 --output-len 16 --saturation-requests 64 --hold 10 --bench-s 10)
     binding=(--slo ttft_p99=10s,tpot_p99=15ms --input-len 64 --output-len 16 --saturation-requests 64 --hold 10 --bench-s 10)
   else
-    step oneclock 480 $PY scripts/peer-serve.py --model "$MODEL" --rate inf --concurrency 1 --num-prompts 64 --input-len 450 \
+    step oneclock 420 $PY scripts/peer-serve.py --model "$MODEL" --rate inf --concurrency 1 --num-prompts 48 --input-len 450 \
       --output-len 100 --warmups 8 --rounds 2 --blocks 2 --llmopt-tokens --tolerance 0.03 --out "$DEV/one-ttft-clock"
     binding=(--slo ttft_p99=2s,tpot_p99=20ms)
   fi

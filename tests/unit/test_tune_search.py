@@ -78,13 +78,14 @@ def quality(ppl: float) -> QualityRecord:
     return QualityRecord(reference="hf-fp16", perplexity=ppl, perplexity_meaningful=True, token_match_rate=0.9)
 
 
-def make(tmp: Path, budget_s: float = 24 * 3600, knobs: dict | None = None, refuse=(), worse=(), max_trials=None,
+def make(tmp: Path, budget_s: float = 24 * 3600, knobs: dict | None = None, refuse=(), worse=(), max_trials=None, ceiling_requests=256,
          record: TuneRecord | None = None, clock: Clock | None = None):
     """A Tuner over a constructed space; the runner starts no server: it charges the clock for a
     start, refuses `refuse`, gives `worse` a perplexity 5% above the reference's, and climbs."""
     knobs = knobs or {"max_num_seqs": SEQS, "max_num_batched_tokens": TOKENS}
     space = Space(path="constructed.toml", knobs=knobs, search=SearchSettings(short_point_s=5, point_s=10, confirm=True))
-    load = ServingParams(slo="ttft_p99=2s,tpot_p99=100ms", hold_s=HOLD_S, requests_per_point=8, warmup_s=1)
+    load = ServingParams(slo="ttft_p99=2s,tpot_p99=100ms", hold_s=HOLD_S, requests_per_point=8, warmup_s=1,
+                         ceiling_requests=ceiling_requests)
     shared = Shared(model=None, device="cuda", space=space, load=load, workload=WorkloadConfig(), run_dir=tmp,
                     reference_file=None, reference_name="hf-fp16", reference_quality=quality(10.0), min_quality=0.99,
                     hold_s=HOLD_S)
@@ -138,6 +139,37 @@ def test_the_search_finds_the_constructed_best_and_holds_it_against_the_defaults
     assert pruned and all(len(t.rungs) < 3 for t in pruned)
     assert all(capacity_of(t.config) < capacity_of(w.config) for t in pruned)
     assert any(t.config["max_num_seqs"] == 64 and t.outcome == "pruned" for t in rec.trials)
+
+
+@pytest.mark.parametrize("ceiling_requests", [256, 0])
+def test_each_configuration_s_search_starts_under_its_own_ceiling_or_at_a_measured_start(tmp_path, ceiling_requests):
+    """With a ceiling point (the default), every configuration's first trial is just under the rate
+    its server completed all at once (1.2x its capacity here), not at another configuration's
+    answer; without one (ceiling_requests 0), the first at half what a closed loop completed
+    and the others at a capacity an earlier configuration reached."""
+    tuner, _, _ = make(tmp_path, knobs={"max_num_seqs": SEQS[:3]}, ceiling_requests=ceiling_requests)
+    runs: list = []
+    real = FakeRun.trial
+
+    def spy(self, rate, hold_s=None):
+        if not self.points:
+            runs.append((self.true, rate))
+        return real(self, rate, hold_s)
+
+    FakeRun.trial = spy
+    try:
+        tuner.search()
+    finally:
+        FakeRun.trial = real
+    assert len(runs) == 3
+    short = SearchSettings().short_precision
+    if ceiling_requests:
+        assert all(first == pytest.approx(1.2 * true / (1 + short)) for true, first in runs), runs
+    else:
+        reached = {r.capacity_rps for t in tuner.record.trials for r in t.rungs}
+        assert runs[0][1] == pytest.approx(runs[0][0]) and all(first in reached for _, first in runs[1:]), runs
+    for t in tuner.record.trials:
+        assert t.held_rung is None or t.held_rung.capacity_rps <= capacity_of(t.config)
 
 
 def test_a_config_that_fails_the_quality_gate_is_not_the_answer_whatever_its_speed(tmp_path):
