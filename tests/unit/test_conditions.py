@@ -10,7 +10,7 @@ import time
 from gatekit import BASELINE, load, only_stages, repeats_run
 
 from llmopt_bench.analysis.compare import compare_runs
-from llmopt_bench.cli.compare import to_markdown
+from llmopt_bench.render.compare_text import to_markdown
 from llmopt_bench.core.results import RunResult
 from llmopt_bench.measure.conditions import (
     ConditionsRecorder,
