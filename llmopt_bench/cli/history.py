@@ -46,7 +46,7 @@ def add_cmd(
 @history_app.command("show")
 def show_cmd(
     stage: Optional[str] = typer.Option(None, "--stage", "-s", help="Only this stage. [default: every stage]"),
-    metric: str = typer.Option("tpot_p50", "--metric", "-m", help="ttft_p50, tpot_p50, e2e_p50, output_tok_s, load_s, peak_memory, or any stored one (tpot_p90, itl_p99, qps, ...)."),
+    metric: str = typer.Option("tpot_p50", "--metric", "-m", help="A metric by its name or an alias (docs/regression.md): tpot_p50 (tpot), ttft_p50 (ttft), e2e_p50, output_tok_s (tok_s), load_s (load), peak_memory (memory), or any stored one (tpot_p90, itl_p99, qps, perplexity, ...)."),
     chart: Optional[Path] = typer.Option(None, "--chart", help="Also draw the trend to FILE.png (needs matplotlib: pip install 'llmopt-bench[charts]')."),
     max_regression: Optional[List[str]] = typer.Option(None, "--max-regression", metavar="SPEC", help="Threshold for marking a change, as in `llmopt compare` (5%, tpot=3%). Default: 5%, load 20%."),
     as_json: bool = typer.Option(False, "--json", help="Print the points as JSON."),
@@ -96,6 +96,7 @@ def check_cmd(
 
     from llmopt_bench.analysis.compare import parse_thresholds
     from llmopt_bench.core.errors import ExitCode, LlmoptError
+    from llmopt_bench.core.fmt import change
     from llmopt_bench.render.history_text import print_shifts
     from llmopt_bench.run.history import check, since_arg
 
@@ -108,7 +109,7 @@ def check_cmd(
         print_shifts(shifts, series, min_runs)
     failing = [s for s in shifts if s.fails]
     if failing:
-        what = "; ".join(f"{s.stage} {s.metric} {s.change * 100:+.1f}% from run {s.run_id}" for s in failing)
+        what = "; ".join(f"{s.stage} {s.metric} {change(s.change)} from run {s.run_id}" for s in failing)
         raise LlmoptError(f"{len(failing)} sustained regression(s): {what}",
                           "if the change is intended, check from the new level on: llmopt history check --since "
                           f"{since_arg(_db(db), failing[0].run_id, failing[0].created_at)}", code=ExitCode.REGRESSION)

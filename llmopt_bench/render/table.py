@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmopt_bench.analysis.metric_registry import REGISTRY
+from llmopt_bench.core.fmt import change
 from llmopt_bench.core.results import RunResult, StageResult
 
 
@@ -44,7 +45,7 @@ def note(s: StageResult) -> str:
     parts = [s.reason] if s.reason else []
     q = s.quality
     if q and q.quality_regression and q.quality_ratio:
-        parts.append(f"quality regression: perplexity {(q.quality_ratio - 1) * 100:+.1f}% vs {q.reference or 'the reference'}")
+        parts.append(f"quality regression: perplexity {change(q.quality_ratio - 1)} vs {q.reference or 'the reference'}")
     if s.own_workload and s.status == "ok":
         parts.append("own workload (sweep): see the report")
     if s.fix and s.status != "ok":
