@@ -267,6 +267,13 @@ class RunSummary:
     model: str | None
 
 
+@dataclass(frozen=True)
+class SidesConditions:
+    """What the machine did during each side's repeats of a stage (measure/conditions.py), in words."""
+    baseline: str | None
+    new: str | None
+
+
 @dataclass
 class Comparison:
     baseline: RunSummary
@@ -281,7 +288,7 @@ class Comparison:
     allowed: list[str] = field(default_factory=list)
     history_runs: int = 0  # earlier runs of the same device, model and workload that were consulted
     # per regressed (or host-inconclusive) stage, what the machine did during each side's repeats
-    conditions: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    conditions: dict[str, SidesConditions] = field(default_factory=dict)
     gaps: list[Gap] = field(default_factory=list)  # the incomplete list, each with its kind (the fix says what to do)
     host_rule: str = host_verdict.DEFAULT_RULE  # how a host-bound stage's verdict weighs the host
     gate: list[str] = field(default_factory=lambda: list(GATED))  # the metrics whose inconclusive verdict fails
@@ -377,7 +384,7 @@ def compare_runs(base: RunResult, new: RunResult, thresholds: dict[str, float] |
         if s.state == "compared" and bound is not None:
             host_verdict.weigh_host(s, b, n, bound, host_rule, resamples, confidence, seed)
     effective = {k: threshold_for(k, thresholds) for k in METRICS}
-    conditions = {s.stage: {"baseline": conditions_summary(b.extra.get("conditions")), "new": conditions_summary(n.extra.get("conditions"))}
+    conditions = {s.stage: SidesConditions(conditions_summary(b.extra.get("conditions")), conditions_summary(n.extra.get("conditions")))
                   for s, b, n, _ in both if s.regressions or s.host_inconclusive or s.host_moved}
     declared = {name: d.params for name, d in (drift or {}).items()}
     found = gaps(base, new, allowed, declared)

@@ -158,8 +158,8 @@ def _summary(cmp: Comparison) -> list[str]:
         lines.append(f"**Inconclusive (host)**: {', '.join(f'{s} {m}' for s, m in hosts)}: the hosts explain the change.")
     lines += moved_lines(cmp) + host_lines(cmp)
     for stage, sides in cmp.conditions.items():  # was one run's machine busier? (docs/regression.md)
-        lines.append(f"Repeat conditions of {stage}: baseline {sides['baseline'] or 'not recorded'}; "
-                     f"new {sides['new'] or 'not recorded'}.")
+        lines.append(f"Repeat conditions of {stage}: baseline {sides.baseline or 'not recorded'}; "
+                     f"new {sides.new or 'not recorded'}.")
     if cmp.incomplete:
         lines.append("**Incomplete comparison**: " + "; ".join(cmp.incomplete) + ".")
     for stage, text in cmp.accepted_drift.items():

@@ -8,9 +8,10 @@ from llmopt_bench.analysis.metric_registry import REGISTRY
 from llmopt_bench.core.fmt import change
 from llmopt_bench.render.compare_text import figure_text
 from llmopt_bench.render.terminal import echo, print_table
+from llmopt_bench.run.history import Shift, TrendPoint
 
 
-def print_trend(points, key: str) -> None:
+def print_trend(points: list[TrendPoint], key: str) -> None:
     """The trend at the terminal's width (render/terminal.py): method, commit, interval, created and
     status are left out, in that order, where the rest would not fit."""
     m = REGISTRY.get(key)
@@ -27,7 +28,7 @@ def print_trend(points, key: str) -> None:
                 dropped_note="--json has every field")
 
 
-def print_shifts(shifts, series, min_runs: int) -> None:
+def print_shifts(shifts: list[Shift], series: list[tuple[str, str, int]], min_runs: int) -> None:
     """A line per series that could hold a shift, its shifts under it; the series too short for
     one (fewer than 2 x --min-runs runs) in one line, not one each."""
     lines, short = [], []
