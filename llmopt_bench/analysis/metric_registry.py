@@ -115,10 +115,6 @@ def lookup(name: str) -> Metric | None:
     return REGISTRY[key] if key else None
 
 
-def by_csv(column: str) -> Metric | None:
-    return next((m for m in REGISTRY.values() if m.csv == column), None)
-
-
 def judged() -> dict[str, Metric]:
     """The metrics compare judges, in the order its table shows them (the registry's)."""
     return {k: m for k, m in REGISTRY.items() if m.judged}
