@@ -15,7 +15,7 @@ import pytest
 
 from llmopt_bench.analysis import compare as C
 from llmopt_bench.analysis.metric_registry import REGISTRY, lookup
-from llmopt_bench.analysis.selectors import DESCRIPTIVE_COLUMNS, stage_table_rows
+from llmopt_bench.analysis.selectors import DESCRIPTIVE_COLUMNS
 from llmopt_bench.core.results import load_run
 from llmopt_bench.render import exports
 from llmopt_bench.render.compare_text import to_markdown
@@ -104,8 +104,8 @@ def test_the_csv_the_report_json_and_the_report_table_name_registered_figures(jo
     assert set(cells) - {"stage", "status", "quality"} <= HEADERS
 
 
-def test_a_csv_cell_is_the_registered_figure_in_its_shown_unit(journey):
-    row = next(r for r in stage_table_rows(journey) if r["status"] == "ok")
+def test_a_csv_cell_is_the_registered_figure_in_its_shown_unit(journey, tmp_path):
+    row = next(r for r in json.loads(exports.write_json(journey, tmp_path).read_text())["stages"] if r["status"] == "ok")
     stage = journey.stage(row["stage"])
     m = stage.metrics
     assert row["ttft_p50_ms"] == m.ttft_s.p50 * 1e3 and row["e2e_p50_s"] == m.e2e_s.p50
