@@ -35,13 +35,11 @@ from llmopt_bench.analysis.judge import (  # noqa: F401 - the names compare's ca
     change_verdict,
     judge,
 )
+from llmopt_bench.analysis.metric_registry import lookup
 from llmopt_bench.core.errors import UsageError
-from llmopt_bench.core.results import RunResult, StageResult, peak_memory
+from llmopt_bench.core.results import RunResult, StageResult
 from llmopt_bench.measure.conditions import conditions_summary
 
-ALIASES = {"ttft": "ttft_p50", "tpot": "tpot_p50", "e2e": "e2e_p50", "tok_s": "output_tok_s",
-           "throughput": "output_tok_s", "tok/s": "output_tok_s", "load": "load_s", "memory": "peak_memory",
-           "mem": "peak_memory", "peak_mem": "peak_memory"}
 DEFAULT_MAX_REGRESSION = 0.05
 # load_s is one measurement per run (no interval), and a cold page cache alone moves it by more
 # than 5%: it gets a wider default allowance. Name it to change it: --max-regression load=10%.
@@ -61,11 +59,11 @@ SAME_MEASUREMENT = ("repeats", "max_repeats", "stop_within", "repeat_budget_s", 
 
 
 def metric_key(name: str) -> str:
-    key = name.strip().lower().replace("-", "_")
-    key = ALIASES.get(key, key)
-    if key not in METRICS:
+    """A judged metric's key from any name the registry knows for it (tpot, tpot_p50_ms, ttft_s.p50)."""
+    m = lookup(name)
+    if m is None or m.key not in METRICS:
         raise UsageError(f"unknown metric {name!r}", f"use one of {', '.join(METRICS)} (or ttft, tpot, e2e, tok_s, load, memory)")
-    return key
+    return m.key
 
 
 def parse_gate(specs: Sequence[str] | None) -> list[str]:
@@ -154,23 +152,9 @@ def check_comparable(base: RunResult, new: RunResult, force: bool = False) -> li
 
 # ---- values -------------------------------------------------------------------------------------
 
-def peak_memory_bytes(stage: StageResult) -> float | None:
-    return peak_memory(stage)[0]  # the report's value and source order
-
-
 def metric_value(stage: StageResult, key: str) -> float | None:
-    """The run's own point value of a metric (what the summary table shows)."""
-    m = stage.metrics
-    if key in SAMPLE_COLUMNS:
-        d = getattr(m, SAMPLE_COLUMNS[key]) if m else None
-        return d.p50 if d else None
-    if key == "output_tok_s":
-        return m.output_tok_s if m else None
-    if key == "load_s":
-        return stage.load_s
-    if key == "peak_memory":
-        return peak_memory_bytes(stage)
-    raise KeyError(key)
+    """The run's own point value of a judged metric (what the summary table shows)."""
+    return METRICS[key].value(stage)
 
 
 def noise_groups(stage: StageResult, key: str) -> tuple[list[list[float]], str]:
@@ -226,8 +210,8 @@ class StageDelta:
     metrics: list[MetricDelta] = field(default_factory=list)
     host_bound: bool | None = None  # analysis/hostbound.py, with why
     host_bound_why: str = ""
-    host: dict | None = None  # the host-speed change (host_verdict.HostChange), where either run recorded the index
-    host_moved: list[dict] = field(default_factory=list)  # the repeats' signals that moved (host_signals.Moved)
+    host: host_verdict.HostChange | None = None  # the host-speed change, where either run recorded the index
+    host_moved: list[host_signals.Moved] = field(default_factory=list)  # the repeats' signals that moved
     set_aside: dict[str, list[int]] = field(default_factory=dict)  # "baseline"/"new": repeats the host disturbed, not judged
 
     @property
@@ -273,10 +257,27 @@ def compare_stage(base: StageResult | None, new: StageResult | None, thresholds:
     return out
 
 
+@dataclass(frozen=True)
+class RunSummary:
+    """Who a compared run is, as the comparison's header and its JSON name it."""
+    run_id: str
+    created_at: str
+    commit: str | None
+    device: str | None
+    model: str | None
+
+
+@dataclass(frozen=True)
+class SidesConditions:
+    """What the machine did during each side's repeats of a stage (measure/conditions.py), in words."""
+    baseline: str | None
+    new: str | None
+
+
 @dataclass
 class Comparison:
-    baseline: dict
-    new: dict
+    baseline: RunSummary
+    new: RunSummary
     stages: list[StageDelta]
     mismatches: list[str]  # accepted with force
     resamples: int
@@ -287,7 +288,7 @@ class Comparison:
     allowed: list[str] = field(default_factory=list)
     history_runs: int = 0  # earlier runs of the same device, model and workload that were consulted
     # per regressed (or host-inconclusive) stage, what the machine did during each side's repeats
-    conditions: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    conditions: dict[str, SidesConditions] = field(default_factory=dict)
     gaps: list[Gap] = field(default_factory=list)  # the incomplete list, each with its kind (the fix says what to do)
     host_rule: str = host_verdict.DEFAULT_RULE  # how a host-bound stage's verdict weighs the host
     gate: list[str] = field(default_factory=lambda: list(GATED))  # the metrics whose inconclusive verdict fails
@@ -320,6 +321,10 @@ class Comparison:
             sd["inconclusive"] = s.inconclusive
             for m, md in zip(s.metrics, sd["metrics"]):
                 md["change"] = m.change
+            if s.host is not None:  # the JSON keeps each host finding's sentence beside its fields
+                sd["host"]["text"] = s.host.text()
+            for moved, md in zip(s.host_moved, sd["host_moved"]):
+                md["text"] = moved.text()
         d["regressions"] = [list(r) for r in self.regressions]
         d["improvements"] = [list(r) for r in self.improvements]
         d["host_inconclusive"] = [list(r) for r in self.host_inconclusive]
@@ -343,9 +348,9 @@ def quiet_pairs(pairs: list[tuple[StageResult | None, StageResult | None]]) -> t
     return out, aside
 
 
-def run_summary(run: RunResult) -> dict:
-    return {"run_id": run.run_id, "created_at": run.created_at, "commit": run.env.get("llmopt_commit"),
-            "device": device_name(run), "model": run.model.source if run.model else None}
+def run_summary(run: RunResult) -> RunSummary:
+    return RunSummary(run.run_id, run.created_at, run.env.get("llmopt_commit"), device_name(run),
+                      run.model.source if run.model else None)
 
 
 def compare_runs(base: RunResult, new: RunResult, thresholds: dict[str, float] | None = None, force: bool = False,
@@ -379,7 +384,7 @@ def compare_runs(base: RunResult, new: RunResult, thresholds: dict[str, float] |
         if s.state == "compared" and bound is not None:
             host_verdict.weigh_host(s, b, n, bound, host_rule, resamples, confidence, seed)
     effective = {k: threshold_for(k, thresholds) for k in METRICS}
-    conditions = {s.stage: {"baseline": conditions_summary(b.extra.get("conditions")), "new": conditions_summary(n.extra.get("conditions"))}
+    conditions = {s.stage: SidesConditions(conditions_summary(b.extra.get("conditions")), conditions_summary(n.extra.get("conditions")))
                   for s, b, n, _ in both if s.regressions or s.host_inconclusive or s.host_moved}
     declared = {name: d.params for name, d in (drift or {}).items()}
     found = gaps(base, new, allowed, declared)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from llmopt_bench.analysis import host_signals, hostbound, noise
@@ -177,7 +177,7 @@ def weigh_host(delta: "StageDelta", base: StageResult, new: StageResult, bound: 
     delta.host_bound, delta.host_bound_why = bound.host_bound, bound.why
     _weigh_index(delta, base, new, rule, resamples, confidence, seed)
     moved = host_signals.moved((base.extra or {}).get("conditions"), (new.extra or {}).get("conditions"))
-    delta.host_moved = [{**asdict(m), "text": m.text()} for m in moved]
+    delta.host_moved = list(moved)
     busier = {m.busier for m in moved if m.weighs}
     for d in delta.metrics if busier else []:
         # a watched metric's inconclusive verdict does not fail, nor does the host's version of it
@@ -193,7 +193,7 @@ def _weigh_index(delta: "StageDelta", base: StageResult, new: StageResult, rule:
     if not any(b_index) and not any(n_index):
         return
     change = host_change(b_index, n_index, confidence, resamples, seed)
-    delta.host = {**asdict(change), "text": change.text()}
+    delta.host = change
     if not delta.host_bound or change.baseline_kops is None or change.new_kops is None:
         return
     for d in delta.metrics:

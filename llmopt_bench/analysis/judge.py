@@ -13,36 +13,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llmopt_bench.analysis import noise
+from llmopt_bench.analysis.metric_registry import Metric, judged
 
-
-@dataclass(frozen=True)
-class Metric:
-    key: str
-    label: str
-    unit: str  # how values are shown: ms, s, tok/s, GB
-    higher_is_better: bool = False
-    # a value that moves between runs of the same code (load: 4.2-11.7 s over 12 CPU runs, 79 vs
-    # 110 s in two H200 sessions; a latency by whole-run shifts) is judged only with an interval
-    # that holds that noise; peak memory, the same from run to run, is judged on its value alone
-    needs_noise: bool = True
-
-
-METRICS: dict[str, Metric] = {m.key: m for m in (
-    Metric("ttft_p50", "TTFT p50", "ms"),
-    Metric("tpot_p50", "TPOT p50", "ms"),
-    Metric("e2e_p50", "E2E p50", "s"),
-    Metric("output_tok_s", "output tok/s", "tok/s", higher_is_better=True),
-    Metric("load_s", "load", "s"),
-    Metric("peak_memory", "peak memory", "GB", needs_noise=False),
-)}
-SAMPLE_COLUMNS = {"ttft_p50": "ttft_s", "tpot_p50": "tpot_s", "e2e_p50": "e2e_s"}
+# the metrics compare judges, from the one registry (analysis/metric_registry.py)
+METRICS: dict[str, Metric] = judged()
+# a judged latency's per-request samples column (the bootstrap draws from it)
+SAMPLE_COLUMNS = {k: col for k, m in METRICS.items() if (col := m.distribution)}
 # The metrics whose verdict must be settled for a comparison to pass (`llmopt compare --gate`):
 # an "inconclusive" one exits INCONCLUSIVE, never 0. The decode figures, which the stopping rule
 # settles in a nightly's time (analysis/stopping.py), and peak memory, judged on its value. TTFT
 # (on the default prompt set a median over prompts of different lengths: H200 vLLM's moved 29%
 # between repeats) and load time (one value a run) are watched: a regression of theirs exits 5,
 # an inconclusive one is reported and does not fail.
-GATED = ("tpot_p50", "e2e_p50", "output_tok_s", "peak_memory")
+GATED = tuple(k for k, m in METRICS.items() if m.gated)
 
 
 @dataclass

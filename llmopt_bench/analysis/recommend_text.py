@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from llmopt_bench.analysis.scaling import NOT_SATURATED
-from llmopt_bench.core.fmt import GB, num, pct
+from llmopt_bench.core.fmt import gb_text, ms_text, num, pct
 
 WHY = {"throughput": "the highest capacity under the SLO", "latency": "the lowest TPOT at one request in flight",
        "memory": "the smallest weights", "cost": "the fewest GPU-seconds per request at its capacity"}
@@ -19,14 +19,6 @@ def rounded_size(size: float | None) -> float:
     """A size to 3 significant digits (inf when unknown): the same weights counted two ways
     (transformers 13,476,831,744 bytes, vLLM 13,475,459,891) are one size, and the peak decides."""
     return float(f"{size:.3g}") if size else math.inf
-
-
-def _ms(v: float | None) -> str:
-    return f"{num(v * 1e3)} ms" if v else "-"
-
-
-def _gb(v: float | None) -> str:
-    return f"{num(v / GB)} GB" if v else "-"
 
 
 def _rel(a: float | None, b: float | None) -> str:
@@ -102,11 +94,11 @@ def memory_words(rec: Any, cands: list[Any]) -> list[str]:
     unknown = [c for c in smaller if c.agreement_holds is None]
     out = []
     if low:
-        out.append("Smaller, passed over for quality: " + "; ".join(f"{c.name} ({_gb(c.weights_bytes)}, token match "
+        out.append("Smaller, passed over for quality: " + "; ".join(f"{c.name} ({gb_text(c.weights_bytes)}, token match "
                    f"{pct(c.token_match_rate)})" for c in low) + ": their token match with the reference falls further "
                    "below the reference's own (its match with its own re-run) than the quality gate's margin.")
     if unknown:
-        out.append("Smaller, passed over as their quality is not known: " + ", ".join(f"{c.name} ({_gb(c.weights_bytes)})"
+        out.append("Smaller, passed over as their quality is not known: " + ", ".join(f"{c.name} ({gb_text(c.weights_bytes)})"
                    for c in unknown) + " (no perplexity the gate could judge, no token match with the reference).")
     if out:
         out.append(f"{w.name} passes the gate." if w.quality == "passes" else f"{w.name}'s token match "
@@ -124,10 +116,10 @@ def tradeoffs(w: Any, r: Any, serving: bool, distinct: bool = True) -> list[str]
     else:
         out.append(f"Throughput: {w.name} {num(w.saturated_tok_s)} tok/s ({w.saturated_how or '-'}), {r.name} "
                    f"{num(r.saturated_tok_s)} tok/s ({r.saturated_how or '-'}){_throughput_rel(w, r)}.")
-    out.append(f"Latency at one request in flight: {w.name} TPOT p50 {_ms(w.batch1_tpot_s)} (TTFT {_ms(w.batch1_ttft_s)}), "
-               f"{r.name} {_ms(r.batch1_tpot_s)} (TTFT {_ms(r.batch1_ttft_s)}).")
-    out.append(f"Memory: {w.name}'s weights {_gb(w.weights_bytes)} (peak {_gb(w.peak_bytes)}), {r.name}'s {_gb(r.weights_bytes)} "
-               f"(peak {_gb(r.peak_bytes)}){_shares(w, r)}.")
+    out.append(f"Latency at one request in flight: {w.name} TPOT p50 {ms_text(w.batch1_tpot_s)} (TTFT {ms_text(w.batch1_ttft_s)}), "
+               f"{r.name} {ms_text(r.batch1_tpot_s)} (TTFT {ms_text(r.batch1_ttft_s)}).")
+    out.append(f"Memory: {w.name}'s weights {gb_text(w.weights_bytes)} (peak {gb_text(w.peak_bytes)}), {r.name}'s {gb_text(r.weights_bytes)} "
+               f"(peak {gb_text(r.peak_bytes)}){_shares(w, r)}.")
     out.append(f"Quality: {w.name} {_quality(w)}; {r.name} {_quality(r)}.")
     if w.j_per_token or r.j_per_token:
         where = "the headline load point of each" if serving else "the timed run of each"

@@ -6,13 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from llmopt_bench.analysis.roofline import RooflineRow
-from llmopt_bench.core.fmt import num, pct
+from llmopt_bench.core.fmt import ms_text, num, pct
 from llmopt_bench.measure.gpu_busy import HOST_BOUND_BELOW
-
-
-def ms_(seconds: float) -> str:
-    return num(seconds * 1e3)
-
 
 TABLE_HEADERS = ("stage", "phase", "batch", "context tokens", "weights GB", "KV GB", "ms at measured bandwidth",
                  "compute time ms", "measured ms", "of measured memory ceiling", "of compute ceiling",
@@ -54,13 +49,13 @@ def roofline_sentence(r: RooflineRow) -> str:
     where = f"{r.phase.capitalize()} in {r.stage} is {r.bound}"
     ceiling = f"the {r.ceiling_dtype or 'matmul'} compute ceiling"
     if r.bound == "memory-bound":
-        return (f"{where} at {pct(r.achieved)} of the measured memory ceiling ({ms_(r.memory_s)} ms at the measured "
-                f"copy bandwidth vs {ms_(r.measured_s)} ms measured).")
+        return (f"{where} at {pct(r.achieved)} of the measured memory ceiling ({ms_text(r.memory_s)} at the measured "
+                f"copy bandwidth vs {ms_text(r.measured_s)} measured).")
     if r.bound == "compute-bound":
         return (f"{where}: its FLOPs at {ceiling} take {pct(r.compute_fraction)} of the measured "
-                f"{ms_(r.measured_s)} ms.{stand_in_sentence(r)}")
+                f"{ms_text(r.measured_s)}.{stand_in_sentence(r)}")
     return (f"{where}: it runs at {pct(r.achieved)} of the measured memory ceiling and {pct(r.compute_fraction)} of "
-            f"{ceiling} ({r.roof} roof), so most of its {ms_(r.measured_s)} ms is neither bytes nor FLOPs.{stand_in_sentence(r)}")
+            f"{ceiling} ({r.roof} roof), so most of its {ms_text(r.measured_s)} is neither bytes nor FLOPs.{stand_in_sentence(r)}")
 
 
 def prefill_sentences(rows: list[RooflineRow]) -> list[str]:

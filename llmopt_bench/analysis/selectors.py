@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmopt_bench.analysis.metric_registry import csv_cells
 from llmopt_bench.analysis.speedup_interval import speedup_interval
 from llmopt_bench.core.results import RunResult, StageResult, peak_memory
 
@@ -56,26 +57,19 @@ def perplexity(stage: StageResult | None) -> float | None:
     return q.perplexity if q and q.perplexity_meaningful else None
 
 
+# stages.csv's columns, in their documented order: the stage's name, status and notes, and the
+# registered figures under their CSV names (analysis/metric_registry.py)
 STAGE_COLUMNS = ("stage", "status", "load_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
                  "e2e_p50_s", "output_tok_s", "qps", "requests", "peak_mem_gb", "peak_mem_source", "weights_gb",
                  "token_match_rate", "kl_mean", "perplexity", "quality_regression", "reason")
+DESCRIPTIVE_COLUMNS = ("stage", "status", "peak_mem_source", "quality_regression", "reason")  # words, not figures
 
 
 def stage_row(stage: StageResult) -> dict[str, Any]:
-    m, q = stage.metrics, stage.quality
-    peak, source = peak_memory(stage)
-    weights = stage.load.weights_bytes if stage.load else None
-    return {
-        "stage": stage.name, "status": stage.status, "load_s": stage.load_s,
-        "ttft_p50_ms": p(m and m.ttft_s, "p50", 1e3), "ttft_p99_ms": p(m and m.ttft_s, "p99", 1e3),
-        "tpot_p50_ms": p(m and m.tpot_s, "p50", 1e3), "tpot_p99_ms": p(m and m.tpot_s, "p99", 1e3),
-        "e2e_p50_s": p(m and m.e2e_s, "p50"), "output_tok_s": m.output_tok_s if m else None,
-        "qps": m.qps if m else None, "requests": m.requests if m else None,
-        "peak_mem_gb": peak / GB if peak else None, "peak_mem_source": source,
-        "weights_gb": weights / GB if weights else None, "token_match_rate": q.token_match_rate if q else None,
-        "kl_mean": q.kl_mean if q else None, "perplexity": q.perplexity if q else None,
-        "quality_regression": q.quality_regression if q else None, "reason": stage.reason,
-    }
+    q, figures = stage.quality, csv_cells(stage)
+    descriptive = {"stage": stage.name, "status": stage.status, "peak_mem_source": peak_memory(stage)[1],
+                   "quality_regression": q.quality_regression if q else None, "reason": stage.reason}
+    return {c: descriptive[c] if c in descriptive else figures[c] for c in STAGE_COLUMNS}
 
 
 def stage_table_rows(run: RunResult) -> list[dict[str, Any]]:

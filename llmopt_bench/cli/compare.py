@@ -16,198 +16,6 @@ from llmopt_bench.cli.app import app
 from llmopt_bench.cli.paths import output_file, write_text
 from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
 
-# one vocabulary with `llmopt history show` and the JSON: a change beyond the threshold whose
-# interval reaches back inside it is "inconclusive" everywhere
-MARK = {"regressed": "**REGRESSED**", "improved": "improved", "unchanged": "unchanged",
-        "inconclusive": "**inconclusive**", "inconclusive (host)": "**inconclusive (host)**", "n/a": "-"}
-
-
-def fmt_value(value: float | None, unit: str) -> str:
-    if value is None:
-        return "-"
-    if unit == "ms":
-        return f"{value * 1000:.2f} ms"
-    if unit == "GB":
-        return f"{value / 1e9:.2f} GB"
-    if unit == "s":
-        return f"{value:.3f} s"
-    return f"{value:.1f} {unit}"
-
-
-def pct(x: float | None) -> str:
-    return "-" if x is None else f"{x * 100:+.1f}%"
-
-
-def short_noise(d) -> str:
-    """'baseline: 3 repeats; new: 3 repeats' -> '3 repeats / 3 repeats'."""
-    return " / ".join(part.split(": ", 1)[-1] for part in d.noise.split("; ")) if d.noise else "-"
-
-
-def _header(cmp) -> list[str]:
-    b, n = cmp.baseline, cmp.new
-    level = f"{cmp.confidence * 100:g}%"
-    lines = [f"## llmopt compare: {b['run_id']} → {n['run_id']}", "",
-             f"- baseline: `{b['run_id']}` ({b['created_at']}, commit {b['commit'] or '?'})",
-             f"- new: `{n['run_id']}` ({n['created_at']}, commit {n['commit'] or '?'})",
-             (f"- {n['model']} on {n['device']}; ratio new/baseline with a {level} interval "
-              "over each run's repeats (the geometric mean of their figures, t on Welch's degrees of freedom); a metric "
-              "regresses only when the whole interval lies beyond its threshold, is unchanged only when it lies wholly "
-              "within it, and is inconclusive otherwise; *detectable*: the smallest slowdown this pair catches 80% of "
-              f"the time; gated (inconclusive fails): {', '.join(cmp.gate) or 'none'}"
-              + (f", except the watched {', '.join(cmp.watched)}" if cmp.watched else "")
-              + (" (inconclusive passed: --pass-inconclusive)" if cmp.pass_inconclusive else ""))]
-    if cmp.history_runs:
-        lines.append(f"- baseline noise from the history: {cmp.history_runs} earlier run(s) of this device, model and workload")
-    if cmp.mismatches:
-        lines.append(f"- **forced** despite: {'; '.join(cmp.mismatches)}")
-    if cmp.allowed:
-        lines.append(f"- allowed to be missing: {', '.join(cmp.allowed)}")
-    if any(s.host for s in cmp.stages):
-        lines.append(f"- host-bound stages weigh the host-speed index (rule `{cmp.host_rule}`): "
-                     f"{'the verdict is the raw one' if cmp.host_rule == 'attribute' else 'the verdict is judged as if on the baseline host'}; "
-                     "a change the hosts' speed explains is *inconclusive (host)* (exit 8)")
-    if any(s.host_moved or s.set_aside for s in cmp.stages):
-        lines.append("- the repeats' recorded CPU share, preemptions and steal are weighed: a repeat the host disturbed is set "
-                     "aside, a change a moved host explains is *inconclusive (host)* (exit 8); see under the table")
-    return lines
-
-
-def settle_text(d) -> str:
-    """Why an inconclusive verdict is one, and what would settle it."""
-    if not d.judged:
-        return "not judged: no run-to-run noise in one repeat a side" if d.ci else "not judged: one value a run, no history"
-    if d.settle_repeats is not None:
-        return f"~{d.settle_repeats} repeats a side would settle it"
-    return "more repeats would not settle it (the change sits at the threshold, or the history's spread exceeds the margin)"
-
-
-def verdict_cell(s, d) -> str:
-    """The verdict, why an inconclusive one is, and what the host did to it."""
-    out = MARK.get(d.verdict, d.verdict)
-    if d.verdict == "inconclusive":
-        out = (out if d.gated else "inconclusive (watched, not gated)") + f": {settle_text(d)}"
-    elif d.verdict == "inconclusive (host)" and d.raw_verdict:
-        out += f" (raw: {d.raw_verdict})"
-    if s.host_bound and s.host and s.host["state"] in ("slower", "faster") and d.normalised_verdict is not None:
-        ci = f" [{pct(d.normalised_ci[0] - 1)} … {pct(d.normalised_ci[1] - 1)}]" if d.normalised_ci else ""
-        out += f"; {s.host['text'].split(' (')[0]}: {pct(d.normalised_ratio - 1)}{ci} as on the baseline's host"
-    return out
-
-
-HEADERS = ("stage", "metric", "baseline", "new", "change", "interval", "detectable", "noise from (baseline / new)",
-           "threshold", "verdict")
-DROP_FIRST = (7, 6, 5)  # at a narrow terminal: the noise's source, the detectable change, the interval
-
-
-def _stage_cells(s) -> list[list[str]]:
-    """The table's cells of one stage: a status row, or a row per metric."""
-    if s.state != "compared":
-        status = {"only in baseline": f"not compared: only in baseline ({s.baseline_status})",
-                  "only in new": f"not compared: only in new ({s.new_status})",
-                  "not comparable": f"not comparable: {s.note}"}.get(s.state, f"not compared: {s.note or s.state}")
-        return [[s.stage, "status", s.baseline_status or "-", s.new_status or "-", "-", "-", "-", "-", "-", status]]
-    rows = []
-    for d in s.metrics:
-        ci = f"{pct(d.ci[0] - 1)} … {pct(d.ci[1] - 1)}" if d.ci else "(single value)"
-        mde = "-" if d.mde is None else (f"{pct(-d.mde)}" if d.higher_is_better else pct(d.mde))
-        rows.append([s.stage, d.label, fmt_value(d.baseline, d.unit), fmt_value(d.new, d.unit), pct(d.change), ci, mde,
-                     short_noise(d), f"{d.threshold * 100:g}%", verdict_cell(s, d)])
-    return rows
-
-
-def _stage_lines(s) -> list[str]:
-    return ["| " + " | ".join(cells) + " |" for cells in _stage_cells(s)]
-
-
-def host_lines(cmp) -> list[str]:
-    """Both runs' host-speed index, per stage that recorded it (measure/hostspeed.py)."""
-    out = []
-    for s in cmp.stages:
-        if not s.host:
-            continue
-        h = s.host
-        side = lambda kops, n: "not recorded" if kops is None else f"{kops:.3g} kop/s ({n} repeats)"  # noqa: E731
-        bound = f"host-bound: {s.host_bound_why}" if s.host_bound else f"not host-bound: {s.host_bound_why or 'not known'}"
-        out.append(f"Host speed of {s.stage} ({bound}): baseline {side(h['baseline_kops'], h['baseline_repeats'])}, "
-                   f"new {side(h['new_kops'], h['new_repeats'])}: {h['text']}.")
-    return out
-
-
-def moved_lines(cmp) -> list[str]:
-    """Per stage, the repeats set aside and the signals that moved between the runs (analysis/host_signals.py)."""
-    out = []
-    for s in cmp.stages:
-        if s.set_aside:
-            sides = "; ".join(f"the {'new run' if side == 'new' else side}'s repeat(s) {', '.join(str(i + 1) for i in idx)}"
-                              for side, idx in s.set_aside.items())
-            out.append(f"Set aside in {s.stage}: {sides}: the host disturbed them (their CPU share, preemptions or steal "
-                       "beyond their run's typical repeat); judged on the others.")
-        if s.host_moved:
-            out.append(f"Host of {s.stage} moved: " + "; ".join(m["text"] for m in s.host_moved) + ".")
-    return out
-
-
-def headline(cmp) -> str:
-    """The summary's first line: "No regression." only when nothing gated is left unsettled."""
-    regs, unsettled, hosts = cmp.regressions, cmp.inconclusive, cmp.host_inconclusive
-    if regs:
-        return f"**{len(regs)} regression(s)**: " + ", ".join(f"{s} {m}" for s, m in regs)
-    if unsettled and not cmp.pass_inconclusive:
-        return (f"**Inconclusive**: {len(unsettled)} gated metric(s) not settled, neither a pass nor a regression: "
-                + ", ".join(f"{s} {m}" for s, m in unsettled))
-    if hosts:
-        return "**No regression of the build shown**: the hosts moved (below)."
-    if unsettled:
-        return (f"**No regression beyond the noise**; {len(unsettled)} gated metric(s) inconclusive, passed by "
-                "--pass-inconclusive: " + ", ".join(f"{s} {m}" for s, m in unsettled))
-    return "**No regression.**"
-
-
-def _summary(cmp) -> list[str]:
-    imps, hosts = cmp.improvements, cmp.host_inconclusive
-    lines = [headline(cmp)]
-    if hosts:
-        lines.append(f"**Inconclusive (host)**: {', '.join(f'{s} {m}' for s, m in hosts)}: the hosts explain the change.")
-    lines += moved_lines(cmp) + host_lines(cmp)
-    for stage, sides in cmp.conditions.items():  # was one run's machine busier? (docs/regression.md)
-        lines.append(f"Repeat conditions of {stage}: baseline {sides['baseline'] or 'not recorded'}; "
-                     f"new {sides['new'] or 'not recorded'}.")
-    if cmp.incomplete:
-        lines.append("**Incomplete comparison**: " + "; ".join(cmp.incomplete) + ".")
-    for stage, text in cmp.accepted_drift.items():
-        lines.append(f"Not compared, accepted by --drift: {stage} {text}.")
-    if imps:
-        lines.append(f"Improved: {', '.join(f'{s} {m}' for s, m in imps)}.")
-    return lines
-
-
-def to_markdown(cmp) -> str:
-    level = f"{cmp.confidence * 100:g}%"
-    head = [h if h != "interval" else f"{level} interval" for h in HEADERS]
-    lines = _header(cmp) + ["", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for s in cmp.stages:
-        lines += _stage_lines(s)
-    return "\n".join(lines + [""] + _summary(cmp)) + "\n"
-
-
-def plain(line: str) -> str:
-    """A markdown line as a terminal shows it: no heading marks, bold or code ticks."""
-    return re.sub(r"^#+ ", "", line).replace("**", "").replace("`", "")
-
-
-def print_terminal(cmp, after: list[str] | None = None) -> None:
-    """The comparison at the terminal's width ($COLUMNS): sentences wrapped between words, the
-    table's cells too, its least needed columns left out (and named) where even that does not fit."""
-    from llmopt_bench.cli.terminal import echo, print_table, width
-
-    cols = width()
-    echo([plain(line) for line in _header(cmp)], cols)
-    rows = [cells for s in cmp.stages for cells in _stage_cells(s)]
-    head = [h if h != "interval" else f"{cmp.confidence * 100:g}% interval" for h in HEADERS]
-    print_table(head, [[plain(c) for c in r] for r in rows], columns=cols, drop=DROP_FIRST,
-                dropped_note="--format md or json has every column")
-    echo([plain(line) for line in _summary(cmp) + (after or [])], cols)
-
 
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
@@ -226,7 +34,7 @@ def promote_fix(baseline: Path, new: Path, cmp) -> str:
         if same_file(src, baseline):
             return f"the new run is the baseline file itself ({baseline}): nothing to promote"
         return f"if the change is intended, make the new run the baseline: cp {src} {baseline}"
-    name = f"{slug(cmp.new['device'] or 'device')}-{slug(cmp.new['model'] or 'model')}.json"
+    name = f"{slug(cmp.new.device or 'device')}-{slug(cmp.new.model or 'model')}.json"
     dst = Path("results") / "baselines" / name
     if same_file(src, dst):
         return (f"if the change is intended, the new run is already a baseline file ({dst}): compare against it from now on "
@@ -293,15 +101,10 @@ def compare_cmd(
     import json
 
     from llmopt_bench.analysis.baseline_drift import declared_for, load_drift
-    from llmopt_bench.analysis.compare import (
-        compare_runs,
-        parse_allowed,
-        parse_gate,
-        parse_thresholds,
-        parse_watch,
-    )
+    from llmopt_bench.analysis.compare import compare_runs, parse_allowed, parse_gate, parse_thresholds, parse_watch
     from llmopt_bench.analysis.completeness import check_allowed
     from llmopt_bench.core.results import load_run
+    from llmopt_bench.render.compare_text import print_terminal, to_markdown
     from llmopt_bench.run.history import default_db, fingerprint_runs
 
     if fmt not in ("table", "md", "json"):
@@ -332,6 +135,7 @@ def exit_status(cmp, baseline: Path, new: Path) -> None:
     """One exit path, the strongest finding first: a regression (5), an incomplete comparison
     (6), a change the hosts explain (8), a gated metric left unsettled (9)."""
     from llmopt_bench.analysis.completeness import gap_fix
+    from llmopt_bench.render.compare_text import inconclusive_fix, inconclusive_text
 
     if cmp.regressions:
         what = ", ".join(f"{s} {m}" for s, m in cmp.regressions)
@@ -342,7 +146,7 @@ def exit_status(cmp, baseline: Path, new: Path) -> None:
                           gap_fix(cmp.gaps, str(new.parent if new.is_file() else new)), code=ExitCode.INCOMPLETE)
     if cmp.host_inconclusive:
         what = ", ".join(f"{s} {m}" for s, m in cmp.host_inconclusive)
-        signals = sorted({m["label"] for s in cmp.stages for m in s.host_moved})
+        signals = sorted({m.label for s in cmp.stages for m in s.host_moved})
         why = f"the repeats' {', '.join(signals)} moved" if signals else "the hosts' speed explains it"
         raise LlmoptError(f"inconclusive (host): {what}: {why} (under the table)",
                           "compare runs made on the same host, or on a quiet one (docs/regression.md, 'The host')",
@@ -351,23 +155,3 @@ def exit_status(cmp, baseline: Path, new: Path) -> None:
         raise LlmoptError(f"inconclusive: {inconclusive_text(cmp)}", inconclusive_fix(cmp), code=ExitCode.INCONCLUSIVE)
 
 
-def inconclusive_text(cmp) -> str:
-    """'hf-fp16 tpot_p50 (interval -31% ... +62% across the 5% threshold; ~24 repeats a side would settle it)'."""
-    parts = []
-    for s in cmp.stages:
-        for d in s.metrics:
-            if d.verdict == "inconclusive" and d.gated:
-                ci = f"interval {pct(d.ci[0] - 1)} … {pct(d.ci[1] - 1)} across the {d.threshold * 100:g}% threshold; " if d.ci else ""
-                parts.append(f"{s.stage} {d.metric} ({ci}{settle_text(d)})")
-    return "; ".join(parts)
-
-
-def inconclusive_fix(cmp) -> str:
-    """More repeats where they would settle it (the stopping rule), else the gate's other levers."""
-    needed = [d.settle_repeats for s in cmp.stages for d in s.metrics
-              if d.verdict == "inconclusive" and d.gated and d.settle_repeats is not None]
-    more = (f"measure again with enough repeats to settle it (llmopt bench --max-repeats {max(needed)}: the stopping "
-            "rule stops each stage as soon as it is settled), on both sides if the baseline's own spread is the wider; "
-            if needed else "")
-    return (f"{more}keep a history of earlier runs (llmopt history add), or gate this metric with a wider threshold "
-            "(--max-regression METRIC=PCT) or leave it watched (--gate); --pass-inconclusive passes it as before")

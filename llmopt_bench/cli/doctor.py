@@ -119,6 +119,6 @@ def doctor_cmd(as_json: bool = typer.Option(False, "--json", help="Print the dia
     if as_json:
         typer.echo(json.dumps(d, indent=1))
         return
-    from llmopt_bench.cli.terminal import echo
+    from llmopt_bench.render.terminal import echo
 
-    echo(render(d))  # wrapped between words at the terminal's width; a fix line whole (cli/terminal.py)
+    echo(render(d))  # wrapped between words at the terminal's width; a fix line whole (render/terminal.py)

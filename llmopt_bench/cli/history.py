@@ -46,7 +46,7 @@ def add_cmd(
 @history_app.command("show")
 def show_cmd(
     stage: Optional[str] = typer.Option(None, "--stage", "-s", help="Only this stage. [default: every stage]"),
-    metric: str = typer.Option("tpot_p50", "--metric", "-m", help="ttft_p50, tpot_p50, e2e_p50, output_tok_s, load_s, peak_memory, or any stored one (tpot_p90, itl_p99, qps, ...)."),
+    metric: str = typer.Option("tpot_p50", "--metric", "-m", help="A metric by its name or an alias (docs/regression.md): tpot_p50 (tpot), ttft_p50 (ttft), e2e_p50, output_tok_s (tok_s), load_s (load), peak_memory (memory), or any stored one (tpot_p90, itl_p99, qps, perplexity, ...)."),
     chart: Optional[Path] = typer.Option(None, "--chart", help="Also draw the trend to FILE.png (needs matplotlib: pip install 'llmopt-bench[charts]')."),
     max_regression: Optional[List[str]] = typer.Option(None, "--max-regression", metavar="SPEC", help="Threshold for marking a change, as in `llmopt compare` (5%, tpot=3%). Default: 5%, load 20%."),
     as_json: bool = typer.Option(False, "--json", help="Print the points as JSON."),
@@ -56,6 +56,7 @@ def show_cmd(
     from llmopt_bench.analysis.compare import parse_thresholds
     from llmopt_bench.cli.paths import output_file, writing
     from llmopt_bench.core.errors import MissingDependency, extra_fix
+    from llmopt_bench.render.history_text import print_trend
     from llmopt_bench.run.history import chart as draw
     from llmopt_bench.run.history import dump, metric_name, trend
 
@@ -69,32 +70,10 @@ def show_cmd(
     if as_json:
         typer.echo(dump(points))
     else:
-        _table(points, metric_name(metric))
+        print_trend(points, metric_name(metric))
     if chart is not None:
         with writing(chart, "--chart", "trend.png"):
             print(f"chart: {draw(points, metric, chart)}", file=sys.stderr)
-
-
-def _table(points, key: str) -> None:
-    """The trend at the terminal's width (cli/terminal.py): method, commit, interval, created and
-    status are left out, in that order, where the rest would not fit."""
-    from llmopt_bench.analysis.compare import METRICS
-    from llmopt_bench.cli.compare import fmt_value, pct
-    from llmopt_bench.cli.terminal import print_table
-
-    m = METRICS.get(key)
-    unit = m.unit if m else ("ms" if key.split("_")[0] in ("ttft", "tpot", "itl", "e2e") else "")
-    style = {"regressed": "bold red", "improved": "green", "inconclusive": "yellow", "not comparable": "magenta"}
-    rows = []
-    for p in points:
-        ci = f"{pct(p.ci[0] - 1)} … {pct(p.ci[1] - 1)}" if p.ci else "-"
-        value = fmt_value(p.value, unit) if unit else ("-" if p.value is None else f"{p.value:.4g}")
-        rows.append((p.stage, p.run_id, p.created_at[:16].replace("T", " "), (p.commit or "-")[:7], p.status, value,
-                     pct(p.change), ci, p.verdict, p.method or "-"))
-    print_table(("stage", "run", "created (UTC)", "commit", "status", "value", "change", "interval", "verdict", "method"),
-                rows, title=f"llmopt history: {m.label if m else key}",
-                style_of=lambda i, text: style.get(text, "") if i == 8 else "", drop=(9, 3, 7, 2, 4),
-                dropped_note="--json has every field")
 
 
 @history_app.command("check")
@@ -117,6 +96,8 @@ def check_cmd(
 
     from llmopt_bench.analysis.compare import parse_thresholds
     from llmopt_bench.core.errors import ExitCode, LlmoptError
+    from llmopt_bench.core.fmt import change
+    from llmopt_bench.render.history_text import print_shifts
     from llmopt_bench.run.history import check, since_arg
 
     shifts, series = check(_db(db), metric or DEFAULT_CHECKED, stage, parse_thresholds(max_regression), since=since,
@@ -125,34 +106,10 @@ def check_cmd(
         typer.echo(json.dumps({"shifts": [{**asdict(s), "fails": s.fails} for s in shifts],
                                "series": [{"stage": a, "metric": b, "runs": n} for a, b, n in series]}, indent=1))
     else:
-        _check_table(shifts, series, min_runs)
+        print_shifts(shifts, series, min_runs)
     failing = [s for s in shifts if s.fails]
     if failing:
-        what = "; ".join(f"{s.stage} {s.metric} {s.change * 100:+.1f}% from run {s.run_id}" for s in failing)
+        what = "; ".join(f"{s.stage} {s.metric} {change(s.change)} from run {s.run_id}" for s in failing)
         raise LlmoptError(f"{len(failing)} sustained regression(s): {what}",
                           "if the change is intended, check from the new level on: llmopt history check --since "
                           f"{since_arg(_db(db), failing[0].run_id, failing[0].created_at)}", code=ExitCode.REGRESSION)
-
-
-def _check_table(shifts, series, min_runs: int) -> None:
-    """A line per series that could hold a shift, its shifts under it; the series too short for
-    one (fewer than 2 x --min-runs runs) in one line, not one each."""
-    from llmopt_bench.cli.compare import pct
-    from llmopt_bench.cli.terminal import echo
-
-    lines, short = [], []
-    for name, key, n in series:
-        if n < 2 * min_runs:
-            short.append(f"{name} {key} ({n})")
-            continue
-        found = [s for s in shifts if (s.stage, s.metric) == (name, key)]
-        lines.append(f"{name} {key}: {n} runs, {len(found) or 'no'} change point(s)")
-        for s in found:
-            state = ("REGRESSION, still in effect" if s.fails else s.direction + ("" if s.in_effect or s.direction != "regression"
-                                                                                  else ", no longer in effect"))
-            lines.append(f"  from run {s.run_id} ({s.created_at}, commit {(s.commit or '?')[:12]}): {pct(s.change)} "
-                         f"({s.runs_before} runs before, {s.runs_after} after; p={s.p_value:.3f}): {state}")
-    if short:
-        lines.append(f"Too few runs for a shift in {len(short)} series (a shift needs {min_runs} runs on each side, "
-                     f"--min-runs): {', '.join(short)}.")
-    echo(lines)

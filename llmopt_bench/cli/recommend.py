@@ -53,7 +53,7 @@ def local_command(command: str) -> str:
 def print_lines(text: list[str], command: str | None) -> None:
     """The recommendation at the terminal's width: prose wrapped between words, the command
     continued with backslashes (one command when copied)."""
-    from llmopt_bench.cli.terminal import echo, shell_lines, width
+    from llmopt_bench.render.terminal import echo, shell_lines, width
 
     cols = width()
     for line in text:

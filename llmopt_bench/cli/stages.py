@@ -29,7 +29,7 @@ def stages_cmd(as_json: bool = typer.Option(False, "--json", help="Print the lis
 def print_rows(rows: list[dict]) -> None:
     """The stages at the terminal's width: a table of what each is or why it cannot run, then
     each fix once, under the stages it fixes (a fix is a command: printed whole, not in a cell)."""
-    from llmopt_bench.cli.terminal import echo, print_table
+    from llmopt_bench.render.terminal import echo, print_table
 
     print_table(("stage", "here", "what it measures, or why it cannot run here"),
                 [(r["name"], "yes" if r["available"] else "no", r["description"] if r["available"] else r["reason"])

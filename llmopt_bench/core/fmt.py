@@ -34,10 +34,26 @@ def spread(lo_hi: Sequence[float | None] | None) -> str:
 
 
 def pct(v: float | None) -> str:
-    """A fraction as a percentage: 0.1234 -> "12.3%"; small ones keep two significant digits."""
+    """A share as a percentage: 0.1234 -> "12.3%"; small ones keep two significant digits."""
     if v is None:
         return "-"
     return f"{v * 100:.1f}%" if abs(v) >= 0.01 or v == 0 else f"{v * 100:.2g}%"
+
+
+def change(v: float | None) -> str:
+    """A relative change, always signed: 0.034 -> "+3.4%", a ratio's 0.9 - 1 -> "-10.0%"."""
+    return "-" if v is None else f"{v * 100:+.1f}%"
+
+
+def quantity(v: float | None, unit: str) -> str:
+    """A figure already in its shown unit, with the unit (analysis/metric_registry.Metric.shown):
+    ms, GB and req/s to two decimals, s to three, tok/s to one, a count or ratio to four digits."""
+    if v is None:
+        return "-"
+    if not unit:
+        return f"{v:.4g}"  # a count or a ratio: its significant digits
+    digits = {"ms": 2, "GB": 2, "s": 3, "req/s": 2}.get(unit, 1)
+    return f"{v:.{digits}f} {unit}".rstrip()
 
 
 def gb(v: float | None) -> float | None:
@@ -46,8 +62,18 @@ def gb(v: float | None) -> float | None:
 
 
 def ms(v: float | None) -> float | None:
-    """Seconds to milliseconds for a table cell."""
+    """Seconds to milliseconds, a number for a table cell (num formats it)."""
     return v * 1e3 if v is not None else None
+
+
+def ms_text(seconds: float | None) -> str:
+    """Seconds as milliseconds in a sentence: 0.01234 -> "12.3 ms"."""
+    return "-" if seconds is None else f"{num(seconds * 1e3)} ms"
+
+
+def gb_text(size: float | None) -> str:
+    """Bytes as GB in a sentence: 13_476_831_744 -> "13.5 GB"; none recorded (or 0) -> "-"."""
+    return f"{num(size / GB)} GB" if size else "-"
 
 
 def tail(value: float | None, n: int | None, q: float) -> Any:

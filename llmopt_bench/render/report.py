@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from llmopt_bench.analysis.conclusions import conclusions
+from llmopt_bench.analysis.metric_registry import REGISTRY
 from llmopt_bench.analysis.recommend import recommend
 from llmopt_bench.analysis.recommend_text import lines
 from llmopt_bench.analysis.roofline import roofline
@@ -66,8 +67,9 @@ def repeats_text(w) -> str:
 
 
 def stage_table(run: RunResult) -> list[str]:
-    headers = ("stage", "status", "n", "load s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "E2E p50 s",
-               "out tok/s", "QPS", "peak mem GB", "quality")
+    figures = ("requests", "load_s", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "output_tok_s", "qps",
+               "peak_memory")
+    headers = ("stage", "status", *(REGISTRY[k].header for k in figures), "quality")
     rows = []
     for r, s in zip(stage_table_rows(run), run.stages):
         n = r["requests"]

@@ -10,12 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmopt_bench.analysis.selectors import GB, peak_memory
+from llmopt_bench.analysis.metric_registry import REGISTRY
+from llmopt_bench.core.fmt import change
 from llmopt_bench.core.results import RunResult, StageResult
-
-
-def ms(d, attr: str = "p50") -> str:
-    return f"{getattr(d, attr) * 1000:.2f}" if d else "-"
 
 
 @dataclass(frozen=True)
@@ -25,19 +22,21 @@ class Column:
     drop_rank: int  # when the terminal is narrow, the highest rank goes first; 0 never goes
 
 
-def _metric(fmt: Callable) -> Callable[[StageResult], str]:
-    return lambda s: fmt(s.metrics) if s.metrics else "-"
+def figure(key: str, digits: int) -> Callable[[StageResult], str]:
+    """A registered metric's cell: its value in the unit the header names (analysis/metric_registry.py)."""
+    m = REGISTRY[key]
+    return lambda s: f"{m.shown(v):.{digits}f}" if (v := m.value(s)) else "-"
 
 
 COLUMNS = (
     Column(("stage", ""), lambda s: s.name, 0),
     Column(("status", ""), lambda s: s.status, 0),
-    Column(("load", "s"), lambda s: f"{s.load_s:.1f}" if s.load_s else "-", 5),
-    Column(("TTFT", "p50 ms"), _metric(lambda m: ms(m.ttft_s)), 2),
-    Column(("TPOT", "p50 ms"), _metric(lambda m: ms(m.tpot_s)), 1),
-    Column(("E2E", "p50 s"), _metric(lambda m: f"{m.e2e_s.p50:.3f}" if m.e2e_s else "-"), 6),
-    Column(("output", "tok/s"), _metric(lambda m: f"{m.output_tok_s:.1f}" if m.output_tok_s else "-"), 3),
-    Column(("peak mem", "GB"), lambda s: f"{peak / GB:.2f}" if (peak := peak_memory(s)[0]) else "-", 4),
+    Column(("load", "s"), figure("load_s", 1), 5),
+    Column(("TTFT", "p50 ms"), figure("ttft_p50", 2), 2),
+    Column(("TPOT", "p50 ms"), figure("tpot_p50", 2), 1),
+    Column(("E2E", "p50 s"), figure("e2e_p50", 3), 6),
+    Column(("output", "tok/s"), figure("output_tok_s", 1), 3),
+    Column(("peak mem", "GB"), figure("peak_memory", 2), 4),
 )
 
 
@@ -46,7 +45,7 @@ def note(s: StageResult) -> str:
     parts = [s.reason] if s.reason else []
     q = s.quality
     if q and q.quality_regression and q.quality_ratio:
-        parts.append(f"quality regression: perplexity {(q.quality_ratio - 1) * 100:+.1f}% vs {q.reference or 'the reference'}")
+        parts.append(f"quality regression: perplexity {change(q.quality_ratio - 1)} vs {q.reference or 'the reference'}")
     if s.own_workload and s.status == "ok":
         parts.append("own workload (sweep): see the report")
     if s.fix and s.status != "ok":

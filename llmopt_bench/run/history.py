@@ -5,7 +5,7 @@ The file is $LLMOPT_HISTORY_DB, else history.sqlite in the llmopt cache ($LLMOPT
 ~/.cache/llmopt): one place whatever the current directory, outside any checkout.
 
 Runs are comparable when their fingerprint matches: device, model, workload and the stage's
-params. Between consecutive comparable runs a gating metric (analysis/compare.py METRICS) is
+params. Between consecutive comparable runs a judged metric (analysis/metric_registry.py) is
 judged with compare's method, the earlier comparable runs giving the baseline's noise; other
 metrics with a relative-change rule (|new/old - 1| > threshold). `check` runs E-divisive means
 (analysis/changepoint.py) over each stage's series of the current fingerprint."""
@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmopt_bench.analysis import changepoint, compare, hostbound
+from llmopt_bench.analysis.metric_registry import REGISTRY, lookup
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.models import cache_dir
 from llmopt_bench.core.results import RunResult, StageResult, parse_run, utcnow
 
-DISTRIBUTIONS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
-STATS = ("p50", "p90", "p99", "mean")
 NOISE_RUNS = 20  # the earlier comparable runs whose spread is the baseline's noise
 
 SCHEMA = """
@@ -67,15 +66,9 @@ def not_a_history(db: Path, e: BaseException) -> UsageError:
 
 
 def stage_values(stage: StageResult) -> dict[str, float]:
-    """Every scalar a trend can show: compare's metrics plus each latency's p50/p90/p99/mean and QPS."""
-    out = {k: compare.metric_value(stage, k) for k in compare.METRICS}
-    m = stage.metrics
-    if m:
-        for name in DISTRIBUTIONS:
-            d = getattr(m, name)
-            for stat in STATS:
-                out[f"{name[:-2]}_{stat}"] = getattr(d, stat) if d else None
-        out["qps"] = m.qps
+    """Every scalar a trend can show: each registered metric (analysis/metric_registry.py) the
+    stage recorded, under its key, in run.json's unit."""
+    out = {k: m.value(stage) for k, m in REGISTRY.items()}
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -111,14 +104,14 @@ def known_metrics(conn: sqlite3.Connection) -> list[str]:
 
 
 def metric_name(name: str) -> str:
-    try:
-        return compare.metric_key(name)
-    except UsageError:
-        return name.strip().lower()
+    """The registry's key for any name it knows (tpot, ttft_s.p90, peak_mem_gb), else the name as
+    stored (a metric an older llmopt wrote)."""
+    m = lookup(name)
+    return m.key if m else name.strip().lower()
 
 
 def higher_is_better(key: str) -> bool:
-    return compare.METRICS[key].higher_is_better if key in compare.METRICS else key.endswith(("tok_s", "qps"))
+    return REGISTRY[key].higher_is_better if key in REGISTRY else key.endswith(("tok_s", "qps"))
 
 
 def fingerprint_runs(db: Path, like: RunResult, before: RunResult, limit: int = NOISE_RUNS) -> list[RunResult]:
@@ -332,14 +325,12 @@ def chart(points: list[TrendPoint], metric: str, path: Path) -> Path:
     order = sorted({(p.created_at, p.run_id) for p in points})
     index = {k: i for i, k in enumerate(order)}
     key = metric_name(metric)
-    m = compare.METRICS.get(key)
-    scale, unit = {"ms": (1000, "ms"), "GB": (1e-9, "GB")}.get(m.unit if m else "", (1, m.unit if m else ""))
-    if not m and key.split("_")[0] in ("ttft", "tpot", "itl", "e2e"):
-        scale, unit = 1000, "ms"
+    m = REGISTRY.get(key)
+    unit = m.unit if m else ""
     fig, ax = plt.subplots(figsize=(max(6, len(order) * 0.6 + 3), 4))
     for name in sorted({p.stage for p in points}):
         pts = [(p, v) for p in points if p.stage == name and (v := p.value) is not None and p.status == "ok"]
-        xs, ys = [index[(p.created_at, p.run_id)] for p, _ in pts], [v * scale for _, v in pts]
+        xs, ys = [index[(p.created_at, p.run_id)] for p, _ in pts], [m.shown(v) if m else v for _, v in pts]
         ax.plot(xs, ys, marker="o", label=name)
         for (p, _), x, y in zip(pts, xs, ys):
             if p.verdict in ("regressed", "improved"):

@@ -13,20 +13,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmopt_bench.core.fmt import num
+from llmopt_bench.core.fmt import gb_text, ms, num
 from llmopt_bench.tune.record import Rung, TrialRecord, TuneRecord
 from llmopt_bench.tune.space import KNOBS
 
 CHART = "charts/tune_trials.png"
 MEMORY_STEP = 1.05
-
-
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1e3:.1f}"
-
-
-def _gb(v: int | None) -> str:
-    return "-" if not v else f"{v / 1e9:.2f} GB"
 
 
 def interval(r: Rung | None) -> str:
@@ -126,7 +118,7 @@ def trial_rows(rec: TuneRecord) -> list[str]:
         outcome = t.outcome + (f": {t.reason}" if t.reason and t.outcome != "held" else "")
         rows.append("| " + " | ".join([
             name, t.label, outcome.replace("|", "/"), r.name if r else "-", capacity_text(r), interval(r),
-            _ms(r.ttft_p99_s if r else None), _ms(r.tpot_p99_s if r else None), _gb(t.memory.bytes),
+            num(ms(r.ttft_p99_s if r else None)), num(ms(r.tpot_p99_s if r else None)), gb_text(t.memory.bytes),
             num(t.memory.kv_cache_tokens) if t.memory.kv_cache_tokens else "-", quality_text(t),
             "yes" if t.number in front else "", f"{t.seconds:.0f}" if t.seconds else "-"]) + " |")
     return rows

@@ -9,8 +9,7 @@ import time
 
 from gatekit import BASELINE, load, only_stages, repeats_run
 
-from llmopt_bench.analysis.compare import compare_runs
-from llmopt_bench.cli.compare import to_markdown
+from llmopt_bench.analysis.compare import SidesConditions, compare_runs
 from llmopt_bench.core.results import RunResult
 from llmopt_bench.measure.conditions import (
     ConditionsRecorder,
@@ -19,6 +18,7 @@ from llmopt_bench.measure.conditions import (
     conditions_summary,
     repeats_differ,
 )
+from llmopt_bench.render.compare_text import to_markdown
 
 
 def _spin(seconds: float) -> None:
@@ -89,8 +89,8 @@ def test_compare_sets_a_regressed_stage_s_conditions_side_by_side():
     cmp = compare_runs(RunResult.model_validate(_with_conditions(base, 1.1)),
                        RunResult.model_validate(_with_conditions(slow, 1.6)))
     assert ("vllm", "tpot_p50") in cmp.regressions and all(s != "awq-int4" for s, _ in cmp.regressions)
-    assert cmp.conditions == {"vllm": {"baseline": "host load 1.1, preempted 3 times a repeat, CPU share 1 (3 repeats)",
-                                       "new": "host load 1.6, preempted 3 times a repeat, CPU share 1 (3 repeats)"}}
+    assert cmp.conditions == {"vllm": SidesConditions("host load 1.1, preempted 3 times a repeat, CPU share 1 (3 repeats)",
+                                                      "host load 1.6, preempted 3 times a repeat, CPU share 1 (3 repeats)")}
     assert "Repeat conditions of vllm: baseline host load 1.1" in to_markdown(cmp)
     assert cmp.to_dict()["conditions"]["vllm"]["new"].startswith("host load 1.6")
 

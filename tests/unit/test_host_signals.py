@@ -14,8 +14,8 @@ from gatekit import BASELINE, load, only_stages, repeats_run
 from llmopt_bench.analysis import host_signals as HS
 from llmopt_bench.analysis import host_verdict as HV
 from llmopt_bench.analysis.compare import compare_runs
-from llmopt_bench.cli.compare import to_markdown
 from llmopt_bench.core.results import RunResult
+from llmopt_bench.render.compare_text import to_markdown
 
 QUIET = [dict(cpu_share=s, involuntary_switches=n, load1=1.2, cpus=2, wall_s=w, steal_s=0.0)
          for s, n, w in ((1.99, 74, 0.92), (1.98, 116, 0.95), (1.99, 90, 0.93))]

@@ -18,8 +18,8 @@ from testkit import run_cli
 from llmopt_bench.analysis import host_verdict as HV
 from llmopt_bench.analysis.compare import compare_runs
 from llmopt_bench.analysis.hostbound import host_bound
-from llmopt_bench.cli.compare import to_markdown
 from llmopt_bench.core.results import RunResult
+from llmopt_bench.render.compare_text import to_markdown
 
 INDEX = [140.0, 128.0, 135.0]  # kop/s, one per repeat: a host's own spread between repeats
 
@@ -52,7 +52,7 @@ def test_a_host_half_as_fast_explains_a_host_bound_stage_twice_as_slow():
     assert cmp.regressions == []  # the old gate: hf-fp16 tpot_p50, e2e_p50, output_tok_s regressed
     assert ("hf-fp16", "tpot_p50") in cmp.host_inconclusive
     stage = next(s for s in cmp.stages if s.stage == "hf-fp16")
-    assert stage.host["state"] == "slower" and stage.host["ratio"] == pytest.approx(0.5)
+    assert stage.host.state == "slower" and stage.host.ratio == pytest.approx(0.5)
     assert stage.host_bound and stage.host_bound_why.startswith("GPU busy 16.0% of each token")
     tpot = next(d for d in stage.metrics if d.metric == "tpot_p50")
     assert tpot.raw_verdict == "regressed" and tpot.normalised_ratio == pytest.approx(1.0, abs=0.01)
@@ -74,7 +74,7 @@ def test_a_real_slowdown_on_the_same_host_still_regresses():
     base, new = pair(3.0, INDEX)
     cmp = compare_runs(base, new)
     assert verdicts(cmp, "hf-fp16")["tpot_p50"] == "regressed" and cmp.host_inconclusive == []
-    assert next(s for s in cmp.stages if s.stage == "hf-fp16").host["state"] == "same"
+    assert next(s for s in cmp.stages if s.stage == "hf-fp16").host.state == "same"
 
 
 def test_a_faster_host_that_hides_a_regression_does_not_pass():
@@ -90,7 +90,7 @@ def test_without_the_index_on_one_side_the_verdict_is_the_old_one():
         s.extra["conditions"] = []
     cmp = compare_runs(base, new)
     assert verdicts(cmp, "hf-fp16")["tpot_p50"] == "regressed"
-    assert next(s for s in cmp.stages if s.stage == "hf-fp16").host["text"] == "host speed not recorded in the baseline"
+    assert next(s for s in cmp.stages if s.stage == "hf-fp16").host.text() == "host speed not recorded in the baseline"
 
 
 def test_the_host_change_needs_more_than_the_index_noise():
