@@ -62,7 +62,7 @@ plan() {
   [ -e "$DEV/t0" ] || cp "$DEV/t0.plan" "$DEV/t0"
   nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm --format=csv > "$DEV/gpu.csv" 2>&1
   if [ "$DRY" = 1 ]; then  # every step's command as on the device, at a CPU's size
-    step prefix 600 $PY -m llmopt_bench bench --stages stages/prefix-caching-cpu.toml --model "$MODEL" --output "$DEV/prefix"
+    step prefix 600 $PY -m llmopt_bench bench --stages journeys/prefix-caching-cpu.toml --model "$MODEL" --output "$DEV/prefix"
     step quick 600 $PY -m llmopt_bench bench --preset quick --model "$MODEL" --num-prompts 2 --max-new-tokens 8 \
       --output "$DEV/quick"
     step compare 60 $PY -m llmopt_bench compare "$DEV/quick" "$DEV/quick" --format json -o "$DEV/compare.json"
@@ -77,7 +77,7 @@ plan() {
   # figures (27) and the refactored package run on CUDA (26), so those come first, the journey last.
   # PREFIX_TRIM=1: the same stage with 6 search trials and concurrency 1 and 64 only (~1.5 min less),
   # for a session whose device time is short (2026-12-05's second machine)
-  local pc=stages/prefix-caching.toml need=780
+  local pc=journeys/prefix-caching.toml need=780
   if [ "${PREFIX_TRIM:-0}" = 1 ]; then
     need=420
     sed 's/search_max_probes = 8/search_max_probes = 6/; s/concurrency = \[1, 16, 64\]/concurrency = [1, 64]/' "$pc" > "$DEV/prefix-trim.toml"

@@ -13,6 +13,6 @@
 
 The engines' adapters live in engines/ (vllm_engine.VLLMEngine, static_engine.StaticBatcher,
 http_load.HTTPLoad) and satisfy LoadEngine without importing this package; the scenarios above
-(scenarios/batching*.py, scenarios/serving*.py) declare the points and keep the records.
+(scenarios/batching*.py, scenarios/serving/) declare the points and keep the records.
 
 May import: analysis, measure, core (never engines: an engine is handed in)."""
