@@ -1,6 +1,6 @@
 # Two commands on a fresh machine:
 #   make bench   virtualenv + every engine this machine can run + the whole journey
-#                (`llmopt bench --stages all`; on a CPU stages/journey-cpu.toml, scaled to a few cores)
+#                (`llmopt bench --stages all`; on a CPU journeys/journey-cpu.toml, scaled to a few cores)
 #   make test    the same installs + test dependencies + the whole test suite
 #
 # A CUDA machine (nvidia-smi answers) gets PyPI's CUDA builds in .venv: `.[gpu]` resolved in one
@@ -25,7 +25,7 @@ JOURNEY = all
 else
 ENGINES = install vllm-venv
 VLLM_PY = $(abspath $(VLLM_VENV))/bin/python
-JOURNEY = stages/journey-cpu.toml
+JOURNEY = journeys/journey-cpu.toml
 endif
 
 .PHONY: bench test lint install install-test vllm-venv check-gpu-install clean

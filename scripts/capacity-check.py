@@ -5,7 +5,7 @@
 On one server (vLLM's default scheduler limits, prefix caching off, max_model_len 4096), with
 random tokens (450 in / 100 out by default, the output forced):
 
-1. llmopt's serving scenario (scenarios/serving.py, the vllm-serve stage's): a closed-loop sweep
+1. llmopt's serving scenario (scenarios/serving/run.py, the vllm-serve stage's): a closed-loop sweep
    (its concurrency-1 point: llmopt's batch-1 TTFT/TPOT), the ceiling (--saturation-requests of
    the workload's requests at once: what the server completes a second), the capacity search from
    just under that ceiling down to --precision (5%) within --search-budget-s seconds of load
@@ -65,14 +65,14 @@ from llmopt_bench.core.workload import Request
 from llmopt_bench.engines.http_load import HTTPLoad
 from llmopt_bench.engines.openai_http import Endpoint
 from llmopt_bench.engines.server_metrics import MetricsPage, ServerWatch
-from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config, prepare_engine_env
-from llmopt_bench.engines.vllm_server import VLLMServer, vllm_cli_works, vllm_python
+from llmopt_bench.engines.vllm.params import VLLMEngineParams, engine_config, prepare_engine_env
+from llmopt_bench.engines.vllm.server import VLLMServer, vllm_cli_works, vllm_python
 from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.load.record import slo_verdict
 from llmopt_bench.measure.energy import TimedMeter
 from llmopt_bench.scenarios import peer
-from llmopt_bench.scenarios.serving import ServingRun
-from llmopt_bench.scenarios.serving_record import ServingParams
+from llmopt_bench.scenarios.serving.record import ServingParams
+from llmopt_bench.scenarios.serving.run import ServingRun
 from llmopt_bench.workloads.text import PromptTexts
 
 

@@ -18,7 +18,7 @@ journey=/tmp/quantization-real.toml  # journey.toml's four quantization stages, 
 python3 - "$journey" "${awq_dir%/}" <<'PY'
 import json, sys, tomllib
 out, awq = sys.argv[1:]
-stages = [s for s in tomllib.load(open("stages/journey.toml", "rb"))["stage"]
+stages = [s for s in tomllib.load(open("journeys/journey.toml", "rb"))["stage"]
           if s["name"] in ("hf-fp16", "bnb-int8", "bnb-nf4", "awq-int4")]
 with open(out, "w") as f:
     for s in stages:

@@ -67,12 +67,12 @@ from pathlib import Path
 from llmopt_bench.checkpoints.prepare import prepare
 from llmopt_bench.core.models import parse_model
 from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests
-from llmopt_bench.engines import vllm as V
 from llmopt_bench.engines.client_health import could_not_time
 from llmopt_bench.engines.http_load import HTTPLoad, auth
 from llmopt_bench.engines.openai_http import Endpoint
 from llmopt_bench.engines.server_metrics import MetricsPage, ServerWatch
-from llmopt_bench.engines.vllm_server import VLLMServer, vllm_cli_works, vllm_python
+from llmopt_bench.engines.vllm import offline as V
+from llmopt_bench.engines.vllm.server import VLLMServer, vllm_cli_works, vllm_python
 from llmopt_bench.load.engine import run_point
 from llmopt_bench.load.point import LoadPoint
 from llmopt_bench.scenarios import peer

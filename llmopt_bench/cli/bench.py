@@ -119,7 +119,7 @@ def presets_epilog() -> str:
 @app.command("bench", epilog=presets_epilog())
 @with_workload_options(after="model")
 def bench_cmd(
-    stages: str | None = typer.Option(None, "--stages", "-s", help="all (stages/journey.toml), a comma list (hf-fp16,vllm), or a journey .toml file (default: all). With --resume: stages added to the run's journey."),
+    stages: str | None = typer.Option(None, "--stages", "-s", help="all (journeys/journey.toml), a comma list (hf-fp16,vllm), or a journey .toml file (default: all). With --resume: stages added to the run's journey."),
     preset: str | None = typer.Option(None, "--preset", help="quick, standard or full: a journey at one of three sizes with its workload defaults (listed below; a workload option given wins). Not with --stages, --endpoint or --resume.", show_default=False),
     model: str | None = typer.Option(None, "--model", "-m", help="synthetic:tiny | synthetic:llama2-7b | bundled:smollm2-135m | a local checkpoint dir | a hub id. Default: synthetic:llama2-7b on CUDA, synthetic:tiny on CPU."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Run directory, created if missing; never another run's (use --resume). (default: results/runs/<timestamp>)"),

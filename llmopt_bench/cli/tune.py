@@ -72,7 +72,7 @@ def resume_conflicts(given: dict[str, object]) -> None:
 @app.command("tune")
 @with_workload_options(after="model")
 def tune_cmd(
-    space: Optional[Path] = typer.Option(None, "--space", help="The search space, a TOML file (docs/tune.md). Default: stages/tune.toml with CUDA, stages/tune-cpu.toml without."),
+    space: Optional[Path] = typer.Option(None, "--space", help="The search space, a TOML file (docs/tune.md). Default: journeys/tune.toml with CUDA, journeys/tune-cpu.toml without."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="synthetic:tiny | synthetic:llama2-7b | bundled:smollm2-135m | a local checkpoint dir | a hub id. Default: synthetic:llama2-7b on CUDA, synthetic:tiny on CPU."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Wall time for the whole search, the FP16 reference included: 30m, 1h30m, 90s (1m to 48h; default: 30m; with --resume: the run's own, the time it spent counted). A trial starts only while the time left holds a server start and its first rung."),
     slo: Optional[str] = typer.Option(None, "--slo", help="The latency targets every capacity is judged under, like ttft_p99=2s,tpot_p99=100ms (default: MLPerf's Server limits for Llama-3.1-8B)."),

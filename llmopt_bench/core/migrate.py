@@ -22,7 +22,7 @@ SCHEMA_1_ENERGY = "whole run() (schema 1: quality passes, clock checks and sweep
 
 
 # load.phases_s: the served engine's weight read was `weights_load_s` until 2026-12-06, when one
-# reader of vLLM's start log (engines/vllm_startlog.py) gave the offline engine and the server one name
+# reader of vLLM's start log (engines/vllm/startlog.py) gave the offline engine and the server one name
 RENAMED_PHASES = {"weights_load_s": "weights_read_s"}
 
 

@@ -129,7 +129,7 @@ class PlanRecord(StrictModel):
 
 
 class CacheRecord(StrictModel):
-    """The engine's prefix cache and KV-cache use over one load point (engines/vllm_cache.py):
+    """The engine's prefix cache and KV-cache use over one load point (engines/vllm/cache.py):
     lookups and hits in tokens from its counters, KV-cache usage sampled during the point."""
 
     source: str  # "llm.get_metrics()", "vllm /metrics", or "per request" (num_cached_tokens, usage.cached_tokens)
@@ -168,7 +168,7 @@ class StageFacts(StrictModel):
     batch1_ttft_s: float | None = None  # TTFT at one request in flight, likewise
     saturated_tok_s: float | None = None  # the most output tokens a second it saw
     saturated_how: str | None = None  # how that figure was measured (only like compares with like)
-    # serving under an SLO (scenarios/serving.py): the highest arrival rate that met it, the
+    # serving under an SLO (scenarios/serving/run.py): the highest arrival rate that met it, the
     # interval it is known within ([last passing, first failing]; failing None: never failed),
     # the goodput at that rate, the knee of the latency curve, and every open-loop point measured
     slo: str | None = None  # the SLO judged, as `--slo` takes it: ttft_p99=2s,tpot_p99=100ms

@@ -19,7 +19,7 @@ from llmopt_bench.core.records import CacheRecord, RequestSample
 from llmopt_bench.engines.client_health import ClientHealth
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient, Tally
 from llmopt_bench.engines.server_metrics import MetricsPage, ServerWatch
-from llmopt_bench.engines.vllm_cache import cache_record, server_counters
+from llmopt_bench.engines.vllm.cache import cache_record, server_counters
 from llmopt_bench.measure.timing import now
 from llmopt_bench.workloads.text import PromptTexts
 

@@ -3,7 +3,7 @@
 Each request streams (server-sent events, parsed by httpx-sse, carried by aiohttp); a chunk is
 timed when it reached the host, by the kernel's receive clock (engines/rx_clock.py), else when
 the client read it, and a chunk that carries k tokens gives its time to each of them, as the
-in-process vLLM engine does (engines/vllm.py serve()). The client watches its own punctuality
+in-process vLLM engine does (engines/vllm/offline.py serve()). The client watches its own punctuality
 per client (engines/client_health.py: event-loop lag, read delays, bursts): health(). Tokens are counted from what arrived:
 the chunk's `token_ids` (vLLM's `return_token_ids`), else the growth of the streamed usage
 (`continuous_usage_stats`), else the chunk's text through the tokenizer the caller gives (a

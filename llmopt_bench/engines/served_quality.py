@@ -1,5 +1,5 @@
 """Output quality measured through vLLM's OpenAI-compatible server: the same perplexity windows
-and teacher-forced agreement as the offline vLLM stages (engines/vllm_quality.py), with the
+and teacher-forced agreement as the offline vLLM stages (engines/vllm/quality.py), with the
 prompt log-probabilities asked of the server (`prompt_logprobs`, a vLLM extension of
 /v1/completions) instead of the engine. A served stage whose perplexity and agreement match the
 offline `vllm` stage's at the same config shows that the server runs the same weights.
@@ -14,7 +14,7 @@ from typing import Any
 
 from llmopt_bench.engines.openai_errors import RequestFailed, classify_status
 from llmopt_bench.engines.openai_http import Endpoint
-from llmopt_bench.engines.vllm_quality import PromptLogprobs
+from llmopt_bench.engines.vllm.quality import PromptLogprobs
 
 BATCH = 16  # prompts a request: one answer holds every position's log-probs of each
 
@@ -55,7 +55,7 @@ def server_logprobs(endpoint: Endpoint, timeout_s: float = 600.0) -> PromptLogpr
 def served_quality(endpoint: Endpoint, encode: Callable[[str], list[int]], reference_file: Any, reference_name: str | None,
                    real_weights: bool, progress: Callable[..., None], dummy: bool = False) -> dict[str, Any]:
     """stage.QualityRecord's fields for a vLLM server, measured through it."""
-    from llmopt_bench.engines import vllm_quality
+    from llmopt_bench.engines.vllm import quality as vllm_quality
 
     return vllm_quality.evaluate(server_logprobs(endpoint), encode, reference_file, reference_name, real_weights, progress,
                                  dummy=dummy, engine="vllm serve (prompt log-probs over HTTP)")

@@ -11,8 +11,8 @@
   capacity under an SLO, searched from the highest completion rate measured down to a precision
   within a budget of seconds of load, held for longer, with the knee of the latency curve.
 
-The engines' adapters live in engines/ (vllm_engine.VLLMEngine, static_engine.StaticBatcher,
+The engines' adapters live in engines/ (vllm/engine.VLLMEngine, static_engine.StaticBatcher,
 http_load.HTTPLoad) and satisfy LoadEngine without importing this package; the scenarios above
-(scenarios/batching*.py, scenarios/serving*.py) declare the points and keep the records.
+(scenarios/batching*.py, scenarios/serving/) declare the points and keep the records.
 
 May import: analysis, measure, core (never engines: an engine is handed in)."""

@@ -2,7 +2,7 @@
 (long enough to see a queue form), a trial from a measured point, what a trial will cost, and
 the ceiling (the highest completion rate measured). The search itself is load/find.py (the
 search load/search.py, its budget load/budget.py, the hold load/hold.py); a scenario gives it a
-function that measures one open-loop point (serving: scenarios/serving.py).
+function that measures one open-loop point (serving: scenarios/serving/run.py).
 
 Trial length against the number of trials. A trial can only be judged if its window is at least
 WINDOW_E2E (5) times its median time in system (load/steady.py): shorter, a queue that grows

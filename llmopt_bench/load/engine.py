@@ -1,5 +1,5 @@
 """The one engine interface the load machine drives, and the function that runs a load point on
-it. An engine's adapter (engines/vllm_engine.VLLMEngine, engines/static_engine.StaticBatcher,
+it. An engine's adapter (engines/vllm/engine.VLLMEngine, engines/static_engine.StaticBatcher,
 engines/http_load.HTTPLoad) satisfies LoadEngine without importing this package: it speaks
 core/dispatch.py's Dispatcher, and the load machine knows nothing of the engine behind it."""
 

@@ -1,5 +1,5 @@
 """find_capacity: the capacity a deployment can be sized by, in one call, for anything that can
-measure one open-loop rate (the serving scenario, scenarios/serving.py; a tuner that sizes
+measure one open-loop rate (the serving scenario, scenarios/serving/run.py; a tuner that sizes
 each configuration it tries):
 
 1. the search (load/search.py): its first trial just under the ceiling (the highest completion

@@ -1,6 +1,6 @@
 """The report's "Where the time went" in detail, from run.json alone: each stage's wall time split
 by the worker's own clocks (StageTiming), and each vLLM engine start split by the engine's own
-log (engines/vllm_startlog.py, in load.phases_s). Runs recorded before these records show
+log (engines/vllm/startlog.py, in load.phases_s). Runs recorded before these records show
 nothing here. report.py's time_section appends these tables."""
 
 from __future__ import annotations

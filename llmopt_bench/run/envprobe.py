@@ -1,7 +1,7 @@
 """The run's first child process: fingerprint the environment, measure the ceilings the
 roofline needs (copy bandwidth, matrix throughput per dtype: fp16/bf16/fp32, FP8 on Hopper/Ada,
 INT8), and prepare the model's checkpoint; meanwhile vLLM's model inspection fills its cache
-(engines/vllm_modelinfo.py), once per cache, so that no engine start pays for it.
+(engines/vllm/modelinfo.py), once per cache, so that no engine start pays for it.
 `python -m llmopt_bench.run.envprobe JOB.json` writes its answer to the path the job names."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from llmopt_bench.checkpoints.prepare import known_architectures, prepare
 from llmopt_bench.core.errors import LlmoptError
 from llmopt_bench.core.models import ModelSpec
-from llmopt_bench.engines import vllm_modelinfo
+from llmopt_bench.engines.vllm import modelinfo as vllm_modelinfo
 from llmopt_bench.measure import nvml
 
 PACKAGES = ("torch", "transformers", "tokenizers", "accelerate", "safetensors", "bitsandbytes", "vllm",

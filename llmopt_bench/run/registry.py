@@ -1,7 +1,7 @@
 """Stages arrive through the entry-point group "llmopt.stages" (the built-ins too); journeys
 are TOML files that name stages in order, with their params: the shipped ones are package data
-(llmopt_bench/journeys/, which the checkout's top-level stages/ links to), so a wheel install
-finds `--stages all` too."""
+(llmopt_bench/journeys/, which the checkout's top-level journeys/ links to, and stages/, its old
+name, for one release), so a wheel install finds `--stages all` too."""
 
 from __future__ import annotations
 

@@ -109,7 +109,7 @@ def probe(rd: RunDir, opts: RunOptions, reporter: Reporter) -> tuple[dict[str, A
 
 def starts_vllm(plans: list[StagePlan]) -> bool:
     """Whether a stage of the journey that can run here starts a vLLM engine (the probe then fills
-    vLLM's model-inspection cache: engines/vllm_modelinfo.py)."""
+    vLLM's model-inspection cache: engines/vllm/modelinfo.py)."""
     classes = [load_stage(p.stage) for p in plans]
     return any(cls.requires.engine == "vllm" and not unavailable(cls) for cls in classes)
 

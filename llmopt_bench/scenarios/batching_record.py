@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ConfigDict, Field
 
 from llmopt_bench.core.records import StrictModel
-from llmopt_bench.engines.vllm_kv import KVCacheRecord
+from llmopt_bench.engines.vllm.kv import KVCacheRecord
 from llmopt_bench.load.record import PointRow
 
 

@@ -29,7 +29,7 @@ from llmopt_bench.core.workload import WorkloadConfig, build_requests
 from llmopt_bench.engines.lifecycle import device_memory, rss, wait_freed
 from llmopt_bench.engines.model_worker import ModelWorker
 from llmopt_bench.engines.static_engine import StaticEngine
-from llmopt_bench.engines.vllm_kv import KVCacheRecord
+from llmopt_bench.engines.vllm.kv import KVCacheRecord
 from llmopt_bench.load.dispatchers import cycled
 from llmopt_bench.load.engine import LoadEngine, run_point
 from llmopt_bench.load.point import LoadPoint, PointResult, combine
@@ -52,7 +52,7 @@ from llmopt_bench.scenarios.capacity import hf_capacity, vllm_capacity_rows
 
 
 class ContinuousEngine(LoadEngine, Protocol):
-    """What the scenario needs of a continuous-batching engine (engines/vllm_engine.VLLMEngine):
+    """What the scenario needs of a continuous-batching engine (engines/vllm/engine.VLLMEngine):
     the load machine's engine (drive), and what the stage records of it."""
 
     cfg: Any  # .dtype: the dtype the static replay and the probes load transformers in

@@ -10,7 +10,7 @@ from typing import Any
 from llmopt_bench.analysis.claims import claim_verdict
 from llmopt_bench.core.fmt import ms, num, pct, times
 from llmopt_bench.core.records import Block, Claim
-from llmopt_bench.scenarios.serving_record import CachingArm, LoadRow, PrefixCachingRecord, ServingExtra
+from llmopt_bench.scenarios.serving.record import CachingArm, LoadRow, PrefixCachingRecord, ServingExtra
 from llmopt_bench.scenarios.workload_report import plan_sentence
 
 

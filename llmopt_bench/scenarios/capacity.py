@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from llmopt_bench.engines.static_batching import run_isolated
-from llmopt_bench.engines.vllm_kv import KVCacheRecord
+from llmopt_bench.engines.vllm.kv import KVCacheRecord
 
 CPU_NOTE = "no OOM boundary on CPU: batch 1 and 2 probed only (host memory, no OOM in reasonable time)"
 

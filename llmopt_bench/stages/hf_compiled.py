@@ -2,7 +2,7 @@
 static KV cache and torch.compile of the decode step (engines/hf_compiled.py). Beside hf-fp16 it
 says how much of the story's first step is the host (Python, dispatch, launches) rather than the
 GPU; it is also the cheap fix a transformers user tries before changing engines. Optional: its
-journey is stages/host-bound.toml (hf-fp16, then this), not the default one (docs/architecture.md,
+journey is journeys/host-bound.toml (hf-fp16, then this), not the default one (docs/architecture.md,
 "The compiled twin", says why)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""openai-endpoint: the serving load (scenarios/serving.py) on a server the user runs, any
+"""openai-endpoint: the serving load (scenarios/serving/run.py) on a server the user runs, any
 OpenAI-compatible /v1/completions endpoint (vLLM, SGLang, TGI, TensorRT-LLM, llama.cpp's server,
 a remote deployment). llmopt did not start it, so it claims no GPU, memory, energy or engine
 figure for it (Stage.owns_device = False) and measures no quality.
@@ -24,9 +24,9 @@ from llmopt_bench.engines.http_load import HTTPLoad
 from llmopt_bench.engines.openai_errors import error_kind, fix_for
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient
 from llmopt_bench.load.plans import PlanLoad
-from llmopt_bench.scenarios import serving_report as R
-from llmopt_bench.scenarios.serving import ServingRun, serving_plans
-from llmopt_bench.scenarios.serving_record import ServingExtra, ServingParams
+from llmopt_bench.scenarios.serving import report as R
+from llmopt_bench.scenarios.serving.record import ServingExtra, ServingParams
+from llmopt_bench.scenarios.serving.run import ServingRun, serving_plans
 from llmopt_bench.workloads.text import PromptTexts
 
 NO_QUALITY = "a server llmopt did not start: its weights are not known to llmopt, so quality is not measured"

@@ -1,12 +1,12 @@
 """vllm-serve: vLLM's OpenAI-compatible server (`vllm serve`) with the engine params of the
-offline vLLM stages, under load over HTTP (scenarios/serving.py): a concurrency sweep, open-loop
+offline vLLM stages, under load over HTTP (scenarios/serving/run.py): a concurrency sweep, open-loop
 points, the capacity under an SLO, the throughput point; then the quality through the server's
 prompt log-probs, the same measures as the offline stage (engines/served_quality.py).
 
 The stage's process runs in llmopt's interpreter (httpx); the server runs in vLLM's
 (LLMOPT_VLLM_PYTHON), in the stage's session so that its GPU memory is sampled and a stage
 killed on timeout takes it along. Several configurations (FP16, quantization = "fp8", an AWQ
-checkpoint) are labelled entries of this one stage: stages/serving.toml."""
+checkpoint) are labelled entries of this one stage: journeys/serving.toml."""
 
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.engines.awq_weights import AWQCheckpointParams, awq_engine
 from llmopt_bench.engines.http_load import HTTPLoad
 from llmopt_bench.engines.openai_http import Endpoint
-from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config, prepare_engine_env, weights_estimate, worker_ranks
-from llmopt_bench.engines.vllm_server import VLLMServer
+from llmopt_bench.engines.vllm.params import VLLMEngineParams, engine_config, prepare_engine_env, weights_estimate, worker_ranks
+from llmopt_bench.engines.vllm.server import VLLMServer
 from llmopt_bench.load.plans import PlanLoad
-from llmopt_bench.scenarios import serving_report as R
 from llmopt_bench.scenarios.caching_report import caching_claim, comparison_blocks
-from llmopt_bench.scenarios.serving import ServingRun, serving_plans
-from llmopt_bench.scenarios.serving_record import CachingArm, PrefixCachingRecord, ServingExtra, ServingParams
+from llmopt_bench.scenarios.serving import report as R
+from llmopt_bench.scenarios.serving.record import CachingArm, PrefixCachingRecord, ServingExtra, ServingParams
+from llmopt_bench.scenarios.serving.run import ServingRun, serving_plans
 from llmopt_bench.workloads.text import PromptTexts
 
 

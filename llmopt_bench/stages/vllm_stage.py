@@ -9,8 +9,8 @@ from llmopt_bench.analysis.selectors import p50_of, ratio, reference
 from llmopt_bench.core.contract import Requirements
 from llmopt_bench.core.fmt import num, times
 from llmopt_bench.core.records import Claim
-from llmopt_bench.engines.vllm_engine import PREFETCH, VLLMEngine
-from llmopt_bench.engines.vllm_params import VLLMEngineParams, share_key
+from llmopt_bench.engines.vllm.engine import PREFETCH, VLLMEngine
+from llmopt_bench.engines.vllm.params import VLLMEngineParams, share_key
 from llmopt_bench.scenarios.fixed import FixedParams, FixedWorkloadStage
 
 VLLM = Requirements(imports={"vllm": "vllm"}, engine="vllm")

@@ -3,7 +3,7 @@ quality kept (docs/tune.md).
 
     space.py      the search space file (its knobs, the settings every trial shares) and a point in it
     record.py     what a tune run keeps: every trial as it ends, the winner, the defaults (tune.json)
-    capacity.py   the one place tune meets the capacity search (load/, scenarios/serving.py)
+    capacity.py   the one place tune meets the capacity search (load/, scenarios/serving/run.py)
     trial.py      one configuration: its server, its quality, its capacity rung by rung
     confirm.py    vLLM's own client at the winner's capacity on the same server
     study.py      the Optuna study: the sampler, successive halving, a study rebuilt from the record

@@ -1,5 +1,5 @@
 """The one place tune meets the capacity search: a server's capacity under the SLO, rung by rung,
-through the serving scenario (scenarios/serving.ServingRun: each trial an open-loop point judged
+through the serving scenario (scenarios/serving/run.ServingRun: each trial an open-loop point judged
 in steady state) and the search and hold of load/find.py: from just under the server's ceiling
 (the workload's ceiling_requests at once: what it completes a second) down to a precision, then
 held. When the search changes, this module changes, and nothing else in tune does.
@@ -19,9 +19,9 @@ from llmopt_bench.load.engine import LoadEngine
 from llmopt_bench.load.find import hold, narrow
 from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.load.search import Capacity, Search
-from llmopt_bench.scenarios.serving import ServingRun, closed_point
-from llmopt_bench.scenarios.serving_record import LoadRow, ServingExtra, ServingParams
-from llmopt_bench.scenarios.serving_rows import facts_of, main_key
+from llmopt_bench.scenarios.serving.record import LoadRow, ServingExtra, ServingParams
+from llmopt_bench.scenarios.serving.rows import facts_of, main_key
+from llmopt_bench.scenarios.serving.run import ServingRun, closed_point
 from llmopt_bench.tune.record import Rung, RungName
 
 
@@ -89,7 +89,7 @@ class ServerCapacity:
         return next((r for r in reversed(rows) if r.phase == "hold"), rows[-1] if rows else None)
 
     def result(self) -> tuple[list[RequestSample], ServingExtra, StageFacts]:
-        """The samples, extra and facts a vllm-serve result would keep (scenarios/serving.ServingRun.run's)."""
+        """The samples, extra and facts a vllm-serve result would keep (scenarios/serving/run.ServingRun.run's)."""
         run = self.run
         main = main_key(run.samples, self.capacity, run.p, run.untimed)
         errors: dict[str, int] = {}

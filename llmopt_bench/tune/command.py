@@ -68,7 +68,7 @@ def shared_of(opts: TuneOptions, model: Any) -> Shared:
     """What every trial shares: the model (prepared), the load, the quality reference."""
     from llmopt_bench.analysis.selectors import reference as ref_of
     from llmopt_bench.run.runner import REFERENCE_FILE
-    from llmopt_bench.scenarios.serving_record import ServingParams
+    from llmopt_bench.scenarios.serving.record import ServingParams
 
     load = ServingParams(**opts.space.load, slo=opts.slo, hold_s=opts.hold_s, concurrency=[], throughput_point=False)
     ref = ref_of(RunDir(opts.out_dir).load())

@@ -39,7 +39,7 @@ def judge(result: dict[str, Any], slo_text: str, requests: int, max_failure_rate
 
 def confirm(server: Any, shared: Any, rate: float, trial_dir: Path, lengths: tuple[int | None, int | None]) -> Confirmation:
     """`vllm bench serve` at `rate` for hold_s seconds of arrivals on the running server."""
-    from llmopt_bench.engines.vllm_server import vllm_cli_works, vllm_python
+    from llmopt_bench.engines.vllm.server import vllm_cli_works, vllm_python
     from llmopt_bench.scenarios import peer
 
     out = shared.run_dir / trial_dir / "vllm-bench-serve"

@@ -32,8 +32,8 @@ from pydantic import Field, ValidationError
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.records import StrictModel
 from llmopt_bench.engines.awq_weights import AWQCheckpointParams
-from llmopt_bench.engines.vllm_params import VLLMEngineParams
-from llmopt_bench.scenarios.serving_record import ServingParams
+from llmopt_bench.engines.vllm.params import VLLMEngineParams
+from llmopt_bench.scenarios.serving.record import ServingParams
 
 DEFAULT = "default"
 # the knobs a space may search, and what each changes (the report's legend)
@@ -99,7 +99,7 @@ def _first_error(e: ValidationError) -> str:
 def read_space(path: Path) -> Space:
     """The space file, every table checked before anything starts (a bad one: one line, exit 2)."""
     if not path.is_file():
-        raise UsageError(f"--space {path}: no such file", "pass a space file (stages/tune.toml, stages/tune-cpu.toml: docs/tune.md)")
+        raise UsageError(f"--space {path}: no such file", "pass a space file (journeys/tune.toml, journeys/tune-cpu.toml: docs/tune.md)")
     try:
         data = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:

@@ -21,7 +21,7 @@ from llmopt_bench.core.contract import StageContext, StageSkipped
 from llmopt_bench.core.errors import LlmoptError, describe
 from llmopt_bench.core.records import LoadInfo, QualityRecord, StageFacts
 from llmopt_bench.core.workload import WorkloadConfig
-from llmopt_bench.scenarios.serving_record import ServingExtra, ServingParams
+from llmopt_bench.scenarios.serving.record import ServingExtra, ServingParams
 from llmopt_bench.tune.record import Confirmation, Rung, TrialRecord
 from llmopt_bench.tune.space import Space, engine_params
 
@@ -119,8 +119,8 @@ def _start(shared: Shared, rec: TrialRecord, trial_dir: Path, steer: Steer) -> t
     """The configuration's server, healthy; (None, None) with the outcome written when it did not start."""
     from llmopt_bench.engines import lifecycle
     from llmopt_bench.engines.awq_weights import awq_engine
-    from llmopt_bench.engines.vllm_params import engine_config, prepare_engine_env, weights_estimate
-    from llmopt_bench.engines.vllm_server import ServerError, VLLMServer
+    from llmopt_bench.engines.vllm.params import engine_config, prepare_engine_env, weights_estimate
+    from llmopt_bench.engines.vllm.server import ServerError, VLLMServer
     from llmopt_bench.stages.vllm_serve import served_name
 
     params, awq = engine_params(shared.space, rec.config)
@@ -171,7 +171,7 @@ def _measure(shared: Shared, rec: TrialRecord, server: Any, info: LoadInfo, tria
     from llmopt_bench.engines.http_load import HTTPLoad
     from llmopt_bench.engines.openai_http import Endpoint
     from llmopt_bench.load.plans import PlanLoad
-    from llmopt_bench.scenarios.serving import serving_plans
+    from llmopt_bench.scenarios.serving.run import serving_plans
     from llmopt_bench.tune.capacity import ServerCapacity
     from llmopt_bench.tune.confirm import confirm
     from llmopt_bench.workloads.text import PromptTexts

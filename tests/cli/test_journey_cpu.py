@@ -1,4 +1,4 @@
-"""stages/journey-cpu.toml (what `make bench` runs on a machine without CUDA) is journey.toml with
+"""journeys/journey-cpu.toml (what `make bench` runs on a machine without CUDA) is journey.toml with
 only the continuous-batching and vllm-serve loads scaled down: same stages, order, labels and
 params otherwise."""
 

@@ -107,8 +107,8 @@ def test_the_shipped_spaces_read_and_start_from_vllm_s_defaults(name):
 
 
 def test_a_configuration_becomes_vllm_serve_flags():
-    from llmopt_bench.engines.vllm_params import engine_config
-    from llmopt_bench.engines.vllm_server import engine_args
+    from llmopt_bench.engines.vllm.params import engine_config
+    from llmopt_bench.engines.vllm.server import engine_args
 
     space = read_space(JOURNEY_DIR / "tune.toml")
     config = {**space.defaults(), "max_num_seqs": 512, "enable_chunked_prefill": False, "kv_cache_dtype": "fp8",

@@ -1,4 +1,4 @@
-"""flash-attn on a CUDA GPU: the default sweep (stages/journey.toml: 512, 2048, 8192 tokens,
+"""flash-attn on a CUDA GPU: the default sweep (journeys/journey.toml: 512, 2048, 8192 tokens,
 batch 1) on synthetic:llama2-7b. FlashAttention must pay off where the story says it does:
 prefill and peak memory at 8K. Marked gpu: skips without CUDA."""
 

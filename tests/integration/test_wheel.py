@@ -54,6 +54,6 @@ def test_stages_all_resolves_from_a_fresh_virtualenv(wheel, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout)
     assert got["module"].startswith(str(site)) and got["journeys"].startswith(str(site))
-    shipped = [line.split('"')[1] for line in (ROOT / "stages" / "journey.toml").read_text().splitlines()
+    shipped = [line.split('"')[1] for line in (ROOT / "journeys" / "journey.toml").read_text().splitlines()
                if line.startswith("name = ")]
     assert shipped[0] == "hf-fp16" and got["plans"] == shipped  # the journey as shipped, whatever its length

@@ -53,7 +53,7 @@ def test_there_is_a_baseline_to_pair_with():
 def test_the_journeys_params_are_the_baselines_or_declared(path):
     found, said = drift_of(path), {d for d in declared() if d[0] == path.name}
     undeclared, stale = sorted(found - said), sorted(said - found)
-    assert not undeclared, (f"{path.name} was measured with other params than stages/{journey_of_path(path)}.toml sets "
+    assert not undeclared, (f"{path.name} was measured with other params than journeys/{journey_of_path(path)}.toml sets "
                             f"today: {undeclared}. Refresh the baseline on its device, or declare each in "
                             f"{DRIFT.relative_to(ROOT)} with its reason and the command that refreshes it")
     assert not stale, f"{DRIFT.relative_to(ROOT)} declares drift that no longer exists: {stale}; remove those entries"

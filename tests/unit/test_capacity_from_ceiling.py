@@ -15,9 +15,9 @@ from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.workload import Request
 from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.measure.energy import TimedMeter
-from llmopt_bench.scenarios.serving import ServingRun
-from llmopt_bench.scenarios.serving_record import ServingParams
-from llmopt_bench.scenarios.serving_report import capacity_line
+from llmopt_bench.scenarios.serving.record import ServingParams
+from llmopt_bench.scenarios.serving.report import capacity_line
+from llmopt_bench.scenarios.serving.run import ServingRun
 
 LOOSE, BINDING = "ttft_p99=2s,tpot_p99=100ms", "ttft_p99=2s,tpot_p99=40ms"
 SERVER_RPS = 45.0  # tokens_per_s / output_len: what the simulated server completes a second at most

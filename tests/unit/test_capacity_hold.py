@@ -3,7 +3,7 @@ never above the highest completion rate measured, then held; a failed hold sends
 below it, a precision's step at a time.
 
 First with made-up trials, so that every branch's answer is known; then the whole serving
-scenario (scenarios/serving.py: sweep, search, hold) on a server simulated in virtual time
+scenario (scenarios/serving/run.py: sweep, search, hold) on a server simulated in virtual time
 (tests/simserver.py) that completes at most 45 requests a second and whose short trials still
 pass above that, as the H200 did in issue 23: the capacity must come out at or under 45, held,
 where the SLO alone on short trials (issue 23's rule) puts it well above."""
@@ -20,9 +20,9 @@ from llmopt_bench.load.find import find_capacity
 from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.load.search import Trial
 from llmopt_bench.measure.energy import TimedMeter
-from llmopt_bench.scenarios.serving import ServingRun
-from llmopt_bench.scenarios.serving_record import ServingExtra, ServingParams
-from llmopt_bench.scenarios.serving_report import capacity_line
+from llmopt_bench.scenarios.serving.record import ServingExtra, ServingParams
+from llmopt_bench.scenarios.serving.report import capacity_line
+from llmopt_bench.scenarios.serving.run import ServingRun
 
 
 def server(short_ok_below: float, held_ok_below: float, calls: list[tuple[str, float]]):

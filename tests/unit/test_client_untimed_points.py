@@ -1,5 +1,5 @@
 """A load point the client could not time (engines/client_health.py) in the serving scenario
-(scenarios/serving.py): marked in its row, shown as "not judged" in the report's curve, never
+(scenarios/serving/run.py): marked in its row, shown as "not judged" in the report's curve, never
 judged by the capacity search (a ceiling, as a client that falls behind), no batch-1 fact taken
 from it, and no SLO point that `llmopt recommend` would judge as the server's.
 
@@ -23,10 +23,10 @@ from llmopt_bench.load.dispatchers import ClosedLoop, OpenLoop
 from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.load.search import Capacity
 from llmopt_bench.measure.energy import TimedMeter
-from llmopt_bench.scenarios.serving import ServingRun
-from llmopt_bench.scenarios.serving_record import ServingExtra, ServingParams
-from llmopt_bench.scenarios.serving_report import client_block, curve_block, serving_blocks
-from llmopt_bench.scenarios.serving_rows import main_key
+from llmopt_bench.scenarios.serving.record import ServingExtra, ServingParams
+from llmopt_bench.scenarios.serving.report import client_block, curve_block, serving_blocks
+from llmopt_bench.scenarios.serving.rows import main_key
+from llmopt_bench.scenarios.serving.run import ServingRun
 
 LATE_ABOVE_RPS = 24.0  # the client cannot keep up above this arrival rate (and at concurrency 1, below)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from llmopt_bench.core.contract import StageSkipped
-from llmopt_bench.engines.vllm_params import cpu_bind
+from llmopt_bench.engines.vllm.params import cpu_bind
 
 
 @pytest.mark.parametrize("ranks, cpus, bind", [
@@ -28,7 +28,7 @@ def test_more_workers_than_cores_is_skipped_with_the_fix():
 
 
 def test_a_parallel_stage_on_too_few_gpus_is_skipped_with_the_count():
-    from llmopt_bench.engines.vllm_params import check_parallel
+    from llmopt_bench.engines.vllm.params import check_parallel
     from llmopt_bench.stages.batching import BatchingParams
     from llmopt_bench.stages.vllm_attn import VLLMAttnParams
     from llmopt_bench.stages.vllm_stage import VLLMParams

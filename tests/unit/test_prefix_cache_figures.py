@@ -11,12 +11,12 @@ from llmopt_bench.core.records import CacheRecord, RequestSample
 from llmopt_bench.core.results import StageResult
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.engines.server_metrics import parse
-from llmopt_bench.engines.vllm_cache import cache_record, server_counters
+from llmopt_bench.engines.vllm.cache import cache_record, server_counters
 from llmopt_bench.load.turns import turn_rows, with_requests
 from llmopt_bench.run.registry import load_stage
 from llmopt_bench.run.runner import prompt_file_only
 from llmopt_bench.scenarios.caching_report import caching_claim, comparison_blocks, paired
-from llmopt_bench.scenarios.serving_record import CachingArm, LoadRow, PrefixCachingRecord, ServingExtra
+from llmopt_bench.scenarios.serving.record import CachingArm, LoadRow, PrefixCachingRecord, ServingExtra
 
 METRICS = """# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
 # TYPE vllm:prefix_cache_queries_total counter

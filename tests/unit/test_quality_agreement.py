@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from llmopt_bench.analysis import quality
-from llmopt_bench.engines import vllm_quality as quality_vllm
+from llmopt_bench.engines.vllm import quality as quality_vllm
 
 P = [0.90, 0.05, 0.05]  # the reference: confident
 Q = [0.34, 0.33, 0.33]  # the stage: nearly uniform

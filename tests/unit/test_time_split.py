@@ -11,7 +11,7 @@ import pytest
 from llmopt_bench.core.records import LoadInfo
 from llmopt_bench.core.results import RunResult, StageResult, StageTiming, load_run
 from llmopt_bench.core.workload import WorkloadConfig
-from llmopt_bench.engines.vllm_startlog import read_start
+from llmopt_bench.engines.vllm.startlog import read_start
 from llmopt_bench.render.report import time_section
 from llmopt_bench.render.time_split import time_split
 

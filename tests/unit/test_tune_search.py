@@ -17,7 +17,7 @@ import pytest
 from llmopt_bench.core.records import QualityRecord
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.load.search import Trial
-from llmopt_bench.scenarios.serving_record import ServingParams
+from llmopt_bench.scenarios.serving.record import ServingParams
 from llmopt_bench.tune.answer import conclude
 from llmopt_bench.tune.capacity import ServerCapacity
 from llmopt_bench.tune.command import TuneOptions, new_record

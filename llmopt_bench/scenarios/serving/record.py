@@ -1,4 +1,4 @@
-"""What the serving scenario takes and keeps (scenarios/serving.py), typed: its params, one row
+"""What the serving scenario takes and keeps (scenarios/serving/run.py), typed: its params, one row
 per load point, and the stage's extra. docs/serving.md defines every field."""
 
 from __future__ import annotations

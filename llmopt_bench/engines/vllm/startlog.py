@@ -1,5 +1,5 @@
 """What a vLLM engine's own log says about its start, read in one place for the offline engine
-(engines/vllm.py), its KV-cache record (engines/vllm_kv.py) and the server (engines/vllm_server.py):
+(engines/vllm/offline.py), its KV-cache record (engines/vllm/kv.py) and the server (engines/vllm/server.py):
 where the start-up time went (the time of the lines vLLM prints at each step, 1-second
 resolution, and the durations it prints itself) and the choices it made (attention backend,
 linear kernels, KV-cache size). The engine core runs in its own process, so its log is the only
@@ -13,7 +13,7 @@ The messages are matched, not their prefix: vLLM 0.26 writes `(EngineCore pid=N)
 Phases (seconds; each only where both of its lines are in the log):
     inspection_s          non-default args -> Resolved architecture: vLLM inspects the model class
                           in a subprocess unless $VLLM_CACHE_ROOT/modelinfos holds it (the probe
-                          fills it: engines/vllm_modelinfo.py)
+                          fills it: engines/vllm/modelinfo.py)
     engine_core_start_s   Final IR op priority (the stage's process) -> the engine core's first line:
                           a new interpreter that imports vLLM again
     core_init_s           the engine core's first line -> Loading model from scratch (vLLM-CPU:

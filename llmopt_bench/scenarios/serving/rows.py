@@ -11,7 +11,7 @@ from typing import Any
 from llmopt_bench.core.records import SLOPoint, StageFacts
 from llmopt_bench.load.point import LoadPoint
 from llmopt_bench.load.search import Capacity
-from llmopt_bench.scenarios.serving_record import ClientTally, LoadRow, PromptCount, ServingParams
+from llmopt_bench.scenarios.serving.record import ClientTally, LoadRow, PromptCount, ServingParams
 
 THROUGHPUT_HOW = "throughput point (all requests at once)"  # as continuous-batching names its own
 KEEP = 50  # usage mismatches and short answers kept by example

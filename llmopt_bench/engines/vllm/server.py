@@ -3,7 +3,7 @@ own session, wait for /health, stop the whole session and wait until its process
 device memory they held) are gone.
 
 The server runs in the vLLM interpreter (LLMOPT_VLLM_PYTHON, else this one) with the engine
-arguments of the offline stages (engines/vllm.EngineConfig), so a served stage and an offline
+arguments of the offline stages (engines/vllm/offline.EngineConfig), so a served stage and an offline
 stage at the same config run the same engine."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
 from llmopt_bench.core.records import LoadInfo
 from llmopt_bench.engines import lifecycle
-from llmopt_bench.engines import vllm as V
-from llmopt_bench.engines.vllm_startlog import read_start
+from llmopt_bench.engines.vllm import offline as V
+from llmopt_bench.engines.vllm.startlog import read_start
 from llmopt_bench.procs import spawn
 from llmopt_bench.procs.gpu import GIB, wait_gpu_free
 from llmopt_bench.procs.interpreters import engine_python, look
@@ -62,7 +62,7 @@ def _flag(name: str) -> str:
 
 
 def engine_args(cfg: V.EngineConfig) -> list[str]:
-    """`vllm serve` flags for an engine config (the offline LLM(**kwargs) of engines/vllm.py)."""
+    """`vllm serve` flags for an engine config (the offline LLM(**kwargs) of engines/vllm/offline.py)."""
     args = ["--dtype", cfg.dtype, "--seed", str(cfg.seed), "--load-format", cfg.load_format,
             "--tensor-parallel-size", str(cfg.tensor_parallel_size),
             "--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
@@ -148,7 +148,7 @@ class VLLMServer:
         return line + (f' --api-key "${self.api_key_env}"' if self.api_key_env else "")
 
     def environment(self) -> dict[str, str]:
-        from llmopt_bench.engines.vllm import engine_defaults
+        from llmopt_bench.engines.vllm.offline import engine_defaults
 
         env = {**engine_defaults(), **os.environ}  # as the offline engine starts (build_engine)
         env.pop("VLLM_API_KEY", None)  # only the key the caller names, never one left in the environment

@@ -1,7 +1,7 @@
 """vLLM's KV cache as a record: blocks, tokens, bytes (from the model's shape and the cache
 dtype), and how many sequences of a context length it holds at once. Read from a running
 engine and its log (vLLM's engine core runs in its own process: its decisions reach us only
-through the log, read by engines/vllm_startlog.py)."""
+through the log, read by engines/vllm/startlog.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from llmopt_bench.core.records import StrictModel
-from llmopt_bench.engines.vllm_startlog import read_start
+from llmopt_bench.engines.vllm.startlog import read_start
 
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 

@@ -14,10 +14,10 @@ from typing import Any, Callable
 from llmopt_bench.core.errors import describe
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests, fit_length
-from llmopt_bench.engines import vllm as V
 from llmopt_bench.engines.lifecycle import device_memory, wait_freed
 from llmopt_bench.engines.variants import CellParams, Measured, Opened, Timed, VariantUnavailable
-from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config
+from llmopt_bench.engines.vllm import offline as V
+from llmopt_bench.engines.vllm.params import VLLMEngineParams, engine_config
 
 CUDA_BACKENDS = ("FLASH_ATTN", "TRITON_ATTN", "FLASHINFER")
 NEEDS = {"FLASHINFER": "flashinfer"}  # backend -> the package it needs in vLLM's interpreter

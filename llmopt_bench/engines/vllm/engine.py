@@ -1,5 +1,5 @@
 """vLLM's offline engine as an engine of llmopt: start it from VLLMEngineParams, encode, serve
-requests with a timestamp per token (engines/vllm.serve), quality through prompt log-probs,
+requests with a timestamp per token (engines/vllm/offline.serve), quality through prompt log-probs,
 its KV cache as a record, and shut it down with its processes."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.dispatch import Dispatcher
 from llmopt_bench.core.records import CacheRecord, LoadInfo, QualityRecord, RequestSample
 from llmopt_bench.core.workload import Request, WorkloadConfig
-from llmopt_bench.engines import vllm as V
 from llmopt_bench.engines.engine_pool import EnginePool, Pooled, pool_for, shared_info
-from llmopt_bench.engines.vllm_kv import KVCacheRecord, kv_cache_record
-from llmopt_bench.engines.vllm_params import VLLMEngineParams, engine_config, prepare_engine_env, share_key, weights_estimate
+from llmopt_bench.engines.vllm import offline as V
+from llmopt_bench.engines.vllm.kv import KVCacheRecord, kv_cache_record
+from llmopt_bench.engines.vllm.params import VLLMEngineParams, engine_config, prepare_engine_env, share_key, weights_estimate
 from llmopt_bench.workloads.plan import TokenSpace
 
 # what a vLLM stage's worker imports ahead of its turn (Stage.prefetch, run/prefetch.py): the
@@ -34,7 +34,7 @@ class VLLMEngine:
         self.key = share_key(params)
         self.pool: EnginePool | None = None  # set when a stage group shares this engine
         self.baseline: dict[str, Any] = {}  # device memory and processes before it started (pooled engines)
-        # the prefix cache across load points (engines/vllm_cache.py): emptied before each, its
+        # the prefix cache across load points (engines/vllm/cache.py): emptied before each, its
         # counters and the KV gauge read around and during each (needs the engine's log stats)
         self.reset_cache_each_point = False
         self.watch_cache = False
@@ -107,7 +107,7 @@ class VLLMEngine:
     def drive(self, dispatcher: Dispatcher) -> None:
         """The load machine's engine (load/engine.LoadEngine): requests join the running batch
         as the dispatcher releases them; with watch_cache, the point's cache figures in last_cache."""
-        from llmopt_bench.engines.vllm_cache import CacheWatch, Watched, offline_reader
+        from llmopt_bench.engines.vllm.cache import CacheWatch, Watched, offline_reader
 
         if self.reset_cache_each_point and not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache: requests still running")
@@ -124,7 +124,7 @@ class VLLMEngine:
         return kv_cache_record(self.llm, self.model_info, self.cfg.dtype, self.log_path or log_path, max_num_seqs)
 
     def quality(self, workload: WorkloadConfig, ctx: StageContext) -> QualityRecord:
-        from llmopt_bench.engines import vllm_quality
+        from llmopt_bench.engines.vllm import quality as vllm_quality
 
         dummy = self.params.load_format == "dummy"
         real = self.model_info.real_weights and not dummy

@@ -42,8 +42,8 @@ from llmopt_bench.load.point import LoadPoint, PointResult
 from llmopt_bench.load.record import figures, slo_point, slo_verdict
 from llmopt_bench.load.search import Capacity, Trial
 from llmopt_bench.load.turns import with_requests
-from llmopt_bench.scenarios.serving_record import ClientTally, LoadRow, Phase, ServingExtra, ServingParams
-from llmopt_bench.scenarios.serving_rows import count_tally, facts_of, main_key, prompt_count, sent_by
+from llmopt_bench.scenarios.serving.record import ClientTally, LoadRow, Phase, ServingExtra, ServingParams
+from llmopt_bench.scenarios.serving.rows import count_tally, facts_of, main_key, prompt_count, sent_by
 from llmopt_bench.workloads.build import make_plan
 from llmopt_bench.workloads.plan import Plan, TokenSpace
 

@@ -16,7 +16,7 @@ from llmopt_bench.core.records import Block, Claim
 from llmopt_bench.core.workload import Sampling
 from llmopt_bench.load.search import Capacity
 from llmopt_bench.scenarios.caching_report import workload_blocks
-from llmopt_bench.scenarios.serving_record import LoadRow, ServingExtra
+from llmopt_bench.scenarios.serving.record import LoadRow, ServingExtra
 
 STORY_QPS = (0.03, 0.2)  # the story's customer-service bot: QPS before and after its optimizations
 NOT_OWNED = ("This server was not started by llmopt: no GPU memory, energy or engine figures are measured or "

@@ -8,7 +8,7 @@ On a fresh H200 that subprocess cost the run's first engine 21-26 s (docs/gpu-ru
 cache is keyed by the model class, not the checkpoint, so the probe can fill it from the
 architecture's name alone: no engine, no config, no GPU.
 
-    python -m llmopt_bench.engines.vllm_modelinfo ARCH [ARCH...]   (in vLLM's interpreter)
+    python -m llmopt_bench.engines.vllm.modelinfo ARCH [ARCH...]   (in vLLM's interpreter)
 
 Idempotent (an architecture whose file is in the cache is not inspected again: `cached`) and
 harmless: where vLLM is absent, or its registry moved, nothing is done and the first engine
@@ -25,10 +25,10 @@ from typing import IO, Any
 
 
 def cache_root() -> Path:
-    """Where vLLM keeps its caches for llmopt's engines (engines/vllm.engine_defaults)."""
+    """Where vLLM keeps its caches for llmopt's engines (engines/vllm/offline.engine_defaults)."""
     import os
 
-    from llmopt_bench.engines.vllm import engine_defaults
+    from llmopt_bench.engines.vllm.offline import engine_defaults
 
     return Path(os.environ.get("VLLM_CACHE_ROOT") or engine_defaults()["VLLM_CACHE_ROOT"])
 
@@ -59,7 +59,7 @@ def start(architectures: list[str]) -> Prefill:
     import os
     import tempfile
 
-    from llmopt_bench.engines.vllm import engine_defaults
+    from llmopt_bench.engines.vllm.offline import engine_defaults
     from llmopt_bench.procs import spawn
     from llmopt_bench.procs.interpreters import engine_python, has_modules
 

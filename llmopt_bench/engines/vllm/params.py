@@ -9,7 +9,7 @@ from typing import Any, Literal
 from llmopt_bench.core.contract import StageSkipped
 from llmopt_bench.core.records import StrictModel
 from llmopt_bench.engines.hf import resolve_dtype
-from llmopt_bench.engines.vllm import EngineConfig
+from llmopt_bench.engines.vllm.offline import EngineConfig
 
 
 class VLLMEngineParams(StrictModel):

@@ -17,7 +17,7 @@ from llmopt_bench.core.dispatch import Dispatcher, Send
 from llmopt_bench.core.records import LoadInfo, RequestSample
 from llmopt_bench.core.workload import Request
 from llmopt_bench.engines.lifecycle import release_cached_memory
-from llmopt_bench.engines.vllm_startlog import read_start
+from llmopt_bench.engines.vllm.startlog import read_start
 from llmopt_bench.measure.timing import now
 
 
@@ -107,7 +107,7 @@ def build_engine(model_path: str, cfg: EngineConfig, log_path: Path | None) -> t
     llm = LLM(**kwargs)
     ready = now()
     log_text = log_path.read_text(errors="replace") if log_path and log_path.is_file() else ""
-    start = read_start(log_text)  # the engine's own steps and choices, from its log (engines/vllm_startlog.py)
+    start = read_start(log_text)  # the engine's own steps and choices, from its log (engines/vllm/startlog.py)
     cache = llm.llm_engine.vllm_config.cache_config
     phases = {"import_s": round(t_import - t0, 3), "engine_total_s": round(ready - t_import, 3), **start.phases_s}
     # free-form like the rest of LoadInfo.implementation: what this engine can say of itself
