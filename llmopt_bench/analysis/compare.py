@@ -125,7 +125,7 @@ def threshold_for(key: str, thresholds: dict[str, float] | None, host_bound: boo
 
 
 def device_name(run: RunResult) -> str | None:
-    return run.env.get("gpu") or run.env.get("cpu")
+    return run.env.machine
 
 
 def mismatches(base: RunResult, new: RunResult) -> list[str]:
@@ -344,7 +344,7 @@ def quiet_pairs(pairs: list[tuple[StageResult | None, StageResult | None]]) -> t
 
 
 def run_summary(run: RunResult) -> dict:
-    return {"run_id": run.run_id, "created_at": run.created_at, "commit": run.env.get("llmopt_commit"),
+    return {"run_id": run.run_id, "created_at": run.created_at, "commit": run.env.llmopt_commit,
             "device": device_name(run), "model": run.model.source if run.model else None}
 
 

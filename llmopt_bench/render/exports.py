@@ -31,7 +31,7 @@ def report_data(run: RunResult) -> dict[str, Any]:
     claims = collect_claims(run)
     return {"run_id": run.run_id, "status": run.status, "created_at": run.created_at, "command": run.command,
             "model": run.model.model_dump() if run.model else None, "workload": run.workload.model_dump(),
-            "env": run.env, "stages": stage_table_rows(run), "speedups": speedup_rows(run),
+            "env": run.env.model_dump(mode="json"), "stages": stage_table_rows(run), "speedups": speedup_rows(run),
             "roofline": [r.as_dict() for r in roofline(run)], "claims": [c.model_dump() for c in claims],
             "conclusions": conclusions(run, claims)}
 

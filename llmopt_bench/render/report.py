@@ -36,16 +36,15 @@ def prompts_read_as(key: str) -> str:
 
 
 def environment(run: RunResult) -> list[str]:
-    env, m, w = run.env or {}, run.model, run.workload
-    c = env.get("ceilings") or {}
+    env, m, w = run.env, run.model, run.workload
     lines = [f"- run `{run.run_id}`, {run.status}, {run.created_at} to {run.finished_at or '-'}",
              f"- command: `{run.command}`",
-             f"- device: {env.get('gpu') or env.get('cpu') or '?'} ({env.get('device', '?')}), "
-             f"llmopt {run.llmopt_version} ({env.get('llmopt_commit') or '-'}), python {env.get('python', '-')}",
-             "- versions: " + (", ".join(f"{k} {v}" for k, v in (env.get("versions") or {}).items()) or "-")]
-    if c:
+             f"- device: {env.machine or '?'} ({env.device or '?'}), "
+             f"llmopt {run.llmopt_version} ({env.llmopt_commit or '-'}), python {env.python or '-'}",
+             "- versions: " + (", ".join(f"{k} {v}" for k, v in (env.versions or {}).items()) or "-")]
+    if env.ceilings:
 
-        lines.append(f"- {ceilings_line(env)}")
+        lines.append(f"- {ceilings_line(env.ceilings)}")
     if m:
         lines.append(f"- model: {m.source} ({m.architecture or '?'}, {num((m.num_params or 0) / 1e6)} M params, "
                      f"{m.num_layers} layers, {m.num_heads} heads / {m.num_kv_heads} KV heads x {m.head_dim}, "
@@ -220,7 +219,7 @@ def render_markdown(run: RunResult, charts: dict[str, Path], stage_charts: dict[
         "Metric definitions": DEFINITIONS.splitlines(),
     }
     lines = [f"# llmopt report: {run.run_id}", "",
-             f"{m.source if m else '?'} on {run.env.get('gpu') or run.env.get('cpu') or '?'}; "
+             f"{m.source if m else '?'} on {run.env.machine or '?'}; "
              f"{len(ok_stages(run))} of {len(run.stages)} stages ok. Generated from run.json by `llmopt report`."]
     scaling = tensor_parallel(run)
     for title in SECTIONS:
