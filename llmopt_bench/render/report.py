@@ -69,13 +69,13 @@ def stage_table(run: RunResult) -> list[str]:
                "out tok/s", "QPS", "peak mem GB", "quality")
     rows = []
     for r, s in zip(stage_table_rows(run), run.stages):
-        n = r["requests"]
-        rows.append((r["stage"], r["status"], n, r["load_s"], r["ttft_p50_ms"], tail(r["ttft_p99_ms"], n, 0.99),
-                     r["tpot_p50_ms"], tail(r["tpot_p99_ms"], n, 0.99), r["e2e_p50_s"], r["output_tok_s"], r["qps"],
-                     r["peak_mem_gb"], quality_cell(s.quality, s.quality_reference)))
+        n = r.requests
+        rows.append((r.stage, r.status, n, r.load_s, r.ttft_p50_ms, tail(r.ttft_p99_ms, n, 0.99),
+                     r.tpot_p50_ms, tail(r.tpot_p99_ms, n, 0.99), r.e2e_p50_s, r.output_tok_s, r.qps,
+                     r.peak_mem_gb, quality_cell(s.quality, s.quality_reference)))
     sources = sorted({src for s in run.stages if (src := peak_memory(s)[1])})
     out = table(headers, rows) + ["", f"Peak memory source: {', '.join(sources) or 'none recorded'}."]
-    if any(r["requests"] and r["requests"] * 0.01 < 1 for r in stage_table_rows(run)):
+    if any(r.requests and r.requests * 0.01 < 1 for r in stage_table_rows(run)):
         out.append("n: the requests measured. A p99 marked (~max) rests on fewer than 100 requests: it is "
                    "interpolated from the largest one or two values, not a tail estimate.")
     own = [s.name for s in run.stages if s.own_workload]
@@ -86,8 +86,8 @@ def stage_table(run: RunResult) -> list[str]:
 
 
 def speedups(run: RunResult) -> list[str]:
-    rows = [(r["stage"], times(r["tpot_x_baseline"]), times(r["e2e_x_baseline"]), times(r["output_tok_s_x_baseline"]),
-             r["previous"] or "-", times(r["tpot_x_previous"]), times(r["output_tok_s_x_previous"]), r["changes"] or "-")
+    rows = [(r.stage, times(r.tpot_x_baseline), times(r.e2e_x_baseline), times(r.output_tok_s_x_baseline),
+             r.previous or "-", times(r.tpot_x_previous), times(r.output_tok_s_x_previous), r.changes or "-")
             for r in speedup_rows(run)]
     if not rows:
         return ["No stage on the fixed workload finished: nothing to compare." + (" Stages that measure their own workload stay out."

@@ -40,7 +40,7 @@ def test_h200_run_is_the_measured_one(h200):
 
 def test_sweep_stage_stays_out_of_the_speedups_and_the_overall_claim(h200):
     assert h200.stage("flash-attn").own_workload and not h200.stage("hf-fp16").own_workload
-    assert [r["stage"] for r in speedup_rows(h200)] == ["hf-fp16", "bnb-nf4"]
+    assert [r.stage for r in speedup_rows(h200)] == ["hf-fp16", "bnb-nf4"]
     overall = claim(h200, "overall")
     assert "flash-attn" not in overall.detail and "bnb-nf4" in overall.detail
     said = conclusions(h200)
