@@ -57,10 +57,10 @@ import sys
 import time
 from pathlib import Path
 
-from llmopt_bench.analysis.slo import parse_slo
 from llmopt_bench.checkpoints.prepare import prepare
 from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.models import parse_model, portable_text
+from llmopt_bench.core.slo import parse_slo
 from llmopt_bench.core.workload import Request
 from llmopt_bench.engines.http_load import HTTPLoad
 from llmopt_bench.engines.openai_http import Endpoint

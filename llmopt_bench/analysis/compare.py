@@ -123,7 +123,7 @@ def threshold_for(key: str, thresholds: dict[str, float] | None, host_bound: boo
 
 
 def device_name(run: RunResult) -> str | None:
-    return run.env.get("gpu") or run.env.get("cpu")
+    return run.env.machine
 
 
 def mismatches(base: RunResult, new: RunResult) -> list[str]:
@@ -349,7 +349,7 @@ def quiet_pairs(pairs: list[tuple[StageResult | None, StageResult | None]]) -> t
 
 
 def run_summary(run: RunResult) -> RunSummary:
-    return RunSummary(run.run_id, run.created_at, run.env.get("llmopt_commit"), device_name(run),
+    return RunSummary(run.run_id, run.created_at, run.env.llmopt_commit, device_name(run),
                       run.model.source if run.model else None)
 
 

@@ -32,8 +32,7 @@ class Bound:
 
 def is_cpu_run(stage: StageResult, run: RunResult) -> bool:
     impl = (stage.load.implementation if stage.load else {}) or {}
-    device = impl.get("device") or (run.env or {}).get("device")
-    return str(device or "").startswith("cpu")
+    return str(impl.get("device") or run.env.device or "").startswith("cpu")
 
 
 def host_bound(stage: StageResult, run: RunResult) -> Bound:

@@ -33,10 +33,10 @@ from llmopt_bench.analysis.recommend_text import caveats, choice_sentence, memor
 from llmopt_bench.analysis.rejudge import rejudge
 from llmopt_bench.analysis.scaling import batch1_tpot, saturated
 from llmopt_bench.analysis.selectors import ok_stages, reference
-from llmopt_bench.analysis.slo import SLO, parse_slo
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.fmt import num
 from llmopt_bench.core.results import RunResult, StageResult, peak_memory
+from llmopt_bench.core.slo import SLO
 
 PRIORITIES = ("throughput", "latency", "memory", "cost")
 
@@ -75,7 +75,7 @@ class Candidate:
 
 @dataclass
 class Recommendation:
-    slo: str | None
+    slo: str | None  # the SLO judged, as printed (several, comma-joined, where the run's serving stages differ)
     slo_note: str  # where the SLO and the capacities come from
     priority: str
     serving: bool  # the run measured capacity under an SLO
@@ -130,7 +130,7 @@ def candidate(s: StageResult, batch_size: int, rejudge_with: SLO | None = None) 
     if f.slo is None:
         return c
     mfr = f.slo_max_failure_rate if f.slo_max_failure_rate is not None else 0.01
-    judged = rejudge(f.slo_points, rejudge_with or parse_slo(f.slo), mfr)
+    judged = rejudge(f.slo_points, rejudge_with or f.slo, mfr)
     if rejudge_with is None and f.slo_capacity_rps is not None:  # the stage's own search: its interval is the tighter one
         c.capacity_rps, c.interval, c.goodput_rps = f.slo_capacity_rps, f.slo_capacity_interval, f.goodput_rps
         c.held = f.slo_capacity_held
@@ -196,21 +196,20 @@ def _has_figure(c: Candidate, priority: str, serving: bool) -> bool:
     return _key(c, priority, serving)[0] not in (math.inf, 0)
 
 
-def recommend(run: RunResult, priority: str = "throughput", slo: str | None = None) -> Recommendation:
+def recommend(run: RunResult, priority: str = "throughput", slo: SLO | None = None) -> Recommendation:
     """The recommendation for `priority`; `slo` judges the measured points again under another SLO."""
     if priority not in PRIORITIES:
         raise UsageError(f"--priority {priority!r}: unknown", f"use one of {', '.join(PRIORITIES)}")
-    new = parse_slo(slo) if slo else None
     served = [s for s in ok_stages(run) if s.facts.slo is not None]
-    run_slos = sorted({s.facts.slo for s in served if s.facts.slo})
-    rejudging = new is not None and run_slos != [str(new)]
+    run_slos = sorted({str(s.facts.slo) for s in served})
+    rejudging = slo is not None and run_slos != [str(slo)]
     pool = served or ok_stages(run)
-    cands = [candidate(s, run.workload.batch_size, new if rejudging else None) for s in pool]
+    cands = [candidate(s, run.workload.batch_size, slo if rejudging else None) for s in pool]
     ref = reference(run)
     ref_match = ref.quality.token_match_rate if ref and ref.quality else None
     for c in cands:
         c.agreement_holds = agreement_holds(c, ref_match, run.min_quality)
-    rec = Recommendation(slo=str(new) if new else (run_slos[0] if len(run_slos) == 1 else ", ".join(run_slos) or None),
+    rec = Recommendation(slo=str(slo) if slo else (run_slos[0] if len(run_slos) == 1 else ", ".join(run_slos) or None),
                          slo_note=_slo_note(served, rejudging, run_slos), priority=priority, serving=bool(served), candidates=cands)
     rec.ruled_out = [f"{c.name}: fails the quality gate" for c in cands if c.quality == "regression"]
     ok = [c for c in cands if c.quality != "regression" and (c.meets or not served) and _has_figure(c, priority, bool(served))]

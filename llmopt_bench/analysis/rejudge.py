@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from llmopt_bench.analysis.slo import SLO, Target, client_late
+from llmopt_bench.analysis.slo import client_late
 from llmopt_bench.core.distribution import percentile
 from llmopt_bench.core.records import SLOPoint
+from llmopt_bench.core.slo import SLO, Target
 
 
 @dataclass

@@ -45,6 +45,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any, TypedDict
 
+from llmopt_bench.core.host import Ceilings
+
 MEMORY_BOUND_AT = 0.5
 COMPUTE_BOUND_AT = 0.5
 DTYPE_BYTES = {"float64": 8, "float32": 4, "float": 4, "fp32": 4, "float16": 2, "fp16": 2, "half": 2,
@@ -191,18 +193,18 @@ def compute_dtype(stage: Any, model: Any) -> tuple[str | None, str]:
     return base, "the stage's dtype"
 
 
-def matmul_ceiling(env: dict[str, Any], want: str | None) -> tuple[float | None, str | None, str]:
+def matmul_ceiling(c: Ceilings, want: str | None) -> tuple[float | None, str | None, str]:
     """(FLOP/s, the dtype it was measured in, why that dtype stands in when it is not `want`)."""
-    c = (env or {}).get("ceilings") or {}
-    headline, head_dtype = c.get("matmul_flops"), c.get("matmul_dtype") or "float16"
-    by_dtype = c.get("matmul_flops_by_dtype")
+    headline, head_dtype = c.matmul_flops, c.matmul_dtype or "float16"
+    by_dtype = c.matmul_flops_by_dtype
     if by_dtype is None:  # runs recorded before per-dtype ceilings
         if want in (None, head_dtype):
             return headline, head_dtype, ""
         return headline, head_dtype, f"this run measured only the {head_dtype} matmul (recorded before per-dtype ceilings)"
     if want in by_dtype:
         return by_dtype[want], want, ""
-    why = f"no {want} ceiling measured" + (f" ({c['matmul_not_measured'][want]})" if want in (c.get("matmul_not_measured") or {}) else "") \
+    skipped = c.matmul_not_measured or {}
+    why = f"no {want} ceiling measured" + (f" ({skipped[want]})" if want in skipped else "") \
         if want else "the stage's compute dtype is unknown"
     for alt in dict.fromkeys((canonical_dtype(want) if want else None, head_dtype)):
         if alt in by_dtype:
@@ -242,15 +244,10 @@ def kv_dtype_bytes(stage: Any, model: Any) -> float:
     return dtype_bytes(kv if kv not in (None, "auto") else stage_dtype(stage, model))
 
 
-def ceilings(env: dict[str, Any]) -> tuple[float | None, float | None]:
-    """(copy bandwidth, headline matmul FLOP/s): the chart's roof."""
-    c = (env or {}).get("ceilings") or {}
-    return c.get("mem_bandwidth_bytes_s"), c.get("matmul_flops")
-
-
 def roofline_rows(stage: Any, run: Any) -> list[RooflineRow]:
     """Decode and prefill rows for one ok stage; [] when the inputs are missing."""
-    bandwidth, _ = ceilings(run.env)
+    c = run.env.ceilings or Ceilings()
+    bandwidth = c.mem_bandwidth_bytes_s
     m, model = stage.metrics, run.model
     if stage.status != "ok" or not m or not m.requests or not bandwidth or model is None:
         return []
@@ -258,7 +255,7 @@ def roofline_rows(stage: Any, run: Any) -> list[RooflineRow]:
     if weights is None:
         return []
     want, why = compute_dtype(stage, model)
-    matmul, used, note = matmul_ceiling(run.env, want)
+    matmul, used, note = matmul_ceiling(c, want)
     dtypes: ComputeDtypes = {"compute_dtype": want, "compute_dtype_why": why, "ceiling_dtype": used, "ceiling_note": note}
     # KV bytes: the KV heads (GQA shares each among several query heads); FLOPs: the query heads
     layers, kv_heads, head_dim = model.num_layers or 0, model.num_kv_heads or model.num_heads or 0, model.head_dim or 0
@@ -307,7 +304,7 @@ def busy_note(stage: Any, run: Any) -> str:
     if stage.facts.gpu_busy_share is not None:
         return ""
     impl = (stage.load.implementation if stage.load else {}) or {}
-    device = str(impl.get("device") or (run.env or {}).get("device") or "")
+    device = str(impl.get("device") or run.env.device or "")
     return "n/a (CPU run)" if device.startswith("cpu") else "not measured"
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from llmopt_bench.analysis.roofline import RooflineRow
 from llmopt_bench.core.fmt import ms_text, num, pct
+from llmopt_bench.core.host import Ceilings
 from llmopt_bench.measure.gpu_busy import HOST_BOUND_BELOW
 
 TABLE_HEADERS = ("stage", "phase", "batch", "context tokens", "weights GB", "KV GB", "ms at measured bandwidth",
@@ -72,13 +73,12 @@ def prefill_sentences(rows: list[RooflineRow]) -> list[str]:
     return out
 
 
-def ceilings_line(env: dict[str, Any]) -> str | None:
+def ceilings_line(c: Ceilings | None) -> str | None:
     """The environment section's line: what was measured, per dtype, and how."""
-    c = (env or {}).get("ceilings") or {}
-    if not c:
+    if c is None:
         return None
-    by_dtype = c.get("matmul_flops_by_dtype") or ({c.get("matmul_dtype", "?"): c["matmul_flops"]} if c.get("matmul_flops") else {})
+    by_dtype = c.matmul_flops_by_dtype or ({c.matmul_dtype or "?": c.matmul_flops} if c.matmul_flops else {})
     mm = ", ".join(f"{k} {num(v / 1e12)} {'TOP/s' if k == 'int8' else 'TFLOP/s'}" for k, v in by_dtype.items()) or "-"
-    skipped = "; ".join(f"{k} not measured: {v}" for k, v in (c.get("matmul_not_measured") or {}).items())
-    return (f"measured ceilings (not datasheet figures): copy bandwidth {(c.get('mem_bandwidth_bytes_s') or 0) / 1e9:.0f} GB/s; "
-            f"dense matmul {mm}" + (f" ({skipped})" if skipped else "") + f"; {c.get('method', '')}")
+    skipped = "; ".join(f"{k} not measured: {v}" for k, v in (c.matmul_not_measured or {}).items())
+    return (f"measured ceilings (not datasheet figures): copy bandwidth {(c.mem_bandwidth_bytes_s or 0) / 1e9:.0f} GB/s; "
+            f"dense matmul {mm}" + (f" ({skipped})" if skipped else "") + f"; {c.method or ''}")

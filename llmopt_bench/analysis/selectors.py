@@ -7,6 +7,7 @@ from typing import Any
 
 from llmopt_bench.analysis.metric_registry import csv_cells
 from llmopt_bench.analysis.speedup_interval import speedup_interval
+from llmopt_bench.core.records import StrictModel
 from llmopt_bench.core.results import RunResult, StageResult, peak_memory
 
 GB = 1e9
@@ -57,22 +58,43 @@ def perplexity(stage: StageResult | None) -> float | None:
     return q.perplexity if q and q.perplexity_meaningful else None
 
 
-# stages.csv's columns, in their documented order: the stage's name, status and notes, and the
-# registered figures under their CSV names (analysis/metric_registry.py)
-STAGE_COLUMNS = ("stage", "status", "load_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
-                 "e2e_p50_s", "output_tok_s", "qps", "requests", "peak_mem_gb", "peak_mem_source", "weights_gb",
-                 "token_match_rate", "kl_mean", "perplexity", "quality_regression", "reason")
+class StageRow(StrictModel):
+    """One result's row of the stage table (report.md, stages.csv, report.json)."""
+
+    stage: str
+    status: str
+    load_s: float | None
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    tpot_p50_ms: float | None
+    tpot_p99_ms: float | None
+    e2e_p50_s: float | None
+    output_tok_s: float | None
+    qps: float | None
+    requests: int | None
+    peak_mem_gb: float | None
+    peak_mem_source: str | None
+    weights_gb: float | None
+    token_match_rate: float | None
+    kl_mean: float | None
+    perplexity: float | None
+    quality_regression: bool | None
+    reason: str | None
+
+
+STAGE_COLUMNS = tuple(StageRow.model_fields)  # stages.csv's columns, in the row's (documented) order
 DESCRIPTIVE_COLUMNS = ("stage", "status", "peak_mem_source", "quality_regression", "reason")  # words, not figures
 
 
-def stage_row(stage: StageResult) -> dict[str, Any]:
+def stage_row(stage: StageResult) -> StageRow:
+    """The stage's row: its words, and the registered figures under their CSV names (analysis/metric_registry.py)."""
     q, figures = stage.quality, csv_cells(stage)
     descriptive = {"stage": stage.name, "status": stage.status, "peak_mem_source": peak_memory(stage)[1],
                    "quality_regression": q.quality_regression if q else None, "reason": stage.reason}
-    return {c: descriptive[c] if c in descriptive else figures[c] for c in STAGE_COLUMNS}
+    return StageRow.model_validate({c: descriptive[c] if c in descriptive else figures[c] for c in STAGE_COLUMNS})
 
 
-def stage_table_rows(run: RunResult) -> list[dict[str, Any]]:
+def stage_table_rows(run: RunResult) -> list[StageRow]:
     return [stage_row(s) for s in run.stages]
 
 
@@ -87,7 +109,28 @@ def speedup(stage: StageResult, ref: StageResult) -> dict[str, float | None]:
             "output_tok_s": ratio(a.output_tok_s, b.output_tok_s)}
 
 
-def speedup_rows(run: RunResult) -> list[dict[str, Any]]:
+class SpeedupRow(StrictModel):
+    """One comparable result against the baseline and the one before it: how many times better
+    (latencies baseline / stage, throughput stage / baseline); against the baseline also the 95%
+    interval over the repeats, [low, high]."""
+
+    stage: str
+    baseline: str
+    previous: str | None
+    tpot_x_baseline: float | None
+    ttft_x_baseline: float | None
+    e2e_x_baseline: float | None
+    output_tok_s_x_baseline: float | None
+    tpot_x_baseline_interval: list[float | None] | None
+    output_tok_s_x_baseline_interval: list[float | None] | None
+    tpot_x_previous: float | None
+    ttft_x_previous: float | None
+    e2e_x_previous: float | None
+    output_tok_s_x_previous: float | None
+    changes: str | None
+
+
+def speedup_rows(run: RunResult) -> list[SpeedupRow]:
     """Each comparable stage against the baseline and the previous one; against the baseline
     also the 95% interval over the repeats (analysis/speedup_interval.py), [low, high]."""
     ok = comparable_stages(run)
@@ -96,10 +139,13 @@ def speedup_rows(run: RunResult) -> list[dict[str, Any]]:
         base, prev = ok[0], ok[i - 1] if i else None
         vs_base = speedup(s, base)
         vs_prev = speedup(s, prev) if prev else {}
-        intervals = {what: speedup_interval(s, base, what) if s is not base else None for what in ("tpot", "output_tok_s")}
-        rows.append({"stage": s.name, "baseline": base.name, "previous": prev.name if prev else None,
-                     **{f"{k}_x_baseline": v for k, v in vs_base.items()},
-                     **{f"{k}_x_baseline_interval": [iv.lo, iv.hi] if iv else None for k, iv in intervals.items()},
-                     **{f"{k}_x_previous": vs_prev.get(k) for k in vs_base},
-                     "changes": s.changes})
+        tpot_iv, tok_s_iv = (speedup_interval(s, base, what) if s is not base else None for what in ("tpot", "output_tok_s"))
+        rows.append(SpeedupRow(
+            stage=s.name, baseline=base.name, previous=prev.name if prev else None,
+            tpot_x_baseline=vs_base["tpot"], ttft_x_baseline=vs_base["ttft"], e2e_x_baseline=vs_base["e2e"],
+            output_tok_s_x_baseline=vs_base["output_tok_s"],
+            tpot_x_baseline_interval=[tpot_iv.lo, tpot_iv.hi] if tpot_iv else None,
+            output_tok_s_x_baseline_interval=[tok_s_iv.lo, tok_s_iv.hi] if tok_s_iv else None,
+            tpot_x_previous=vs_prev.get("tpot"), ttft_x_previous=vs_prev.get("ttft"), e2e_x_previous=vs_prev.get("e2e"),
+            output_tok_s_x_previous=vs_prev.get("output_tok_s"), changes=s.changes))
     return rows

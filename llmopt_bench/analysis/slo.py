@@ -1,59 +1,20 @@
-"""Latency targets (an SLO) and how a load point's requests measure up to them.
-
-`--slo ttft_p99=2s,tpot_p99=100ms`: each target is METRIC_pPCT=VALUE with a unit, METRIC one of
-ttft, tpot, itl, e2e (defined once in analysis/metrics.py) and PCT one of 50, 90, 95, 99.
+"""How a load point's requests measure up to an SLO (the SLO itself, parsed once and carried as
+a type: core/slo.py).
 
 A load point meets the SLO when every target's percentile over its successful requests is
 within the limit and no more than max_failure_rate of its requests failed. Goodput counts the
 requests that met every target on their own (a request's TTFT, TPOT, E2E within the limits;
 for ITL, the request's own percentile of its gaps), per second of the window: DistServe's
-definition, which `vllm bench serve --goodput` also uses.
-
-The default is MLPerf Inference's Server scenario for Llama-3.1-8B, the class of the story's 7B
-model: TTFT p99 <= 2 s and TPOT p99 <= 100 ms (mlcommons/inference, loadgen/mlperf.conf:
-llama3_1-8b.Server.ttft_latency = 2000, tpot_latency = 100, in ms, and
-*.Server.target_latency_percentile = 99)."""
+definition, which `vllm bench serve --goodput` also uses."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from llmopt_bench.analysis import metrics as M
 from llmopt_bench.core.distribution import percentile
-from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.records import RequestSample, StrictModel
-
-DEFAULT_SLO = "ttft_p99=2s,tpot_p99=100ms"
-METRICS = ("ttft", "tpot", "itl", "e2e")
-PERCENTILES = (50, 90, 95, 99)
-UNITS = {"s": 1.0, "ms": 1e-3}
-FIX = f"write targets like {DEFAULT_SLO}: METRIC_pPCT=VALUE with METRIC in {'/'.join(METRICS)}, " \
-      f"PCT in {'/'.join(map(str, PERCENTILES))}, VALUE in s or ms"
-_TARGET = re.compile(r"^(?P<metric>[a-z0-9]+)_p(?P<pct>\d+(?:\.\d+)?)$")
-_VALUE = re.compile(r"^(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>ms|s)?$")
-
-
-class Target(StrictModel):
-    metric: str
-    percentile: int
-    limit_s: float
-
-    @property
-    def name(self) -> str:
-        return f"{self.metric}_p{self.percentile}"
-
-    def __str__(self) -> str:
-        ms = self.limit_s * 1e3
-        return f"{self.name}={ms:g}ms" if ms < 1000 else f"{self.name}={self.limit_s:g}s"
-
-
-class SLO(StrictModel):
-    targets: list[Target]
-
-    def __str__(self) -> str:
-        return ",".join(str(t) for t in self.targets)
-
+from llmopt_bench.core.slo import SLO
 
 # An open-loop point measures the server only if the client delivered the load it asked for. A
 # client that cannot keep up falls behind cumulatively: requests due in the window are still
@@ -91,42 +52,6 @@ class Verdict(StrictModel):
     good_requests: int  # requests that met every target on their own
     goodput_rps: float | None  # good requests per second of the window
     reason: str | None = None  # why it failed, in words
-
-
-def parse_slo(text: str | None) -> SLO:
-    """Parse `ttft_p99=2s,tpot_p99=100ms`; anything else is a UsageError with the fix."""
-    text = (text or "").strip()
-    if not text:
-        raise UsageError("the SLO is empty", FIX)
-    targets: dict[str, Target] = {}
-    for part in (p.strip() for p in text.split(",")):
-        if "=" not in part:
-            raise UsageError(f"SLO target {part!r} has no value", FIX)
-        key, value = (x.strip().lower() for x in part.split("=", 1))
-        target = _parse_target(key, value)
-        if target.name in targets:
-            raise UsageError(f"SLO target {target.name} is given twice", "give each target once")
-        targets[target.name] = target
-    return SLO(targets=list(targets.values()))
-
-
-def _parse_target(key: str, value: str) -> Target:
-    m = _TARGET.match(key)
-    if not m or m["metric"] not in METRICS:
-        raise UsageError(f"unknown SLO target {key!r}", FIX)
-    pct = float(m["pct"])
-    if pct not in PERCENTILES:
-        raise UsageError(f"SLO target {key!r}: percentile p{m['pct']} is not one of "
-                         f"{', '.join(f'p{p}' for p in PERCENTILES)}", FIX)
-    v = _VALUE.match(value)
-    if not v:
-        raise UsageError(f"SLO target {key}: {value!r} is not a duration", FIX)
-    if not v["unit"]:
-        raise UsageError(f"SLO target {key}={value}: no unit", f"write {key}={value}s or {key}={value}ms")
-    limit = float(v["num"]) * UNITS[v["unit"]]
-    if limit <= 0:
-        raise UsageError(f"SLO target {key}={value}: a limit must be above zero", FIX)
-    return Target(metric=m["metric"], percentile=int(pct), limit_s=limit)
 
 
 def _per_request(metric: str, s: RequestSample, pct: int) -> float | None:

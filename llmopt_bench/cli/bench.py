@@ -298,16 +298,16 @@ def endpoint_stage(url: str, model: str | None, key_env: str | None, tokenizer: 
 
 def with_slo(plans: list, text: str) -> None:
     """--slo: the slo param of every serving stage of the journey, checked before anything starts."""
-    from llmopt_bench.analysis.slo import parse_slo
+    from llmopt_bench.core.slo import parse_slo
     from llmopt_bench.run.registry import load_stage
 
-    parse_slo(text)  # a bad target is a usage error here, not a failed stage later
+    slo = parse_slo(text)  # a bad target is a usage error here, not a failed stage later
     serving = [p for p in plans if "slo" in load_stage(p.stage).Params.model_fields]
     if not serving:
         raise UsageError("--slo sets the serving stages' targets, and this journey has no serving stage",
                          "add one (--stages vllm-serve, or --endpoint URL --model NAME), or drop --slo")
     for plan in serving:
-        plan.params = {**plan.params, "slo": text.strip()}
+        plan.params = {**plan.params, "slo": str(slo)}  # the plan's params are JSON: the SLO as its text
 
 
 def with_hold(plans: list, seconds: float) -> None:

@@ -27,10 +27,11 @@ def recommend_cmd(
     from llmopt_bench.analysis.recommend import recommend
     from llmopt_bench.analysis.recommend_text import lines
     from llmopt_bench.core.results import load_run
+    from llmopt_bench.core.slo import parse_slo
 
     if not run_dir.exists():
         raise UsageError(f"no run directory at {run_dir}", "pass a directory written by `llmopt bench` (results/runs/<timestamp>)")
-    rec = recommend(load_run(run_dir), priority=priority, slo=slo)
+    rec = recommend(load_run(run_dir), priority=priority, slo=parse_slo(slo) if slo is not None else None)
     if as_json:
         typer.echo(json.dumps(rec.as_dict(), indent=1))
     else:

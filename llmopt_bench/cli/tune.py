@@ -106,8 +106,8 @@ def new_options(space: Path | None, model: str | None, budget_s: float, slo: str
                 max_trials: int | None, gate: float | None, output: Path | None, given: dict):
     """Everything a new tune run needs, checked: the space (for this device), the model, the workload, the SLO."""
     from llmopt_bench.analysis.quality_gate import DEFAULT_MIN_QUALITY
-    from llmopt_bench.analysis.slo import DEFAULT_SLO, parse_slo
     from llmopt_bench.core.models import default_model, parse_model
+    from llmopt_bench.core.slo import DEFAULT_SLO, parse_slo
     from llmopt_bench.core.workload import resolve_workload
     from llmopt_bench.run.registry import JOURNEY_DIR, cuda_devices
     from llmopt_bench.tune.command import TuneOptions
@@ -116,12 +116,12 @@ def new_options(space: Path | None, model: str | None, budget_s: float, slo: str
     cuda = bool(cuda_devices())
     device = "cuda" if cuda else "cpu"
     parsed = read_space(space or JOURNEY_DIR / ("tune.toml" if cuda else "tune-cpu.toml"))
-    slo_text = str(parse_slo(slo or DEFAULT_SLO))
+    parsed_slo = parse_slo(slo or DEFAULT_SLO)
     source = model or default_model(cuda)
     parse_model(source)
     cfg = resolve_workload(given, None, device, TUNE_WORKLOAD)
     out = out_dir(output)
-    return TuneOptions(out_dir=out, space=parsed, model=source, workload=cfg, slo=slo_text,
+    return TuneOptions(out_dir=out, space=parsed, model=source, workload=cfg, slo=parsed_slo,
                        hold_s=hold_s if hold_s is not None else (60.0 if cuda else 10.0), budget_s=budget_s, seed=cfg.seed,
                        min_quality=gate if gate is not None else DEFAULT_MIN_QUALITY, command=shlex.join(["llmopt", *sys.argv[1:]]),
                        max_trials=max_trials, device=device)
@@ -129,18 +129,17 @@ def new_options(space: Path | None, model: str | None, budget_s: float, slo: str
 
 def go_on(directory: Path, budget_s: float | None, max_trials: int | None):
     """--resume DIR: the interrupted run's record and options, the budget and trial limit updated if given."""
-    from llmopt_bench.core.workload import WorkloadConfig
     from llmopt_bench.tune.command import TuneOptions, load_record, tune
 
     record = load_record(directory)
     s = record.settings
     if budget_s is not None:
-        s["budget_s"] = budget_s
+        s.budget_s = budget_s
     if max_trials is not None:
-        s["max_trials"] = max_trials
-    opts = TuneOptions(out_dir=directory, space=record.space, model=record.model, workload=WorkloadConfig(**s["workload"]),
-                       slo=s["slo"], hold_s=s["hold_s"], budget_s=s["budget_s"], seed=s["seed"], min_quality=s["min_quality"],
-                       command=record.command, max_trials=s.get("max_trials"), device=record.device)
+        s.max_trials = max_trials
+    opts = TuneOptions(out_dir=directory, space=record.space, model=record.model, workload=s.workload, slo=s.slo,
+                       hold_s=s.hold_s, budget_s=s.budget_s, seed=s.seed, min_quality=s.min_quality,
+                       command=record.command, max_trials=s.max_trials, device=record.device)
     return interrupted_said(lambda: tune(opts, record), directory)
 
 

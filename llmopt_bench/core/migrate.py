@@ -9,13 +9,17 @@ covered the whole run() (schema 1 read the counter around all of it, untimed wor
 Within schema 2, a recorded name that changed is renamed on read (RENAMED_PHASES), so that every
 run, old or new, names one figure one way.
 
-Everything here is run.json's raw JSON (dict[str, Any]): free-form until core/results.parse_run
+Everything here is run.json's raw JSON (Json): free-form until core/results.parse_run
 validates what migrate() returns."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
+
+# free-form by nature: a run.json object of any schema version, as json.loads gave it, before
+# it is validated; the migrations work on it key by key
+Json = dict[str, Any]
 
 SCHEMA_1_REFERENCE = "hf-fp16"  # the only stage schema 1 compared quality against
 SCHEMA_1_ENERGY = "whole run() (schema 1: quality passes, clock checks and sweeps included)"
@@ -26,15 +30,15 @@ SCHEMA_1_ENERGY = "whole run() (schema 1: quality passes, clock checks and sweep
 RENAMED_PHASES = {"weights_load_s": "weights_read_s"}
 
 
-def migrate(raw: dict[str, Any]) -> dict[str, Any]:
+def migrate(raw: Json) -> Json:
     if raw.get("schema_version") == 1:
         raw = v1_to_v2(raw)
     return renamed_phases(raw)
 
 
-def renamed_phases(raw: dict[str, Any]) -> dict[str, Any]:
+def renamed_phases(raw: Json) -> Json:
     """The load phases under their current names (RENAMED_PHASES), their values unchanged."""
-    def phases(stage: dict[str, Any]) -> dict[str, Any]:
+    def phases(stage: Json) -> Json:
         return (stage.get("load") or {}).get("phases_s") or {}
 
     if not any(old in phases(s) for s in raw.get("stages", []) for old in RENAMED_PHASES):
@@ -49,7 +53,7 @@ def renamed_phases(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+def v1_to_v2(raw: Json) -> Json:
     out = copy.deepcopy(raw)
     for stage in out.get("stages", []):
         _stage_v1_to_v2(stage)
@@ -57,7 +61,7 @@ def v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _stage_v1_to_v2(s: dict[str, Any]) -> None:
+def _stage_v1_to_v2(s: Json) -> None:
     extra = s.get("extra") or {}
     quality = extra.pop("quality", None)
     if isinstance(quality, dict):
@@ -81,7 +85,7 @@ NOT_SAME_WEIGHTS = ("load_format=dummy: the weights are random and not the FP16 
                     "would compare two unrelated models: not measured (speed and memory only)")
 
 
-def _hide_made_up_agreement(quality: dict[str, Any], impl: dict[str, Any]) -> dict[str, Any]:
+def _hide_made_up_agreement(quality: Json, impl: Json) -> Json:
     """Early schema-1 runs measured agreement on weights vLLM made up (load_format=dummy): it
     compares two unrelated models, so the figures go and the note says why."""
     if impl.get("load_format") == "dummy" and any(quality.get(k) is not None for k in AGREEMENT_KEYS):
@@ -90,13 +94,13 @@ def _hide_made_up_agreement(quality: dict[str, Any], impl: dict[str, Any]) -> di
     return quality
 
 
-def facts_from_v1_extra(extra: dict[str, Any]) -> dict[str, Any]:
+def facts_from_v1_extra(extra: Json) -> Json:
     """What schema 1's renderers read out of continuous-batching's extra by key."""
-    facts: dict[str, Any] = {}
+    facts: Json = {}
     sweep = extra.get("sweep")
     if isinstance(sweep, dict) and sweep.get("main_concurrency"):
         facts["decode_batch"] = int(sweep["main_concurrency"])
-    curve: list[dict[str, Any]] = extra["curve"] if isinstance(extra.get("curve"), list) else []
+    curve: list[Json] = extra["curve"] if isinstance(extra.get("curve"), list) else []
     one = next((r for r in curve if r.get("mode") == "continuous" and r.get("concurrency") == 1), None)
     if one and one.get("tpot_p50_s"):
         facts["batch1_tpot_s"] = one["tpot_p50_s"]

@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from llmopt_bench.core.slo import SLO
+
 
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -75,6 +77,8 @@ class LoadInfo(StrictModel):
     the engine's memory split where it knows it (vLLM preallocates its KV cache)."""
 
     phases_s: dict[str, float] = Field(default_factory=dict)
+    # free-form: what each engine says of itself (kernel, backend, dtype, its own settings) differs
+    # by engine and version; the readers ask for the keys they know (analysis/roofline.py)
     implementation: dict[str, Any] = Field(default_factory=dict)
     versions: dict[str, str] = Field(default_factory=dict)
     weights_bytes: int | None = None
@@ -171,7 +175,7 @@ class StageFacts(StrictModel):
     # serving under an SLO (scenarios/serving/run.py): the highest arrival rate that met it, the
     # interval it is known within ([last passing, first failing]; failing None: never failed),
     # the goodput at that rate, the knee of the latency curve, and every open-loop point measured
-    slo: str | None = None  # the SLO judged, as `--slo` takes it: ttft_p99=2s,tpot_p99=100ms
+    slo: SLO | None = None  # the SLO judged; written as `--slo` takes it: ttft_p99=2s,tpot_p99=100ms
     slo_max_failure_rate: float | None = None
     slo_capacity_rps: float | None = None
     slo_capacity_interval: list[float | None] | None = None
@@ -192,7 +196,7 @@ class StageRun(StrictModel):
     """What run() returns: raw samples, the quality record, and the stage's own typed extra."""
 
     samples: list[RequestSample] = Field(default_factory=list)
-    extra: dict[str, Any] = Field(default_factory=dict)
+    extra: dict[str, Any] = Field(default_factory=dict)  # free-form here: the stage's own Extra model validates it
     quality: QualityRecord | None = None
     facts: StageFacts = Field(default_factory=StageFacts)
     notes: list[str] = Field(default_factory=list)

@@ -19,8 +19,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from llmopt_bench.analysis.slo import DEFAULT_SLO, SLO, Verdict
+from llmopt_bench.analysis.slo import Verdict
 from llmopt_bench.core.records import StrictModel
+from llmopt_bench.core.slo import SLO, default_slo
 from llmopt_bench.load.point import LoadPoint, PointResult
 from llmopt_bench.load.search import Trial
 from llmopt_bench.load.steady import WINDOW_E2E
@@ -37,7 +38,7 @@ class SearchParams(StrictModel):
     warmup_s: float = Field(2.0, ge=0)  # open loop: arrivals in the first warmup_s seconds are not measured
     min_point_s: float = Field(10.0, gt=0)  # open loop: a point lasts at least this long...
     max_point_s: float = Field(120.0, gt=0)  # ...and at most this long (fewer requests at very low rates)
-    slo: str = DEFAULT_SLO  # MLPerf Inference's Server limits for Llama-3.1-8B (analysis/slo.py)
+    slo: SLO = Field(default_factory=default_slo)  # MLPerf Inference's Server limits for Llama-3.1-8B (core/slo.py); text accepted
     max_failure_rate: float = Field(0.01, ge=0, lt=1)  # a point with more failures misses the SLO
     capacity_search: bool = True
     ceiling_requests: int = Field(256, ge=0)  # the ceiling: this many of the workload's requests at once (0: the sweep's top)

@@ -12,8 +12,9 @@ from typing import Any
 from pydantic import Field
 
 from llmopt_bench.analysis import metrics as M
-from llmopt_bench.analysis.slo import SLO, Verdict, judge, meets
+from llmopt_bench.analysis.slo import Verdict, judge, meets
 from llmopt_bench.core.records import CacheRecord, RequestSample, SLOPoint, StrictModel, TurnRow
+from llmopt_bench.core.slo import SLO
 from llmopt_bench.load.point import PointResult
 from llmopt_bench.load.turns import turn_rows
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from llmopt_bench.analysis.roofline import ceilings, roofline
+from llmopt_bench.analysis.roofline import roofline
 from llmopt_bench.analysis.selectors import GB, comparable_stages, peak_memory
 from llmopt_bench.core.fmt import pct
+from llmopt_bench.core.host import Ceilings
 from llmopt_bench.core.plotting import ALT, BASE, BEST, DOWN, UP, legend
 from llmopt_bench.core.plotting import plt as _plt
 from llmopt_bench.core.plotting import save as _save
@@ -168,7 +169,7 @@ def quality_speed(run: RunResult, path: Path) -> Path | None:
 def roofline_chart(run: RunResult, path: Path) -> Path | None:
     rows = roofline(run)
     decode = [r for r in rows if r.phase == "decode"]
-    bw, peak = ceilings(run.env)
+    bw, peak = (run.env.ceilings or Ceilings()).roof()
     if not decode or not bw:  # no row without the measured bandwidth
         return None
     plt = _plt()

@@ -21,7 +21,7 @@ def write_csv(run: RunResult, out_dir: Path) -> Path:
         w = csv.DictWriter(f, fieldnames=STAGE_COLUMNS)
         w.writeheader()
         for row in stage_table_rows(run):
-            w.writerow({k: "" if v is None else v for k, v in row.items()})
+            w.writerow({k: "" if v is None else v for k, v in row.model_dump().items()})
     return path
 
 
@@ -31,7 +31,8 @@ def report_data(run: RunResult) -> dict[str, Any]:
     claims = collect_claims(run)
     return {"run_id": run.run_id, "status": run.status, "created_at": run.created_at, "command": run.command,
             "model": run.model.model_dump() if run.model else None, "workload": run.workload.model_dump(),
-            "env": run.env, "stages": stage_table_rows(run), "speedups": speedup_rows(run),
+            "env": run.env.model_dump(mode="json"), "stages": [r.model_dump() for r in stage_table_rows(run)],
+            "speedups": [r.model_dump() for r in speedup_rows(run)],
             "roofline": [r.as_dict() for r in roofline(run)], "claims": [c.model_dump() for c in claims],
             "conclusions": conclusions(run, claims)}
 

@@ -37,16 +37,15 @@ def prompts_read_as(key: str) -> str:
 
 
 def environment(run: RunResult) -> list[str]:
-    env, m, w = run.env or {}, run.model, run.workload
-    c = env.get("ceilings") or {}
+    env, m, w = run.env, run.model, run.workload
     lines = [f"- run `{run.run_id}`, {run.status}, {run.created_at} to {run.finished_at or '-'}",
              f"- command: `{run.command}`",
-             f"- device: {env.get('gpu') or env.get('cpu') or '?'} ({env.get('device', '?')}), "
-             f"llmopt {run.llmopt_version} ({env.get('llmopt_commit') or '-'}), python {env.get('python', '-')}",
-             "- versions: " + (", ".join(f"{k} {v}" for k, v in (env.get("versions") or {}).items()) or "-")]
-    if c:
+             f"- device: {env.machine or '?'} ({env.device or '?'}), "
+             f"llmopt {run.llmopt_version} ({env.llmopt_commit or '-'}), python {env.python or '-'}",
+             "- versions: " + (", ".join(f"{k} {v}" for k, v in (env.versions or {}).items()) or "-")]
+    if env.ceilings:
 
-        lines.append(f"- {ceilings_line(env)}")
+        lines.append(f"- {ceilings_line(env.ceilings)}")
     if m:
         lines.append(f"- model: {m.source} ({m.architecture or '?'}, {num((m.num_params or 0) / 1e6)} M params, "
                      f"{m.num_layers} layers, {m.num_heads} heads / {m.num_kv_heads} KV heads x {m.head_dim}, "
@@ -72,13 +71,13 @@ def stage_table(run: RunResult) -> list[str]:
     headers = ("stage", "status", *(REGISTRY[k].header for k in figures), "quality")
     rows = []
     for r, s in zip(stage_table_rows(run), run.stages):
-        n = r["requests"]
-        rows.append((r["stage"], r["status"], n, r["load_s"], r["ttft_p50_ms"], tail(r["ttft_p99_ms"], n, 0.99),
-                     r["tpot_p50_ms"], tail(r["tpot_p99_ms"], n, 0.99), r["e2e_p50_s"], r["output_tok_s"], r["qps"],
-                     r["peak_mem_gb"], quality_cell(s.quality, s.quality_reference)))
+        n = r.requests
+        rows.append((r.stage, r.status, n, r.load_s, r.ttft_p50_ms, tail(r.ttft_p99_ms, n, 0.99),
+                     r.tpot_p50_ms, tail(r.tpot_p99_ms, n, 0.99), r.e2e_p50_s, r.output_tok_s, r.qps,
+                     r.peak_mem_gb, quality_cell(s.quality, s.quality_reference)))
     sources = sorted({src for s in run.stages if (src := peak_memory(s)[1])})
     out = table(headers, rows) + ["", f"Peak memory source: {', '.join(sources) or 'none recorded'}."]
-    if any(r["requests"] and r["requests"] * 0.01 < 1 for r in stage_table_rows(run)):
+    if any(r.requests and r.requests * 0.01 < 1 for r in stage_table_rows(run)):
         out.append("n: the requests measured. A p99 marked (~max) rests on fewer than 100 requests: it is "
                    "interpolated from the largest one or two values, not a tail estimate.")
     own = [s.name for s in run.stages if s.own_workload]
@@ -89,8 +88,8 @@ def stage_table(run: RunResult) -> list[str]:
 
 
 def speedups(run: RunResult) -> list[str]:
-    rows = [(r["stage"], times(r["tpot_x_baseline"]), times(r["e2e_x_baseline"]), times(r["output_tok_s_x_baseline"]),
-             r["previous"] or "-", times(r["tpot_x_previous"]), times(r["output_tok_s_x_previous"]), r["changes"] or "-")
+    rows = [(r.stage, times(r.tpot_x_baseline), times(r.e2e_x_baseline), times(r.output_tok_s_x_baseline),
+             r.previous or "-", times(r.tpot_x_previous), times(r.output_tok_s_x_previous), r.changes or "-")
             for r in speedup_rows(run)]
     if not rows:
         return ["No stage on the fixed workload finished: nothing to compare." + (" Stages that measure their own workload stay out."
@@ -222,7 +221,7 @@ def render_markdown(run: RunResult, charts: dict[str, Path], stage_charts: dict[
         "Metric definitions": DEFINITIONS.splitlines(),
     }
     lines = [f"# llmopt report: {run.run_id}", "",
-             f"{m.source if m else '?'} on {run.env.get('gpu') or run.env.get('cpu') or '?'}; "
+             f"{m.source if m else '?'} on {run.env.machine or '?'}; "
              f"{len(ok_stages(run))} of {len(run.stages)} stages ok. Generated from run.json by `llmopt report`."]
     scaling = tensor_parallel(run)
     for title in SECTIONS:

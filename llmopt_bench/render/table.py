@@ -95,7 +95,7 @@ def print_summary(run: RunResult, console=None) -> None:
     from rich.markup import escape
 
     console = console or Console()
-    device = run.env.get("gpu") or run.env.get("cpu") or "?"
+    device = run.env.machine or "?"
     console.print(escape(f"llmopt run {run.run_id}: {run.model.source if run.model else '?'} on {device}"))
     columns = fitting_columns(run, console)
     if columns is None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from llmopt_bench.checkpoints.prepare import known_architectures, prepare
 from llmopt_bench.core.errors import LlmoptError
+from llmopt_bench.core.host import Ceilings, Gpu, Host
 from llmopt_bench.core.models import ModelSpec
 from llmopt_bench.engines.vllm import modelinfo as vllm_modelinfo
 from llmopt_bench.measure import nvml
@@ -154,7 +155,7 @@ def cpu_matmul_kinds() -> tuple[list[str], dict[str, str]]:
     return kinds, skipped
 
 
-def ceilings(device: str) -> dict[str, Any]:
+def ceilings(device: str) -> Ceilings:
     """Copy bandwidth (bytes read + written per second) and dense matmul FLOP/s per dtype,
     measured. matmul_flops is the headline figure (fp16 on a GPU, the faster of fp32 and the
     CPU stages' default dtype on CPU), kept for runs read by older code."""
@@ -170,10 +171,10 @@ def ceilings(device: str) -> dict[str, Any]:
         torch.cuda.empty_cache()
         kinds, skipped = cuda_matmul_kinds()
         by_dtype, failed = matmul_ceilings(kinds, 8192, "cuda", 10)
-        return {"mem_bandwidth_bytes_s": 2 * n / copy_s, "matmul_flops": by_dtype.get("float16"), "matmul_dtype": "float16",
-                "matmul_flops_by_dtype": by_dtype, "matmul_not_measured": {**skipped, **failed},
-                "method": "2 GiB device-to-device copy x20 (read+write bytes); 8192^3 matmul x10 per dtype "
-                          "(fp8: torch._scaled_mm, fast accumulation; int8: torch._int_mm, OP/s); CUDA events"}
+        return Ceilings(mem_bandwidth_bytes_s=2 * n / copy_s, matmul_flops=by_dtype.get("float16"), matmul_dtype="float16",
+                        matmul_flops_by_dtype=by_dtype, matmul_not_measured={**skipped, **failed},
+                        method="2 GiB device-to-device copy x20 (read+write bytes); 8192^3 matmul x10 per dtype "
+                               "(fp8: torch._scaled_mm, fast accumulation; int8: torch._int_mm, OP/s); CUDA events")
     n = 256 * 1024**2
     src = torch.empty(n, dtype=torch.uint8)
     dst = torch.empty_like(src)
@@ -184,29 +185,26 @@ def ceilings(device: str) -> dict[str, Any]:
     kinds, skipped = cpu_matmul_kinds()
     by_dtype, failed = matmul_ceilings(kinds, 1024, "cpu", 5)
     best = max((v, k) for k, v in by_dtype.items() if k != "int8")
-    return {"mem_bandwidth_bytes_s": 2 * n / copy_s, "matmul_flops": best[0], "matmul_dtype": best[1],
-            "matmul_flops_by_dtype": by_dtype, "matmul_not_measured": {**skipped, **failed},
-            "method": f"256 MiB host copy x5; 1024^3 matmul x5 per dtype ({', '.join(by_dtype)}); "
-                      f"headline: the faster of float32 and {best_cpu_dtype()}; perf_counter"}
+    return Ceilings(mem_bandwidth_bytes_s=2 * n / copy_s, matmul_flops=best[0], matmul_dtype=best[1],
+                    matmul_flops_by_dtype=by_dtype, matmul_not_measured={**skipped, **failed},
+                    method=f"256 MiB host copy x5; 1024^3 matmul x5 per dtype ({', '.join(by_dtype)}); "
+                           f"headline: the faster of float32 and {best_cpu_dtype()}; perf_counter")
 
 
-def environment() -> dict[str, Any]:
+def environment() -> Host:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    env: dict[str, Any] = {"device": device, "versions": versions(), "cpu": _cpu_name(),
-                           "torch_cuda": torch.version.cuda, "torch_threads": torch.get_num_threads()}
+    env = Host(device=device, versions=versions(), cpu=_cpu_name(), torch_cuda=torch.version.cuda,
+               torch_threads=torch.get_num_threads())
     if device == "cuda":
-        gpus = []
-        for i in range(torch.cuda.device_count()):
-            p = torch.cuda.get_device_properties(i)
-            gpus.append({"name": p.name, "memory_bytes": p.total_memory, "compute_capability": f"{p.major}.{p.minor}",
-                         "multiprocessors": p.multi_processor_count})
-        env.update(gpus=gpus, gpu=gpus[0]["name"], driver=nvml.driver_version(),
-                   cudnn=torch.backends.cudnn.version())
+        props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+        env.gpus = [Gpu(name=p.name, memory_bytes=p.total_memory, compute_capability=f"{p.major}.{p.minor}",
+                        multiprocessors=p.multi_processor_count) for p in props]
+        env.gpu, env.driver, env.cudnn = env.gpus[0].name, nvml.driver_version(), torch.backends.cudnn.version()
     else:
-        env["gpu"] = None
-    env["ceilings"] = ceilings(device)
+        env.gpu = None
+    env.ceilings = ceilings(device)
     return env
 
 
@@ -223,8 +221,8 @@ def main(job_path: str) -> int:
         env = environment()
         inspection = inspection or vllm_modelinfo.start(classes)
         model = prepare(spec)
-        env["vllm_model_inspection"] = vllm_modelinfo.finish(inspection)
-        answer = {"ok": True, "env": env, "model": model.model_dump(mode="json")}
+        env = env.model_copy(update={"vllm_model_inspection": vllm_modelinfo.finish(inspection)})
+        answer = {"ok": True, "env": env.model_dump(), "model": model.model_dump(mode="json")}
     except LlmoptError as e:
         answer = {"ok": False, "user_error": True, "message": e.message, "fix": e.fix}
     except Exception as e:  # noqa: BLE001

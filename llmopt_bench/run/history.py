@@ -87,7 +87,7 @@ def _insert(conn: sqlite3.Connection, run: RunResult, source: str) -> bool:
     key = (run.run_id, run.created_at)
     cur = conn.execute("INSERT OR IGNORE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (*key, utcnow(), compare.device_name(run), run.model.source if run.model else None,
-                        run.workload.model_dump_json(), run.env.get("llmopt_commit"), source,
+                        run.workload.model_dump_json(), run.env.llmopt_commit, source,
                         run.model_dump_json()))
     if cur.rowcount == 0:
         return False

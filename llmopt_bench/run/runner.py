@@ -21,11 +21,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from llmopt_bench.analysis.quality_gate import apply_gate
 from llmopt_bench.core.contract import Stage
 from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
+from llmopt_bench.core.host import Host
 from llmopt_bench.core.models import ModelInfo, ModelSpec, portable_path
 from llmopt_bench.core.results import FAILED, RunResult, StageResult, utc_at, utcnow
 from llmopt_bench.core.workload import WorkloadConfig
@@ -77,9 +78,9 @@ def env_for_children(opts: RunOptions) -> dict[str, str]:
     return {**SAFE_ENV, "LLMOPT_CACHE": str(cache_dir()), **opts.extra_env}
 
 
-def probe(rd: RunDir, opts: RunOptions, reporter: Reporter) -> tuple[dict[str, Any], ModelInfo]:
+def probe(rd: RunDir, opts: RunOptions, reporter: Reporter) -> tuple[Host, ModelInfo]:
     """Fingerprint the machine and prepare the model, in a child (the runner never touches CUDA).
-    The fingerprint is run.json's `env`, free-form: what the probe could learn of this host."""
+    The fingerprint is run.json's `env` (core/host.py): what the probe could learn of this host."""
     import json
     import sys
 
@@ -103,8 +104,7 @@ def probe(rd: RunDir, opts: RunOptions, reporter: Reporter) -> tuple[dict[str, A
     else:
         code = ExitCode.USAGE if answer.get("user_error") else ExitCode.INTERNAL
         raise LlmoptError(answer["message"], answer.get("fix") or f"see {log}", code=code)
-    env = {**host_fingerprint(), **answer["env"], "command": opts.command}
-    return env, ModelInfo(**answer["model"])
+    return Host.model_validate({**host_fingerprint(), **answer["env"], "command": opts.command}), ModelInfo(**answer["model"])
 
 
 def starts_vllm(plans: list[StagePlan]) -> bool:
@@ -225,8 +225,7 @@ def _save_last(rd: RunDir, run: RunResult) -> None:
 def _duration_key(run: RunResult, plan: StagePlan) -> str:
     from llmopt_bench.run import durations
 
-    device = run.env.get("gpu") or run.env.get("cpu")
-    return durations.key(device, run.model.source if run.model else "", run.workload, plan.stage, plan.params)
+    return durations.key(run.env.machine, run.model.source if run.model else "", run.workload, plan.stage, plan.params)
 
 
 def say_eta(run: RunResult, plans: list[StagePlan], reporter: Reporter) -> None:

@@ -12,8 +12,8 @@ from typing import Any, Callable, Literal
 
 from pydantic import Field
 
-from llmopt_bench.analysis.slo import SLO, Target
 from llmopt_bench.core.records import StageFacts, StrictModel
+from llmopt_bench.core.slo import SLO, Target
 from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests
 from llmopt_bench.load.dispatchers import RequestSource, cycled
 from llmopt_bench.load.point import LoadPoint, PointResult
@@ -69,8 +69,8 @@ class CurveParams(StrictModel):
 
     def goodput_slo(self) -> SLO:
         """Goodput's targets: each request's own TTFT and TPOT within the limits."""
-        return SLO(targets=[Target(metric="ttft", percentile=99, limit_s=self.slo_ttft_s),
-                            Target(metric="tpot", percentile=99, limit_s=self.slo_tpot_s)])
+        return SLO(targets=(Target(metric="ttft", percentile=99, limit_s=self.slo_ttft_s),
+                            Target(metric="tpot", percentile=99, limit_s=self.slo_tpot_s)))
 
 
 @dataclass

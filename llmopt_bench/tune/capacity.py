@@ -99,5 +99,5 @@ class ServerCapacity:
         extra = ServingExtra(target=run.target, settings=run.settings(), curve=run.rows, capacity=self.capacity, main_point=main,
                              main_untimed=main in run.untimed if main else None, errors=errors,
                              error_examples=run.examples, tally=run.tally)
-        facts = facts_of(run.rows, self.capacity, run.slo_points, str(run.slo), run.p.max_failure_rate, main)
+        facts = facts_of(run.rows, self.capacity, run.slo_points, run.slo, run.p.max_failure_rate, main)
         return run.samples.get(main, []) if main else [], extra, facts

@@ -19,10 +19,11 @@ from typing import Any
 
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.results import utcnow
+from llmopt_bench.core.slo import SLO
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.run.rundir import RunDir
 from llmopt_bench.tune.answer import conclude
-from llmopt_bench.tune.record import TUNE_JSON, TuneRecord
+from llmopt_bench.tune.record import TUNE_JSON, TuneRecord, TuneSettings
 from llmopt_bench.tune.space import Space, for_device
 from llmopt_bench.tune.trial import Shared, leftover_servers
 from llmopt_bench.tune.tuner import Tuner
@@ -36,7 +37,7 @@ class TuneOptions:
     space: Space
     model: str  # the model's source
     workload: WorkloadConfig
-    slo: str
+    slo: SLO
     hold_s: float
     budget_s: float
     seed: int
@@ -80,9 +81,8 @@ def shared_of(opts: TuneOptions, model: Any) -> Shared:
 
 def new_record(opts: TuneOptions) -> TuneRecord:
     return TuneRecord(command=opts.command, created_at=utcnow(), device=opts.device, model=opts.model, space=opts.space,
-                      settings={"slo": opts.slo, "hold_s": opts.hold_s, "budget_s": opts.budget_s, "seed": opts.seed,
-                                "min_quality": opts.min_quality, "max_trials": opts.max_trials,
-                                "workload": opts.workload.model_dump(mode="json")})
+                      settings=TuneSettings(slo=opts.slo, hold_s=opts.hold_s, budget_s=opts.budget_s, seed=opts.seed,
+                                            min_quality=opts.min_quality, max_trials=opts.max_trials, workload=opts.workload))
 
 
 def load_record(out: Path) -> TuneRecord:

@@ -12,15 +12,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from llmopt_bench.analysis.slo import parse_slo
+from llmopt_bench.core.slo import SLO
 from llmopt_bench.tune.record import Confirmation
 
 VLLM_METRIC = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2e": "e2el"}  # llmopt's name -> vllm bench serve's
 
 
-def judge(result: dict[str, Any], slo_text: str, requests: int, max_failure_rate: float) -> tuple[str, str, dict[str, Any]]:
+def judge(result: dict[str, Any], slo: SLO, requests: int, max_failure_rate: float) -> tuple[str, str, dict[str, Any]]:
     """vLLM's client's figures against the SLO: (verdict, why, the figures)."""
-    slo = parse_slo(slo_text)
     figures: dict[str, Any] = {k: result.get(k) for k in ("completed", "failed", "request_throughput", "duration")}
     misses = []
     for t in slo.targets:

@@ -9,6 +9,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from llmopt_bench.core.records import QualityRecord, StrictModel
+from llmopt_bench.core.slo import SLO
+from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.tune.space import Config, Space
 
 SCHEMA = 1
@@ -112,6 +114,18 @@ class Ratio(StrictModel):
     hi: float | None  # winner's first failing rate / defaults' capacity (None: the winner never failed)
 
 
+class TuneSettings(StrictModel):
+    """What every trial of one tune run shares, kept so that --resume goes on with the same."""
+
+    slo: SLO  # written as its text
+    hold_s: float
+    budget_s: float
+    seed: int
+    min_quality: float
+    max_trials: int | None = None
+    workload: WorkloadConfig
+
+
 class TuneRecord(StrictModel):
     schema_version: int = SCHEMA
     command: str
@@ -119,7 +133,7 @@ class TuneRecord(StrictModel):
     status: Literal["running", "complete", "interrupted", "failed"] = "running"
     device: str
     model: str
-    settings: dict[str, Any]  # slo, hold_s, budget_s, seed, min_quality, workload, max_trials
+    settings: TuneSettings
     space: Space
     trials: list[TrialRecord] = Field(default_factory=list)
     wall_s: float = 0.0  # every invocation's time together (the budget's clock)

@@ -73,7 +73,7 @@ def pareto(trials: list[TrialRecord]) -> set[int]:
 
 def headline(rec: TuneRecord) -> list[str]:
     w, d = rec.trial(rec.winner), rec.trial(rec.defaults)
-    hold = rec.settings.get("hold_s")
+    hold = rec.settings.hold_s
     if w is None:
         return ["**No configuration held a capacity under the SLO with its quality kept**: see the trials below."]
     wr = w.held_rung
@@ -126,11 +126,10 @@ def trial_rows(rec: TuneRecord) -> list[str]:
 
 def markdown(rec: TuneRecord, chart: Path | None) -> str:
     s = rec.settings
-    workload = s.get("workload", {}).get("spec", "fixed")
     lines = [f"# llmopt tune: {rec.model} on {rec.device}", "",
-             f"{len(rec.trials)} trials in {rec.wall_s / 60:.1f} min of a {s['budget_s'] / 60:.0f}-min budget; SLO {s['slo']}; "
-             f"workload {workload}; each capacity the highest Poisson arrival rate whose points met the SLO in steady "
-             f"state, the winner and the defaults held {s['hold_s']:g} s. Status: {rec.status}.", "", "## The answer", "",
+             f"{len(rec.trials)} trials in {rec.wall_s / 60:.1f} min of a {s.budget_s / 60:.0f}-min budget; SLO {s.slo}; "
+             f"workload {s.workload.spec}; each capacity the highest Poisson arrival rate whose points met the SLO in steady "
+             f"state, the winner and the defaults held {s.hold_s:g} s. Status: {rec.status}.", "", "## The answer", "",
              *headline(rec), "", "## Every trial", "",
              "Each trial is one server start: its quality against the FP16 reference, then its capacity rung by rung "
              "(short: short points, coarse; precise: narrowed; held: run again for the hold), going on only while successive "
@@ -148,7 +147,6 @@ def markdown(rec: TuneRecord, chart: Path | None) -> str:
 def chart(rec: TuneRecord, path: Path) -> Path | None:
     """Capacity against p99 TTFT and p99 TPOT, every trial with a capacity; the Pareto front
     ringed, the defaults a square, the winner a star, the SLO's limits dashed."""
-    from llmopt_bench.analysis.slo import parse_slo
     from llmopt_bench.core.plotting import ALT, BASE, BEST, legend, plt, save
 
     pts: list[tuple[TrialRecord, Rung, float]] = []
@@ -159,7 +157,7 @@ def chart(rec: TuneRecord, path: Path) -> Path | None:
     if not pts:
         return None
     front = pareto(rec.trials)
-    limits = {t.metric: t.limit_s * 1e3 for t in parse_slo(rec.settings["slo"]).targets if t.percentile == 99}
+    limits = {t.metric: t.limit_s * 1e3 for t in rec.settings.slo.targets if t.percentile == 99}
     fig, axes = plt().subplots(1, 2, figsize=(11, 4.2))
     for ax, metric in zip(axes, ("ttft", "tpot")):
         for t, r, x in pts:

@@ -70,9 +70,9 @@ class SearchSettings(StrictModel):
 
 class Space(StrictModel):
     path: str
-    fixed: dict[str, Any] = Field(default_factory=dict)
+    fixed: Config = Field(default_factory=dict)  # the vllm-serve params every trial sets alike
     knobs: dict[str, list[Any]]  # each knob's values, DEFAULT first
-    load: dict[str, Any] = Field(default_factory=dict)
+    load: dict[str, Any] = Field(default_factory=dict)  # free-form here: ServingParams validates it (tune/command.py)
     search: SearchSettings = Field(default_factory=SearchSettings)
     awq: AWQCheckpointParams = Field(default_factory=AWQCheckpointParams)
     removed: dict[str, str] = Field(default_factory=dict)  # "knob=value" -> why this device cannot run it
@@ -136,7 +136,7 @@ def _check(path: Path, table: str, build: Any) -> Any:
         raise _bad(path, table, str(e)) from None
 
 
-def _values(path: Path, knob: str, given: Any, fixed: dict[str, Any]) -> list[Any]:
+def _values(path: Path, knob: str, given: Any, fixed: Config) -> list[Any]:
     """A knob's candidates, checked as the engine param they become; DEFAULT first, once."""
     if not isinstance(given, list) or not given:
         raise _bad(path, f"[space] {knob}", "not a non-empty list of values", f"write {knob} = [value, ...]")

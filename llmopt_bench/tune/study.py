@@ -21,7 +21,7 @@ import warnings
 from typing import Any
 
 from llmopt_bench.tune.record import TrialRecord
-from llmopt_bench.tune.space import Space
+from llmopt_bench.tune.space import Config, Space
 
 STEPS = {"short": 1, "precise": 3}  # the pruner's steps: min_resource 1 x eta^rung (eta = 3 by default)
 BRUTE_FORCE_MAX = 24  # a space this small is tried whole, in a random order
@@ -66,7 +66,7 @@ def frozen(rec: TrialRecord, dists: dict[str, Any]) -> Any:
                         intermediate_values=values, system_attrs=attrs)
 
 
-def key(config: dict[str, Any]) -> str:
+def key(config: Config) -> str:
     import json
 
     return json.dumps(config, sort_keys=True)

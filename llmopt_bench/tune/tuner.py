@@ -20,7 +20,7 @@ from llmopt_bench.core.results import utcnow
 from llmopt_bench.run.rundir import RunDir, atomic_write
 from llmopt_bench.tune.answer import stage_result
 from llmopt_bench.tune.record import TUNE_JSON, TrialRecord, TuneRecord
-from llmopt_bench.tune.space import label
+from llmopt_bench.tune.space import Config, label
 from llmopt_bench.tune.study import STEPS, key, make_study
 from llmopt_bench.tune.trial import Measured, Shared, estimate, run_trial
 
@@ -144,7 +144,7 @@ class Tuner:
         self.record.notes.append(f"the search ended: {self.stop_why or 'every configuration tried'}")
 
     @staticmethod
-    def tried_config(config_key: str) -> dict[str, Any]:
+    def tried_config(config_key: str) -> Config:
         import json
 
         return json.loads(config_key)
@@ -167,7 +167,7 @@ class Tuner:
             raise optuna.TrialPruned()
         return rec.value or 0.0
 
-    def start(self, config: dict[str, Any]) -> TrialRecord:
+    def start(self, config: Config) -> TrialRecord:
         number = self.rerun.pop(key(config), None)
         if number is None:
             number = max((t.number for t in self.record.trials), default=0) + 1

@@ -28,10 +28,10 @@ def test_cuda_ceilings_per_dtype():
     import torch
 
     c = probe.ceilings("cuda")
-    by = c["matmul_flops_by_dtype"]
-    assert {"float16", "bfloat16", "float32", "int8"} <= set(by), c.get("matmul_not_measured")
-    assert c["matmul_flops"] == by["float16"] and c["matmul_dtype"] == "float16"  # the headline older code reads
+    by = c.matmul_flops_by_dtype
+    assert {"float16", "bfloat16", "float32", "int8"} <= set(by), c.matmul_not_measured
+    assert c.matmul_flops == by["float16"] and c.matmul_dtype == "float16"  # the headline older code reads
     if torch.cuda.get_device_capability() >= probe.FP8_MIN_CAPABILITY:
         assert by["fp8"] > 1.2 * by["float16"], by  # a 2x peak: far outside timing noise
     else:
-        assert "fp8" not in by and "compute capability" in c["matmul_not_measured"]["fp8"]
+        assert "fp8" not in by and "compute capability" in c.matmul_not_measured["fp8"]

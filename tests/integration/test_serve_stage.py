@@ -18,7 +18,8 @@ import pytest
 from testkit import read_run, run_cli, worktree_stages_env
 
 from llmopt_bench.analysis.rejudge import judge_point
-from llmopt_bench.analysis.slo import client_late, parse_slo
+from llmopt_bench.analysis.slo import client_late
+from llmopt_bench.core.slo import parse_slo
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from llmopt_bench.analysis.slo import judge, parse_slo
+from llmopt_bench.analysis.slo import judge
 from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.slo import parse_slo
 from llmopt_bench.core.workload import Sampling, WorkloadConfig, build_requests
 from llmopt_bench.engines.http_load import HTTPLoad, auth
 from llmopt_bench.engines.openai_errors import error_kind

@@ -24,7 +24,7 @@ DRIFT = ROOT / "results" / "baselines" / "drift.toml"
 
 
 def journey_of(run: RunResult) -> str:
-    return "journey" if run.env.get("gpu") else "journey-cpu"
+    return "journey" if run.env.gpu else "journey-cpu"
 
 
 def drift_of(path: Path) -> set[tuple[str, str, str]]:
@@ -78,7 +78,7 @@ def test_the_gates_preset_measures_the_baselines_workload(path):
     """The nightly job runs `--preset standard`: its workload (the stopping rule's fields aside,
     which change how much is measured, not what) is the baseline's, so compare pairs them."""
     base = RunResult.model_validate(json.loads(path.read_text()))
-    _, table = resolve_preset("standard", cuda=bool(base.env.get("gpu")))
+    _, table = resolve_preset("standard", cuda=bool(base.env.gpu))
     nightly = base.model_copy(update={"workload": WorkloadConfig(**{**base.workload.model_dump(), **table})})
     assert table.get("max_repeats", 0) > table.get("repeats", 0)  # the stopping rule is on
     assert mismatches(base, nightly) == []

@@ -33,14 +33,14 @@ def h200():
 
 
 def test_h200_run_is_the_measured_one(h200):
-    assert h200.env["gpu"] == "NVIDIA H200" and h200.model.source == "synthetic:llama2-7b"
+    assert h200.env.gpu == "NVIDIA H200" and h200.model.source == "synthetic:llama2-7b"
     status = {s.name: s.status for s in h200.stages}
     assert status == {"hf-fp16": "ok", "flash-attn": "ok", "bnb-nf4": "ok", "bnb-int8": "interrupted"}
 
 
 def test_sweep_stage_stays_out_of_the_speedups_and_the_overall_claim(h200):
     assert h200.stage("flash-attn").own_workload and not h200.stage("hf-fp16").own_workload
-    assert [r["stage"] for r in speedup_rows(h200)] == ["hf-fp16", "bnb-nf4"]
+    assert [r.stage for r in speedup_rows(h200)] == ["hf-fp16", "bnb-nf4"]
     overall = claim(h200, "overall")
     assert "flash-attn" not in overall.detail and "bnb-nf4" in overall.detail
     said = conclusions(h200)
@@ -103,7 +103,7 @@ def journey():
 def test_journey_run_is_the_default_workload(journey):
     from llmopt_bench.core.workload import WorkloadConfig
 
-    assert journey.env["gpu"] == "NVIDIA H200" and journey.model.source == "synthetic:llama2-7b"
+    assert journey.env.gpu == "NVIDIA H200" and journey.model.source == "synthetic:llama2-7b"
     assert journey.workload == WorkloadConfig()  # what `llmopt bench` runs with no workload options
     statuses = {s.name: s.status for s in journey.stages}
     # journey order; the journey has grown since the run (vllm-serve, issue 16): the run is its prefix
@@ -213,7 +213,7 @@ def test_smollm2_quality_agrees_across_devices():
     """Same weights (the AWQ checkpoint travelled), same workload: the perplexities measured on
     the H200 are the CPU run's, and AWQ's INT4 keeps more of FP16's quality than NF4."""
     gpu, cpu = load_run(H200_SMOLLM2), load_run(CPU_SMOLLM2)
-    assert gpu.env["gpu"] == "NVIDIA H200" and gpu.workload == cpu.workload and gpu.model.source == cpu.model.source
+    assert gpu.env.gpu == "NVIDIA H200" and gpu.workload == cpu.workload and gpu.model.source == cpu.model.source
     ppl = {s.name: (s.quality.perplexity, cpu.stage(s.name).quality.perplexity) for s in gpu.stages}
     assert set(ppl) == {"hf-fp16", "bnb-int8", "bnb-nf4", "awq-int4"} and all(s.status == "ok" for s in gpu.stages)
     assert all(abs(g / c - 1) < 0.01 for g, c in ppl.values()), ppl

@@ -89,7 +89,7 @@ def test_host_bound_is_measured_where_it_can_be_and_falls_back_where_not():
     vllm.facts.gpu_busy_share, hf.facts.gpu_busy_share = 0.31, 0.93  # measured: the measurement wins
     assert host_bound(vllm, run).host_bound and not host_bound(hf, run).host_bound
     assert busy_sentence(vllm, run) == "vllm: GPU busy 31.0% of each token: host-bound"
-    run.env["device"] = "cpu"
+    run.env.device = "cpu"
     hf.facts.gpu_busy_share, hf.load.implementation["device"] = None, "cpu"
     assert host_bound(hf, run).why == "a CPU run: the host is the device"
     assert busy_sentence(hf, run) == "hf-fp16: GPU busy not measured (a CPU run: the host is the device)"

@@ -9,8 +9,9 @@ import math
 
 import pytest
 
-from llmopt_bench.analysis.slo import judge, parse_slo
+from llmopt_bench.analysis.slo import judge
 from llmopt_bench.core.records import RequestSample
+from llmopt_bench.core.slo import parse_slo
 from llmopt_bench.load import steady as S
 from llmopt_bench.load.dispatchers import Timeline
 from llmopt_bench.load.point import LoadPoint, point_result

@@ -62,7 +62,8 @@ def test_vllm_s_per_request_results_are_judged_by_llmopt_s_slo_code():
     = (latency - TTFT) / (tokens - 1), numpy's linear percentile), and a failed one counts."""
     import random
 
-    from llmopt_bench.analysis.slo import judge, parse_slo
+    from llmopt_bench.analysis.slo import judge
+    from llmopt_bench.core.slo import parse_slo
 
     rng = random.Random(4)
     n, out = 200, 10
@@ -100,7 +101,7 @@ def vllm_run(rate: float, seconds: float, served_rps: float) -> dict:
 
 
 def test_vllm_s_run_at_a_rate_is_judged_steady_or_not_by_llmopt_s_rules():
-    from llmopt_bench.analysis.slo import parse_slo
+    from llmopt_bench.core.slo import parse_slo
     from llmopt_bench.load.record import slo_verdict
 
     loose = parse_slo("ttft_p99=60s,tpot_p99=1s")
@@ -116,7 +117,7 @@ def test_vllm_s_run_at_a_rate_is_judged_steady_or_not_by_llmopt_s_rules():
 def test_a_slimmed_vllm_result_is_judged_as_the_full_one():
     """Committed copies drop the inter-token gaps (megabytes a run): TTFT, TPOT, E2E and the
     steady state come out the same."""
-    from llmopt_bench.analysis.slo import parse_slo
+    from llmopt_bench.core.slo import parse_slo
     from llmopt_bench.load.record import slo_verdict
 
     full = vllm_run(20.0, 30.0, 17.0)

@@ -51,10 +51,10 @@ def test_cpu_ceilings_per_dtype():
     from llmopt_bench.engines.hf import best_cpu_dtype
 
     c = probe.ceilings("cpu")
-    by = c["matmul_flops_by_dtype"]
+    by = c.matmul_flops_by_dtype
     assert {"float32", best_cpu_dtype()} <= set(by) and all(v > 0 for v in by.values())
     # the headline stays what older readers expect: the faster float dtype
-    assert (c["matmul_flops"], c["matmul_dtype"]) == max((v, k) for k, v in by.items() if k != "int8")
-    assert "fp8" in c["matmul_not_measured"] and "fp8" not in by
-    assert ("int8" in by) != ("int8" in c["matmul_not_measured"])  # measured, or said why not
-    assert c["mem_bandwidth_bytes_s"] > 0
+    assert (c.matmul_flops, c.matmul_dtype) == max((v, k) for k, v in by.items() if k != "int8")
+    assert "fp8" in c.matmul_not_measured and "fp8" not in by
+    assert ("int8" in by) != ("int8" in c.matmul_not_measured)  # measured, or said why not
+    assert c.mem_bandwidth_bytes_s > 0

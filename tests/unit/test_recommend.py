@@ -15,10 +15,11 @@ from llmopt_bench.analysis import metrics as M
 from llmopt_bench.analysis.recommend import recommend
 from llmopt_bench.analysis.recommend_text import lines
 from llmopt_bench.analysis.rejudge import judge_point, rejudge
-from llmopt_bench.analysis.slo import judge, parse_slo
+from llmopt_bench.analysis.slo import judge
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.records import QualityRecord, RequestSample, SLOPoint, StageFacts
 from llmopt_bench.core.results import LoadInfo, RunResult, StageMetrics, StageResult, load_run
+from llmopt_bench.core.slo import parse_slo
 from llmopt_bench.core.workload import WorkloadConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,12 +121,12 @@ def test_another_slo_rejudges_the_measured_points():
     pts = [point(r, t, 0.05) for r, t in ((1, 0.5), (2, 0.5), (3, 0.5), (4, 1.5), (5, 1.5), (6, 3.0))]
     run = run_of(served("a", pts))
     assert recommend(run).winner.capacity_rps == 5
-    rec = recommend(run, slo="ttft_p99=1s,tpot_p99=100ms")
+    rec = recommend(run, slo=parse_slo("ttft_p99=1s,tpot_p99=100ms"))
     assert rec.winner.capacity_rps == 3 and rec.winner.interval == [3, 4]
     assert "re-judged from the measured open-loop points" in rec.slo_note and "ttft_p99=2s" in rec.slo_note
-    loose = recommend(run, slo="ttft_p99=10s")
+    loose = recommend(run, slo=parse_slo("ttft_p99=10s"))
     assert loose.winner.interval == [6, None] and any("at least that" in n for n in loose.winner.notes)
-    assert recommend(run, slo="ttft_p99=100ms").winner is None
+    assert recommend(run, slo=parse_slo("ttft_p99=100ms")).winner is None
 
 
 def test_a_point_whose_client_fell_behind_is_not_judged():

@@ -7,6 +7,7 @@ import pytest
 from llmopt_bench.analysis import roofline as rl
 from llmopt_bench.analysis import roofline_text as rt
 from llmopt_bench.core.distribution import Distribution
+from llmopt_bench.core.host import Ceilings
 from llmopt_bench.core.models import ModelInfo
 from llmopt_bench.core.records import LoadInfo, StageFacts
 from llmopt_bench.core.results import RunResult, StageMetrics, StageResult
@@ -230,7 +231,7 @@ def test_sentences_call_the_copy_bandwidth_a_measured_ceiling():
     assert "floor" not in said
     assert "Decode in vllm is memory-bound at 68.3% of the measured memory ceiling" in said
     assert "Decode in hf-fp16 is overhead-bound: it runs at 10.0% of the measured memory ceiling" in said
-    line = rt.ceilings_line({"ceilings": {**PER_DTYPE, "method": "m"}})
+    line = rt.ceilings_line(Ceilings(**PER_DTYPE, method="m"))
     assert line.startswith("measured ceilings (not datasheet figures): copy bandwidth 4280 GB/s")
     assert "float16 700 TFLOP/s" in line and "fp8 1400 TFLOP/s" in line and "float32 50.0 TFLOP/s" in line
     assert "int8 1050 TOP/s" in line

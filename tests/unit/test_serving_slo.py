@@ -1,14 +1,16 @@
-"""The SLO (analysis/slo.py): parsing with a fix for every bad input, the verdict on a load
-point's requests, and goodput, on requests whose timings are built so the answers are known."""
+"""The SLO (core/slo.py, judged by analysis/slo.py): parsing with a fix for every bad input, the SLO
+carried as a type through the records and written back as its text, the verdict on a load point's
+requests, and goodput, on requests whose timings are built so the answers are known."""
 
 from __future__ import annotations
 
 import pytest
 
-from llmopt_bench.analysis.slo import DEFAULT_SLO, client_late, judge, meets, parse_slo
+from llmopt_bench.analysis.slo import client_late, judge, meets
 from llmopt_bench.core.distribution import percentile
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.records import RequestSample
+from llmopt_bench.core.slo import DEFAULT_SLO, parse_slo
 
 
 def sample(i: int, ttft: float, step: float, n: int = 5, ok: bool = True) -> RequestSample:
@@ -87,3 +89,41 @@ def test_the_client_fell_behind_when_over_5_percent_of_the_window_is_unsent_at_i
     why = client_late(6, 100)
     assert why and "6 of 100 requests" in why and "6% > 5%" in why
     assert client_late(3, 0) is None  # nothing measured: nothing to say
+
+
+def test_a_records_slo_field_takes_the_text_and_writes_it_back():
+    from llmopt_bench.core.records import StageFacts
+    from llmopt_bench.scenarios.serving.record import ServingParams
+
+    p = ServingParams(slo="ttft_p50=250ms, tpot_p99=0.1s")
+    assert p.slo == parse_slo("ttft_p50=250ms,tpot_p99=100ms")  # parsed on the way in: a type, not text
+    assert p.model_dump(mode="json")["slo"] == "ttft_p50=250ms,tpot_p99=100ms"  # one way to print it
+    assert ServingParams().slo == parse_slo(DEFAULT_SLO)
+    facts = StageFacts.model_validate_json(StageFacts(slo=p.slo).model_dump_json())
+    assert facts.slo == p.slo and StageFacts().model_dump()["slo"] is None
+
+
+def test_a_bad_slo_param_is_the_slos_own_usage_error_with_its_fix():
+    from llmopt_bench.run.registry import load_stage, validate_params
+
+    with pytest.raises(UsageError) as e:
+        validate_params(load_stage("vllm-serve"), {"slo": "ttft_p99=2"})
+    assert "no unit" in e.value.message and e.value.fix == "write ttft_p99=2s or ttft_p99=2ms"
+
+
+def test_every_committed_runs_slo_loads_as_a_type_and_writes_back_the_same_text():
+    import json
+    from pathlib import Path
+
+    from llmopt_bench.core.results import load_run
+
+    root = Path(__file__).resolve().parents[2] / "results"
+    seen = 0
+    for path in sorted(root.glob("**/run.json")):
+        raw = json.loads(path.read_text())
+        dumped = json.loads(load_run(path).model_dump_json())
+        for was, now in zip(raw.get("stages", []), dumped["stages"]):
+            text = (was.get("facts") or {}).get("slo")
+            seen += text is not None
+            assert now["facts"]["slo"] == text, (path, was["name"])
+    assert seen  # the committed serving runs carry an SLO

@@ -17,10 +17,10 @@ from llmopt_bench.render.hooks import collect_claims
 
 def test_each_speedup_against_the_baseline_has_its_interval():
     run = load_run(BASELINE)
-    rows = {r["stage"]: r for r in speedup_rows(run)}
-    lo, hi = rows["vllm"]["tpot_x_baseline_interval"]
-    assert lo < rows["vllm"]["tpot_x_baseline"] < hi and 2.5 < lo and hi < 12
-    assert rows["hf-fp16"]["tpot_x_baseline_interval"] is None  # the baseline against itself
+    rows = {r.stage: r for r in speedup_rows(run)}
+    lo, hi = rows["vllm"].tpot_x_baseline_interval
+    assert lo < rows["vllm"].tpot_x_baseline < hi and 2.5 < lo and hi < 12
+    assert rows["hf-fp16"].tpot_x_baseline_interval is None  # the baseline against itself
     # one repeat a side: only the requests' scatter, and it says so
     single = RunResult.model_validate(repeats_run(load(BASELINE), [0]))
     assert not speedup_interval(single.stage("vllm"), single.stage("hf-fp16")).between_repeats

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from llmopt_bench.core.records import QualityRecord
+from llmopt_bench.core.slo import parse_slo
 from llmopt_bench.tune.answer import ratio
 from llmopt_bench.tune.confirm import judge
 from llmopt_bench.tune.record import Confirmation, Memory, Rung, TrialRecord, TuneRecord
@@ -66,12 +67,12 @@ VLLM_RESULT = {"completed": 600, "failed": 0, "request_throughput": 9.9, "durati
 
 
 def test_vllm_s_client_is_judged_against_the_same_slo():
-    verdict, why, figures = judge(VLLM_RESULT, "ttft_p99=2s,tpot_p99=100ms", 600, 0.01)
+    verdict, why, figures = judge(VLLM_RESULT, parse_slo("ttft_p99=2s,tpot_p99=100ms"), 600, 0.01)
     assert verdict == "held" and not why and figures["p99_ttft_ms"] == 180.0
-    verdict, why, _ = judge(VLLM_RESULT, "ttft_p99=2s,tpot_p99=40ms", 600, 0.01)
+    verdict, why, _ = judge(VLLM_RESULT, parse_slo("ttft_p99=2s,tpot_p99=40ms"), 600, 0.01)
     assert verdict == "missed" and "tpot_p99 42.0 ms > 40 ms" in why
-    assert judge({**VLLM_RESULT, "failed": 7}, "ttft_p99=2s", 600, 0.01)[0] == "missed"
-    verdict, why, _ = judge(VLLM_RESULT, "e2e_p95=5s", 600, 0.01)
+    assert judge({**VLLM_RESULT, "failed": 7}, parse_slo("ttft_p99=2s"), 600, 0.01)[0] == "missed"
+    verdict, why, _ = judge(VLLM_RESULT, parse_slo("e2e_p95=5s"), 600, 0.01)
     assert verdict == "missed" and "p95_e2el_ms not reported" in why
 
 
@@ -81,7 +82,8 @@ def test_the_report_gives_the_answer_its_command_and_a_row_per_trial():
     w.confirmation = Confirmation(rate_rps=12.0, seconds=60, num_prompts=720, command="vllm bench serve ...", verdict="held",
                                   figures={"p99_ttft_ms": 200.0})
     rec = TuneRecord(command="llmopt tune", created_at="now", device="cuda", model="synthetic:llama2-7b",
-                     settings={"slo": "ttft_p99=2s,tpot_p99=100ms", "hold_s": 60.0, "budget_s": 1800.0, "workload": {"spec": "random"}},
+                     settings={"slo": "ttft_p99=2s,tpot_p99=100ms", "hold_s": 60.0, "budget_s": 1800.0, "seed": 0, "min_quality": 0.99,
+                               "workload": {"spec": "random"}},
                      space=Space(path="s.toml", knobs={"max_num_seqs": ["default", 2, 3]}, removed={"quantization=fp8": "no GPU"}),
                      trials=[d, w, p], winner=2, defaults=1, ratio=ratio(w, d), wall_s=1500, status="complete")
     md = markdown(rec, None)

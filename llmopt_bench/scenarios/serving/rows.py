@@ -9,6 +9,7 @@ from collections.abc import Collection
 from typing import Any
 
 from llmopt_bench.core.records import SLOPoint, StageFacts
+from llmopt_bench.core.slo import SLO
 from llmopt_bench.load.point import LoadPoint
 from llmopt_bench.load.search import Capacity
 from llmopt_bench.scenarios.serving.record import ClientTally, LoadRow, PromptCount, ServingParams
@@ -84,7 +85,7 @@ def _at_capacity(rows: list[LoadRow], cap: float | None) -> LoadRow | None:
     return next((r for r in found if r.phase == "hold"), found[0] if found else None)
 
 
-def facts_of(rows: list[LoadRow], capacity: Capacity | None, points: list[SLOPoint], slo: str, max_failure_rate: float,
+def facts_of(rows: list[LoadRow], capacity: Capacity | None, points: list[SLOPoint], slo: SLO, max_failure_rate: float,
              main: str | None) -> StageFacts:
     """What the generic analyses read: latency at concurrency 1, the saturated throughput, and
     the capacity under the SLO with its interval, its hold, the saturation ceiling and every

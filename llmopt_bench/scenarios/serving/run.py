@@ -28,10 +28,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from llmopt_bench.analysis.slo import SLO, Verdict, client_late, parse_slo
+from llmopt_bench.analysis.slo import Verdict, client_late
 from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.errors import LlmoptError, UsageError
 from llmopt_bench.core.records import RequestSample, SLOPoint, StageFacts
+from llmopt_bench.core.slo import SLO
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.engines.client_health import could_not_time
 from llmopt_bench.load.capacity import Ceiling, open_point, planned_cost, trial_of
@@ -84,7 +85,7 @@ class ServingRun:
         self.engine, self.target, self.p, self.ctx, self.seed = engine, target, params, ctx, run_seed
         self.load, self.tp_load = load, throughput
         self.forced = expected_tokens
-        self.slo: SLO = parse_slo(params.slo)
+        self.slo: SLO = params.slo
         self.rows: list[LoadRow] = []
         self.samples: dict[str, list[RequestSample]] = {}
         self.slo_points: list[SLOPoint] = []
@@ -220,7 +221,7 @@ class ServingRun:
         extra = ServingExtra(target=self.target, settings=self.settings(), curve=self.rows, capacity=capacity,
                              main_point=main, main_untimed=main in self.untimed if main else None, errors=errors,
                              error_examples=self.examples, tally=self.tally)
-        facts = facts_of(self.rows, capacity, self.slo_points, str(self.slo), self.p.max_failure_rate, main)
+        facts = facts_of(self.rows, capacity, self.slo_points, self.slo, self.p.max_failure_rate, main)
         return self.samples.get(main, []) if main else [], extra, facts
 
     def settings(self) -> dict[str, Any]:
