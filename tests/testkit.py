@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,11 +30,13 @@ def samples(n=2, tokens=4):
 """
 
 
-def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """The real `llmopt` command in a subprocess: exit codes and streams as a user sees them."""
+def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 600,
+            preexec_fn: Callable[[], None] | None = None) -> subprocess.CompletedProcess:
+    """The real `llmopt` command in a subprocess: exit codes and streams as a user sees them
+    (preexec_fn: run in the child before llmopt starts, e.g. to pin it to a core)."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "llmopt_bench", *args], capture_output=True, text=True,
-                          env=full_env, cwd=cwd or ROOT, timeout=timeout)
+                          env=full_env, cwd=cwd or ROOT, timeout=timeout, preexec_fn=preexec_fn)
 
 
 def write_plugin(tmp: Path, name: str, stages: dict[str, str], module_source: str) -> dict[str, str]:

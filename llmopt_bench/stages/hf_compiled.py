@@ -51,7 +51,15 @@ class HFCompiledStage(FixedWorkloadStage):
         out.append(Block(text=f"Compiled with torch.compile mode {record.mode}, static KV cache {cache}; compiling every "
                               f"shape of the timed requests took {num(record.compile_s)} s (untimed, before the repeats)."))
         agree = record.decode_agreement
-        if agree and agree.match_rate is not None:
+        if agree and agree.match_rate is not None and agree.disagreements is not None:
+            out.append(Block(text=f"Compiled decode against the reference, teacher-forced: {pct(agree.match_rate)} of "
+                                  f"{agree.tokens} tokens equal; of the others, {agree.near_ties} near "
+                                  f"{'tie' if agree.near_ties == 1 else 'ties'} (the reference rates the compiled choice "
+                                  f"within {num(agree.tie_nats)} nats of its own: rounding's flip) and "
+                                  f"{agree.disagreements} {'disagreement' if agree.disagreements == 1 else 'disagreements'}"
+                                  f" (a clear reference choice changed); the reference token's log-prob moved by "
+                                  f"{num(agree.logprob_delta_max)} nats at most."))
+        elif agree and agree.match_rate is not None:  # a run before teacher forcing: free-running tokens
             out.append(Block(text=f"Compiled decode against the reference: {pct(agree.match_rate)} of {agree.tokens} greedy tokens "
                                   f"equal, first divergence at token {num(agree.first_divergence_mean)} on average ({agree.method})."))
         elif agree and agree.note:

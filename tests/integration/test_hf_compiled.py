@@ -1,7 +1,8 @@
 """hf-compiled, the baseline's compiled twin, run on CPU as a user runs it (torch.compile with
 inductor and the system's gcc), registered through the entry point group like every built-in:
 generate() really compiles (a stage that did not would be skipped), every shape is compiled
-before the repeats, its greedy decode matches the reference's, and the report says so."""
+before the repeats, its decode agrees with the reference's (teacher-forced: no flip but near
+ties), and the report says so."""
 
 from __future__ import annotations
 
@@ -25,10 +26,17 @@ def test_the_compiled_twin_runs_beside_the_baseline_on_cpu(tmp_path):
     assert "mode default" in twin["load"]["implementation"]["compile"]  # CPU: inductor without CUDA graphs
     record = twin["extra"]["compile"]
     assert record["compile_s"] > 0 and (record["max_cache_len"] is None or record["max_cache_len"] >= 8)  # None: per call
-    assert record["decode_agreement"]["match_rate"] == 1.0 and record["decode_agreement"]["tokens"] > 0
+    agree = record["decode_agreement"]
+    # teacher-forced: every step's argmax is the reference's token, or a near tie that rounding
+    # flipped (synthetic:tiny's random weights have many); the reference token's log-prob moved by
+    # rounding only (~0.001 nats here), where a miscompile moves it by whole nats
+    assert agree["tokens"] > 0 and agree["disagreements"] == 0, agree
+    assert round(agree["match_rate"] * agree["tokens"]) + agree["near_ties"] == agree["tokens"]
+    assert agree["logprob_delta_max"] < agree["tie_nats"]
     assert len(twin["extra"]["conditions"]) == 2 and all(c["host_kops"] > 0 for c in twin["extra"]["conditions"])
     report = (out / "report.md").read_text()
     assert "Compiled with torch.compile mode default, static KV cache sized " in report
-    assert "Compiled decode against the reference: 100.0% of" in report
+    assert "Compiled decode against the reference, teacher-forced: " in report
+    assert f"{agree['near_ties']} near tie" in report and "and 0 disagreements (a clear reference choice" in report
     r = run_cli("stages")
     assert "hf-compiled" in r.stdout
