@@ -1,0 +1,24 @@
+"""Names for the places that hold free-form data: dicts whose keys are set by someone else (a
+server, a file on disk, a library's keyword arguments, the user's TOML) or checked later by a
+pydantic model. Each name says why the dict is free-form where it is used; where a structure is
+known, a model, a TypedDict or a dataclass says so instead."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# free-form: JSON as read from disk, sent by a server, or passed between processes as a file;
+# its keys are the writer's (vLLM, a run.json of any schema version, a probe's answer)
+Json = dict[str, Any]
+
+# free-form here: a part of a record that its pydantic model (a stage's Extra or Params, a row,
+# a trial) validates when it is stored; the keys are that model's, checked there and not twice
+Fields = dict[str, Any]
+
+# free-form: keyword arguments handed through as they are to a library (transformers' from_pretrained,
+# a model config, vLLM's engine arguments); the library checks them
+Kwargs = dict[str, Any]
+
+# free-form: a TOML table as the user wrote it (a journey, a workload spec); its reader checks
+# each key and says which one is wrong
+Table = dict[str, Any]
