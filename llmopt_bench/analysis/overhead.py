@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+
+from llmopt_bench.core.freeform import Fields
 
 BUDGET_PCT = 2.0
 CI_LEVEL = 0.95
@@ -71,7 +72,7 @@ def overhead_verdict(ci: tuple[float, float] | None, budget_pct: float = BUDGET_
 
 
 def overhead_estimate(without_s: Sequence[float], with_s: Sequence[float], step_costs_s: Sequence[float],
-              budget_pct: float = BUDGET_PCT) -> dict[str, Any]:
+              budget_pct: float = BUDGET_PCT) -> Fields:
     """extra["instrumentation"] from the pairs' per-token times (without[i] and with[i] are one
     pair) and the streamer's per-step work timed apart (one figure per round)."""
     if not without_s or len(without_s) != len(with_s):
@@ -97,7 +98,7 @@ def _p(v: float) -> str:
     return f"{v:+.1f}%" if abs(v) >= 0.1 else f"{v:+.2g}%"
 
 
-def _bound_clause(inst: dict[str, Any], budget: float) -> str:
+def _bound_clause(inst: Fields, budget: float) -> str:
     """The clock's own work, timed apart, as the bound; "" when it was not measured."""
     call, per_token = inst.get("clock_call_s"), inst.get("per_token_s_without")
     if call is None or not per_token:
@@ -111,7 +112,7 @@ def _bound_clause(inst: dict[str, Any], budget: float) -> str:
             f"of a {per_token * 1e3:.3g} ms token), {side} the {budget:g}% budget: the bound on what the clock adds")
 
 
-def overhead_sentence(inst: dict[str, Any]) -> str:
+def overhead_sentence(inst: Fields) -> str:
     """One sentence for the report, for runs of every age: the verdict, never a noisy median
     presented as a measured overhead."""
     budget = inst.get("budget_pct", BUDGET_PCT)

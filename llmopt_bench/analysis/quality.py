@@ -13,6 +13,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
+from llmopt_bench.core.freeform import Fields, Json
+
 QUALITY_PROMPTS = 4  # requests used for agreement
 PROMPT_CAP = 256  # prompt tokens kept per agreement request (bounds the cost on 7B models)
 CONTINUATION = 32  # reference tokens per request
@@ -30,7 +32,7 @@ class ReferenceRefused(Exception):
     """The reference file is not plain data (see load_reference)."""
 
 
-def load_reference(path: Path) -> dict[str, Any]:
+def load_reference(path: Path) -> Json:
     """The FP16 reference file, read as data only: torch.load with weights_only=True unpickles
     tensors, lists, dicts and numbers, never code, so a run directory from someone else cannot
     run anything here. Raises ReferenceRefused when the file holds anything else."""
@@ -48,7 +50,7 @@ def load_reference(path: Path) -> dict[str, Any]:
                                f"data ({why.split('. ')[0][:160]}); agreement not measured") from e
 
 
-def reference_agreement(path: Path, measure: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+def reference_agreement(path: Path, measure: Callable[[Json], Fields]) -> Fields:
     """Agreement with the reference at path, or the note that says why there is none."""
     if not path.is_file():
         return {"agreement_note": NO_REFERENCE}
@@ -114,7 +116,7 @@ def perplexity(model: Any, encode: Callable[[str], list[int]], text: str, window
     return perplexity_of(encode(text)[:max_tokens], hf_chunk_nlls(model), window, stride)
 
 
-def corpus_perplexity(ppl_of_text: Callable[[str], dict[str, float]]) -> dict[str, Any]:
+def corpus_perplexity(ppl_of_text: Callable[[str], dict[str, float]]) -> Fields:
     """Perplexity per shipped corpus and over both (token-weighted geometric mean)."""
     per_lang = {lang: ppl_of_text(corpus(lang)) for lang in CORPORA}
     total_tokens = sum(v["tokens"] for v in per_lang.values())
@@ -123,7 +125,7 @@ def corpus_perplexity(ppl_of_text: Callable[[str], dict[str, float]]) -> dict[st
             "perplexity_tokens": total_tokens}
 
 
-def make_reference(model: Any, requests: list[Any], greedy: Callable[[list[int], int], list[int]]) -> dict[str, Any]:
+def make_reference(model: Any, requests: list[Any], greedy: Callable[[list[int], int], list[int]]) -> Json:
     """Greedy continuations and the teacher-forced log-probs that produced them."""
     import torch
 
@@ -137,7 +139,7 @@ def make_reference(model: Any, requests: list[Any], greedy: Callable[[list[int],
     return {"items": items}
 
 
-def agreement(model: Any, reference: dict[str, Any]) -> dict[str, Any]:
+def agreement(model: Any, reference: Json) -> Fields:
     import torch
 
     matches = positions = 0
@@ -165,12 +167,12 @@ def agreement(model: Any, reference: dict[str, Any]) -> dict[str, Any]:
 
 def evaluate(model: Any, encode: Callable[[str], list[int]], requests: list[Any], reference_file: Path | None,
              reference_name: str | None, real_weights: bool, is_reference: bool,
-             greedy: Callable[[list[int], int], list[int]], progress: Callable[..., None]) -> dict[str, Any]:
+             greedy: Callable[[list[int], int], list[int]], progress: Callable[..., None]) -> Fields:
     """The quality record of a transformers stage (stage.QualityRecord's fields). The stage that
     provides the run's reference writes it to reference_file; the others read it from there."""
     import torch
 
-    out: dict[str, Any] = {"reference": reference_name, "perplexity_meaningful": real_weights}
+    out: Fields = {"reference": reference_name, "perplexity_meaningful": real_weights}
     if real_weights:
         progress("quality: perplexity on the shipped corpus", None, None)
         out.update(corpus_perplexity(lambda text: perplexity(model, encode, text)))

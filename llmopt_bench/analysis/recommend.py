@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from llmopt_bench.analysis.recommend_text import caveats, choice_sentence, memory_words, no_winner, rounded_size, tradeoffs
 from llmopt_bench.analysis.rejudge import rejudge
@@ -35,6 +34,7 @@ from llmopt_bench.analysis.scaling import batch1_tpot, saturated
 from llmopt_bench.analysis.selectors import ok_stages, reference
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.fmt import num
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.results import RunResult, StageResult, peak_memory
 from llmopt_bench.core.slo import SLO
 
@@ -89,7 +89,7 @@ class Recommendation:
     caveats: list[str] = field(default_factory=list)
     command: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> Json:
         return asdict(self)
 
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any, TypedDict
 
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.host import Ceilings
 
 MEMORY_BOUND_AT = 0.5
@@ -88,7 +89,7 @@ class RooflineRow:
         """The old name of memory_s (a measured ceiling, not a floor nothing can beat)."""
         return self.memory_s
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> Json:
         return asdict(self)
 
 

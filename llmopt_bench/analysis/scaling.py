@@ -5,7 +5,6 @@ with its smallest-TP run. Batch-1 latency and saturated throughput are what TP t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from llmopt_bench.core.results import RunResult, StageResult
 
@@ -93,6 +92,6 @@ def scaling_rows(run: RunResult) -> list[ScalingRow]:
     return rows
 
 
-def per_gpu(s: StageResult) -> dict[str, Any]:
+def per_gpu(s: StageResult) -> dict[str, int]:
     """The stage's processes' peak bytes on each GPU it used (NVML), by device index."""
     return {k: v for k, v in s.memory.process_peak_bytes_by_device.items() if v}

@@ -10,6 +10,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from llmopt_bench.core.freeform import Kwargs
+
 SHARD_BYTES = 2 * 1024**3
 INIT_STD = 0.02  # Llama's initializer_range: keeps activations finite through 32 layers in fp16
 
@@ -18,7 +20,7 @@ def _seed(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little") & (2**63 - 1)
 
 
-def ensure_synthetic(preset: str, shape: dict[str, Any], out: Path) -> Path:
+def ensure_synthetic(preset: str, shape: Kwargs, out: Path) -> Path:
     if (out / "config.json").is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -33,7 +35,7 @@ def ensure_synthetic(preset: str, shape: dict[str, Any], out: Path) -> Path:
     return out
 
 
-def _write(preset: str, shape: dict[str, Any], out: Path) -> None:
+def _write(preset: str, shape: Kwargs, out: Path) -> None:
     import torch
     from safetensors.torch import save_file
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -45,7 +47,7 @@ def _write(preset: str, shape: dict[str, Any], out: Path) -> None:
     with torch.device("meta"):
         skeleton = LlamaForCausalLM(config)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    shards: list[dict[str, Any]] = [{}]
+    shards: list[dict[str, Any]] = [{}]  # tensor name -> torch tensor (torch is imported inside)
     size = 0
     for name, param in skeleton.state_dict().items():
         gen = torch.Generator(device=device).manual_seed(_seed(f"{preset}/{name}"))

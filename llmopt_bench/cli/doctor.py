@@ -12,11 +12,11 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 import typer
 
 from llmopt_bench.cli.app import app
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.procs.interpreters import engine_python, look
 
 GB = 1e9
@@ -26,7 +26,7 @@ def size(n: float) -> str:
     return f"{n / GB:.1f} GB" if n >= GB else f"{n / 1e6:.0f} MB"
 
 
-def gpu_section() -> dict[str, Any]:
+def gpu_section() -> Json:
     from llmopt_bench.measure import nvml
     from llmopt_bench.run.registry import cuda_devices
 
@@ -37,7 +37,7 @@ def gpu_section() -> dict[str, Any]:
             "devices": devices}
 
 
-def cache_section() -> dict[str, Any]:
+def cache_section() -> Json:
     from llmopt_bench.core.models import cache_dir
 
     path = cache_dir()
@@ -47,7 +47,7 @@ def cache_section() -> dict[str, Any]:
             "exists": path.is_dir(), "used_bytes": used, "free_bytes": shutil.disk_usage(existing).free}
 
 
-def stages_section() -> list[dict[str, Any]]:
+def stages_section() -> list[Json]:
     from llmopt_bench.run.registry import stage_names, stage_or_why
 
     rows = []
@@ -58,7 +58,7 @@ def stages_section() -> list[dict[str, Any]]:
     return rows
 
 
-def diagnose() -> dict[str, Any]:
+def diagnose() -> Json:
     from llmopt_bench import __version__
 
     interpreters = {"llmopt": look(sys.executable).as_dict()}
@@ -70,7 +70,7 @@ def diagnose() -> dict[str, Any]:
             "gpu": gpu_section(), "interpreters": interpreters, "cache": cache_section(), "stages": stages_section()}
 
 
-def _versions(info: dict[str, Any]) -> str:
+def _versions(info: Json) -> str:
     if not info.get("ok"):
         return f"cannot run: {info.get('error')}"
     pk = info["packages"]
@@ -81,7 +81,7 @@ def _versions(info: dict[str, Any]) -> str:
     return f"python {info['python']}: {listed or 'none of the engines'}"
 
 
-def render(d: dict[str, Any]) -> list[str]:
+def render(d: Json) -> list[str]:
     g, c = d["gpu"], d["cache"]
     lines = [f"llmopt {d['llmopt']['version']} at {d['llmopt']['root']}", "", "GPU"]
     if not g["nvml"]:

@@ -19,6 +19,7 @@ from typing import Any, Optional, Union, get_args, get_origin
 
 import typer
 
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.workload import WorkloadConfig, option_fields, option_help, option_name
 
 KINDS_HELP_TAIL = " The kinds and their keys: below, and docs/workloads.md."
@@ -54,7 +55,7 @@ def with_workload_options(after: str) -> Callable[[Callable], Callable]:
     return add
 
 
-def given_workload(values: dict[str, Any]) -> dict[str, Any]:
+def given_workload(values: Fields) -> Fields:
     """The workload options given on the command line, each checked: field -> value; the spec
     canonical, its files (a trace, a histogram) read, so a bad one fails before anything starts."""
     given = {f: values[f] for f in option_fields() if values.get(f) is not None}

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 from pydantic import BaseModel
 
 from llmopt_bench.core.errors import extra_fix
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.records import Block, Claim, LoadInfo, NoParams, OpenExtra, StageRun
 
 if TYPE_CHECKING:
@@ -64,9 +65,9 @@ class StageContext:
     reference_file: Path | None = None  # the quality reference: written by its provider, read by the others
     reference_name: str | None = None  # the result that provides it
     provides_reference: bool = False
-    keep_partial: Callable[[dict[str, Any]], None] = lambda data: None  # what a long stage measured so far
+    keep_partial: Callable[[Json], None] = lambda data: None  # what a long stage measured so far
     meter: Any = None  # measure.energy.TimedMeter: wrap measured work in `with ctx.meter.window(...)`
-    shared: dict[str, Any] = field(default_factory=dict)
+    shared: dict[str, Any] = field(default_factory=dict)  # free-form: what one worker's stages hand on, by key (engine_pool)
 
 
 class StageSkipped(Exception):

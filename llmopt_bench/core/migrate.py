@@ -15,11 +15,8 @@ validates what migrate() returns."""
 from __future__ import annotations
 
 import copy
-from typing import Any
 
-# free-form by nature: a run.json object of any schema version, as json.loads gave it, before
-# it is validated; the migrations work on it key by key
-Json = dict[str, Any]
+from llmopt_bench.core.freeform import Json  # a run.json object of any schema version, before it is validated
 
 SCHEMA_1_REFERENCE = "hf-fp16"  # the only stage schema 1 compared quality against
 SCHEMA_1_ENERGY = "whole run() (schema 1: quality passes, clock checks and sweeps included)"

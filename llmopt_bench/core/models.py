@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.freeform import Kwargs
 from llmopt_bench.core.records import StrictModel
 
 # Llama-shaped presets with deterministic random weights.
-PRESETS: dict[str, dict[str, Any]] = {
+PRESETS: dict[str, Kwargs] = {
     "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=256, vocab_size=1024, max_position_embeddings=8192),
     # Llama-2-7B's shape. max_position_embeddings is 8192 (not 4096) so the FlashAttention

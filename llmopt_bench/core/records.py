@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.slo import SLO
 
 
@@ -79,7 +80,7 @@ class LoadInfo(StrictModel):
     phases_s: dict[str, float] = Field(default_factory=dict)
     # free-form: what each engine says of itself (kernel, backend, dtype, its own settings) differs
     # by engine and version; the readers ask for the keys they know (analysis/roofline.py)
-    implementation: dict[str, Any] = Field(default_factory=dict)
+    implementation: Fields = Field(default_factory=dict)
     versions: dict[str, str] = Field(default_factory=dict)
     weights_bytes: int | None = None
     kv_cache_bytes: int | None = None
@@ -128,7 +129,7 @@ class PlanRecord(StrictModel):
     output_tokens: dict[str, float] = Field(default_factory=dict)
     think_s: dict[str, float] | None = None
     shareable_fraction: float | None = None  # prompt tokens a prefix cache could serve (16-token blocks)
-    trace: dict[str, Any] | None = None  # file, sha256, rows, used, speedup, window, span, rate
+    trace: Fields | None = None  # file, sha256, rows, used, speedup, window, span, rate
     notes: list[str] = Field(default_factory=list)
 
 
@@ -196,7 +197,7 @@ class StageRun(StrictModel):
     """What run() returns: raw samples, the quality record, and the stage's own typed extra."""
 
     samples: list[RequestSample] = Field(default_factory=list)
-    extra: dict[str, Any] = Field(default_factory=dict)  # free-form here: the stage's own Extra model validates it
+    extra: Fields = Field(default_factory=dict)  # free-form here: the stage's own Extra model validates it
     quality: QualityRecord | None = None
     facts: StageFacts = Field(default_factory=StageFacts)
     notes: list[str] = Field(default_factory=list)

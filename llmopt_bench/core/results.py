@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field, ValidationError
 from llmopt_bench import __version__
 from llmopt_bench.core.distribution import Distribution
 from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.freeform import Fields, Json
 from llmopt_bench.core.host import Host
 from llmopt_bench.core.models import ModelInfo
 from llmopt_bench.core.records import LoadInfo, QualityRecord, StageFacts, StrictModel
@@ -131,7 +132,7 @@ class StageResult(StrictModel):
     status: Status
     reason: str | None = None
     fix: str | None = None
-    params: dict[str, Any] = Field(default_factory=dict)  # free-form here: the stage's own Params model validated them
+    params: Fields = Field(default_factory=dict)  # free-form here: the stage's own Params model validated them
     started_at: str | None = None  # when its process was spawned (runs before 2026-12-05 held its end: fixed in results/)
     duration_s: float | None = None
     load_s: float | None = None  # its worker started (or, started ahead, told to go) to ready
@@ -144,8 +145,8 @@ class StageResult(StrictModel):
     energy: EnergyRecord | None = None
     quality: QualityRecord | None = None
     facts: StageFacts = Field(default_factory=StageFacts)
-    extra: dict[str, Any] = Field(default_factory=dict)  # the stage's own record, free-form here: validated by its Extra model
-    partial: dict[str, Any] | None = None  # a stage that stopped early: what it had measured (its partial.json)
+    extra: Fields = Field(default_factory=dict)  # the stage's own record, free-form here: validated by its Extra model
+    partial: Json | None = None  # a stage that stopped early: what it had measured (its partial.json)
     notes: list[str] = Field(default_factory=list)
     log: str | None = None
     gpu_free_after: GpuFree | None = None
@@ -189,7 +190,7 @@ class RunResult(StrictModel):
     status: Literal["running", "complete", "interrupted", "failed"] = "running"
     failure: str | None = None  # why a failed run stopped
     command: str
-    journey: list[dict[str, Any]] = Field(default_factory=list)  # the plans it was started with: --resume finishes these
+    journey: list[Json] = Field(default_factory=list)  # the plans it was started with: --resume finishes these
     # the `llmopt bench --preset` that chose the journey and workload defaults; None: --stages
     # (or a run from before presets); a resumed run keeps the one it was started with
     preset: str | None = None

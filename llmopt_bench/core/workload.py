@@ -18,6 +18,7 @@ from pydantic import Field, ValidationError, model_validator
 from pydantic.config import JsonDict
 
 from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.freeform import Fields, Json
 from llmopt_bench.core.records import StrictModel
 
 DEFAULT_PROMPTS = "builtin:prompts.jsonl"
@@ -115,7 +116,7 @@ class Sampling(StrictModel):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling's probability mass; 1: off")
     top_k: int = Field(-1, ge=-1, description="sample among the k most likely tokens; -1: off (not sent)")
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> Json:
         """The request's sampling fields (top_k, an extension of vLLM and SGLang, only when set)."""
         return {"temperature": self.temperature, "top_p": self.top_p, **({"top_k": self.top_k} if self.top_k > 0 else {})}
 
@@ -224,7 +225,7 @@ def option_fields() -> list[str]:
             and info.json_schema_extra.get("cli")]
 
 
-def _extra(field: str) -> dict[str, Any]:
+def _extra(field: str) -> Json:
     extra = WorkloadConfig.model_fields[field].json_schema_extra
     return extra if isinstance(extra, dict) else {}
 
@@ -234,7 +235,7 @@ def option_name(field: str) -> str:
     return cli if isinstance(cli, str) else "--" + field.replace("_", "-")
 
 
-def cpu_defaults() -> dict[str, Any]:
+def cpu_defaults() -> Fields:
     """The options whose default on a CPU is lighter than on a GPU: on 2 cores the GPU defaults
     (8 prompts x 3 repeats + 2 warm-up, 100 tokens each) make the journey take tens of minutes."""
     return {f: _extra(f)["cpu_default"] for f in option_fields() if "cpu_default" in _extra(f)}
@@ -278,7 +279,7 @@ def check_option(field: str, value: object) -> None:
 NOT_FOR_GENERATED = ("prompts", "max_new_tokens", "input_len", "max_prompt_len")  # the prompt file's kinds' options
 
 
-def resolve_workload(given: dict[str, Any], previous: WorkloadConfig | None = None,
+def resolve_workload(given: Fields, previous: WorkloadConfig | None = None,
                      device: str = "cuda", preset: dict[str, object] | None = None) -> WorkloadConfig:
     """The run's workload: the resumed run's, else the defaults (lighter on a CPU, said in
     notes) under a preset's workload (`llmopt bench --preset`), with what the user gave on top

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from llmopt_bench.core.freeform import Fields, Json
 from llmopt_bench.core.models import cache_dir
 from llmopt_bench.procs import spawn
 from llmopt_bench.procs.interpreters import engine_python, has_modules
@@ -41,7 +42,7 @@ def quant_method(path: str | Path) -> str | None:
     return (cfg.get("quantization_config") or {}).get("quant_method")
 
 
-def input_sizes(config: dict[str, Any]) -> set[int]:
+def input_sizes(config: Json) -> set[int]:
     """The input sizes of the layers AWQ quantizes: q/k/v/gate/up take hidden_size, o_proj
     heads x head_dim, down_proj intermediate_size."""
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
@@ -49,14 +50,14 @@ def input_sizes(config: dict[str, Any]) -> set[int]:
     return {hidden, heads * head_dim, config["intermediate_size"]}
 
 
-def pick_group_size(config: dict[str, Any]) -> int | None:
+def pick_group_size(config: Json) -> int | None:
     """128 where every quantized layer's input size allows it, else the largest of 64 and 32
     that does; None when none does (the INT4 kernels cannot take the model)."""
     sizes = input_sizes(config)
     return next((g for g in GROUP_SIZES if all(s % g == 0 for s in sizes)), None)
 
 
-def shape_problem(config: dict[str, Any]) -> str | None:
+def shape_problem(config: Json) -> str | None:
     """Why vLLM's INT4 kernels cannot take this model, or None. Every quantized layer's input
     and output size must be a multiple of 32 (the CPU kernel's limit; the GPU's Marlin is no
     stricter for these shapes)."""
@@ -87,7 +88,7 @@ def quantizer_python() -> str:
 
 
 def ensure_calibrated(src: Path, group_size: int, samples: int, seq_len: int, timeout_s: float,
-                      log_path: Path | None = None) -> tuple[Path, dict[str, Any]]:
+                      log_path: Path | None = None) -> tuple[Path, Fields]:
     """The AWQ checkpoint of src, calibrating it first if the cache has none. Returns its
     directory and what the calibration recorded (cached, seconds, library versions)."""
     out = calibrated_dir(src, group_size, samples, seq_len)

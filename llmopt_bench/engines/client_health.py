@@ -29,9 +29,9 @@ from __future__ import annotations
 import asyncio
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from llmopt_bench.core.distribution import percentile
+from llmopt_bench.core.freeform import Fields
 
 LAG_INTERVAL_S = 0.02  # the lag monitor's tick: 50 wake-ups a second (at 5 ms its 200 cost 13% of a concurrency-1 client's CPU on 2 busy cores)
 TIMER_GRANULARITY_S = 0.001  # asyncio's epoll timeout is whole milliseconds, rounded up: lateness within it is not lag
@@ -109,7 +109,7 @@ class ClientHealth:
     burst_share: float | None  # requests whose chunks, as timed, came in one burst the client may have caused
     edge_lost_share: float | None  # requests whose first or last token lost its own receive time (TTFT, TPOT)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> Fields:
         return asdict(self)
 
 

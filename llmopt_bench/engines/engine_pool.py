@@ -17,6 +17,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmopt_bench.core.freeform import Fields
+
 POOL_KEY = "engine_pool"
 
 
@@ -25,7 +27,7 @@ class Pooled:
     engine: Any
     info: Any  # the LoadInfo of its start: later stages get a copy, marked shared
     owner: str  # the stage that started it
-    baseline: dict[str, Any] = field(default_factory=dict)  # device memory and processes before it started
+    baseline: Fields = field(default_factory=dict)  # device memory and processes before it started
 
 
 class EnginePool:

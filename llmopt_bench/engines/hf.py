@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable, Sequence
 
+from llmopt_bench.core.freeform import Fields, Kwargs
 from llmopt_bench.core.records import LoadInfo, RequestSample
 from llmopt_bench.core.workload import Request
 from llmopt_bench.measure.timing import make_sync, now
@@ -54,7 +55,7 @@ def load_model(path: str, device: str, dtype: str, attn_implementation: str | No
     sync = make_sync(device)
     t0 = now()
     tok = AutoTokenizer.from_pretrained(path)
-    kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
+    kwargs: Kwargs = {"dtype": getattr(torch, dtype)}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     if quantization_config is not None:
@@ -161,7 +162,7 @@ def decode_per_token(wholes: list[float], firsts: list[float], tokens: int) -> l
 
 
 def instrumentation_overhead(model: Any, pad_id: int, request: Request, max_new_tokens: int, device: str,
-                             pairs: int | None = None, budget_s: float = OVERHEAD_BUDGET_S) -> dict[str, Any]:
+                             pairs: int | None = None, budget_s: float = OVERHEAD_BUDGET_S) -> Fields:
     """Decode time per token with and without the per-token clock, in interleaved pairs
     (alternating which goes first) so that drift on a noisy host hits both alike, plus the
     clock's own work timed apart; analysis/overhead.py turns them into an interval and a verdict.

@@ -17,6 +17,7 @@ import warnings
 from typing import Any, Callable, Iterator, Literal
 
 from llmopt_bench.core.errors import describe, extra_fix
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests, fit_length
 from llmopt_bench.engines import hf
@@ -114,7 +115,7 @@ class HFAttention:
         self.progress = progress
         self.model: Any = None
         self.pad_id = 0  # open() sets the loaded tokenizer's (hf.load_model gives each one a pad token)
-        self.kernels: list[dict[str, Any]] = []  # per implementation: loaded as, effective, ops the profiler saw
+        self.kernels: list[Fields] = []  # per implementation: loaded as, effective, ops the profiler saw
         self.ref: dict[str, tuple[Any, list[int]]] = {}  # impl -> (last logits, greedy tokens) at the shortest context
         t0 = now()
         self.tok = AutoTokenizer.from_pretrained(model_info.path)
@@ -147,7 +148,7 @@ class HFAttention:
             self.kernels.append({"impl": impl, "requested": impl, "effective": None, "status": "failed", "reason": failed})
             raise VariantUnavailable("failed", failed) from e
         self.pad_id = tok.pad_token_id
-        kinfo: dict[str, Any] = {"impl": impl, "requested": impl,
+        kinfo: Fields = {"impl": impl, "requested": impl,
                                  "attn_implementation": info.implementation.get("attn_implementation"),
                                  "sdpa_backend": SDPA_BACKEND.get(impl), "load_s": info.phases_s.get("tokenizer_and_weights_s")}
         try:
@@ -163,7 +164,7 @@ class HFAttention:
         self.kernels.append(kinfo)
         return Opened(effective, mismatch)
 
-    def verified(self, impl: str, loaded_as: str | None, workload: WorkloadConfig) -> dict[str, Any]:
+    def verified(self, impl: str, loaded_as: str | None, workload: WorkloadConfig) -> Fields:
         """Profile a prefill and one decode step; name the attention kernels that ran."""
         if not self.verify:
             effective = impl if loaded_as == ATTN_IMPL[impl] else f"{loaded_as}?"
@@ -223,9 +224,9 @@ class HFAttention:
         make_sync(self.device)()
         return logits
 
-    def agreement(self) -> dict[str, Any]:
+    def agreement(self) -> Fields:
         """Each implementation's last logits and greedy tokens against the baseline's."""
-        out: dict[str, Any] = {"reference": self.baseline, "context": self.shortest, "batch": self.agree_batch,
+        out: Fields = {"reference": self.baseline, "context": self.shortest, "batch": self.agree_batch,
                                "dtype": self.dtype, "tolerance": None, "impls": [], "all_agree": None}
         if self.baseline not in self.ref:
             out["note"] = f"{self.baseline} did not run at context {self.shortest}: nothing to compare against"
@@ -246,7 +247,7 @@ class HFAttention:
         out["all_agree"] = all(e["agree"] for e in out["impls"]) if out["impls"] else None
         return out
 
-    def records(self) -> dict[str, Any]:
+    def records(self) -> Fields:
         return {"kernels": self.kernels, "agreement": self.agreement()}
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmopt_bench.core.dispatch import Dispatcher, Send
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import CacheRecord, RequestSample
 from llmopt_bench.engines.client_health import ClientHealth
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient, Tally
@@ -87,7 +88,7 @@ class HTTPLoad:
     watch_server: bool = True
     reset_cache_each_point: bool = False
     watch_cache: bool = False
-    last_server: dict[str, Any] | None = None
+    last_server: Fields | None = None
     last_cache: CacheRecord | None = None
     client_class: type[OpenAIClient] = OpenAIClient  # the client that sends (a test puts a faulty one here)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
 
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.procs.gpu import GIB, used_by_device, wait_gpu_free
 from llmopt_bench.procs.tree import cmdline, descendants
 
@@ -37,10 +37,10 @@ def rss(pids: list[int]) -> int:
     return total
 
 
-def device_memory(use_torch: bool) -> dict[str, Any]:
+def device_memory(use_torch: bool) -> Fields:
     """Device memory now: NVML (never initializes CUDA here, so vLLM may still fork) and,
     once CUDA is up in this process, torch.cuda.mem_get_info."""
-    out: dict[str, Any] = {}
+    out: Fields = {}
     by_device = used_by_device()
     if by_device:
         out["nvml_used_bytes"] = sum(by_device.values())
@@ -54,7 +54,7 @@ def device_memory(use_torch: bool) -> dict[str, Any]:
     return out
 
 
-def wait_freed(before: dict[str, Any], use_torch: bool, limit_s: float = 60.0) -> dict[str, Any]:
+def wait_freed(before: Fields, use_torch: bool, limit_s: float = 60.0) -> Fields:
     """Wait until the engine's processes are gone and the device is back near `before`
     (device_memory() taken before the engine started); this process keeps its CUDA context
     (~0.5 GiB), so within 1 GiB of the baseline is free."""

@@ -21,7 +21,7 @@ Peak memory is per probe (static_batching.reset_peaks before each). Every answer
 
 The pipe carries two typed events (Loading, Answered); a probe's job and its answer stay JSON
 objects: each probe kind (static_batching.PROBES) reads its own job and writes its own answer,
-which the scenarios record as they are (free-form here, hence dict[str, Any])."""
+which the scenarios record as they are (free-form here, hence core/freeform.Json)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from typing import Annotated, Any, Callable, Literal, Union
 
 from pydantic import Field, TypeAdapter
 
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.records import StrictModel
 from llmopt_bench.engines.static_batching import PROBES, failure, load_for_probes, reset_peaks, write_answer
 from llmopt_bench.measure.timing import now
@@ -74,7 +75,7 @@ class ModelWorker:
         self.loads = self.workers = self.probes = 0
         self.wall_s = 0.0
 
-    def __call__(self, probe: str, job: dict[str, Any], timeout_s: float, workdir: Path | None = None) -> dict[str, Any]:
+    def __call__(self, probe: str, job: Json, timeout_s: float, workdir: Path | None = None) -> Json:
         t0 = now()
         try:
             return self.ask(probe, job, timeout_s)
@@ -87,7 +88,7 @@ class ModelWorker:
         return {"probe_loads": self.loads, "probe_workers": self.workers, "probe_count": self.probes,
                 "probe_wall_s": round(self.wall_s, 3)}
 
-    def ask(self, probe: str, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    def ask(self, probe: str, job: Json, timeout_s: float) -> Json:
         self.workdir.mkdir(parents=True, exist_ok=True)
         name = f"{self.probes + 1:03d}-{probe}"
         job_path, out_path = self.workdir / f"{name}.job.json", self.workdir / f"{name}.out.json"
@@ -119,7 +120,7 @@ class ModelWorker:
         status, reason = spawn.Exit(code, oom_killed=spawn.oom_evidence(before)).outcome()
         return {"status": status, "reason": f"probe {reason} (see the stage log)", "wall_s": wall, "exit_code": code}
 
-    def answered(self, out_path: Path, wall: float) -> dict[str, Any]:
+    def answered(self, out_path: Path, wall: float) -> Json:
         answer = json.loads(out_path.read_text())
         answer.setdefault("wall_s", wall)
         answer["worker"]["index"] = self.workers
@@ -187,7 +188,7 @@ class ModelWorker:
 
 # --- the worker process -----------------------------------------------------------------------
 
-def load_key(job: dict[str, Any]) -> tuple[Any, ...]:
+def load_key(job: Json) -> tuple[Any, ...]:
     return job["model_path"], job["device"], job["dtype"], job.get("attn_implementation")
 
 
@@ -202,7 +203,7 @@ def trim_heap() -> None:
         pass
 
 
-def after_probe(m: Any) -> dict[str, Any]:
+def after_probe(m: Any) -> Json:
     """Free what the probe left and check that the model can take the next one: a small
     allocation works and, on CUDA, memory_allocated() is back to about the weights."""
     import gc
@@ -235,7 +236,7 @@ def serve(tell: Callable[[WorkerEvent], None]) -> None:
     for line in sys.stdin:
         req = json.loads(line)
         job = json.loads(Path(req["job"]).read_text())
-        info: dict[str, Any] = {"pid": os.getpid()}
+        info: Json = {"pid": os.getpid()}
         try:
             if loaded is None or load_key(job) != key:
                 loaded = key = None  # the previous model goes before the next one loads

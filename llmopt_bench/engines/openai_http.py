@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.freeform import Fields, Json
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Sampling
 from llmopt_bench.engines import rx_clock
@@ -84,7 +85,7 @@ class Tally:
     prompt_off_worst: float = 0.0  # the largest |counted / asked - 1| of one request
     texts_made_sending: int = 0  # text prompts made while the point ran (not prepared before it)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> Fields:
         return {"counted_by": dict(self.counted_by), "usage_agreed": self.usage_agreed,
                 "usage_missing": self.usage_missing, "usage_mismatch": [list(m) for m in self.usage_mismatch],
                 "short": [list(s) for s in self.short]}
@@ -120,7 +121,7 @@ class _Stream:
         self.clock.sent = self.t_submit
 
 
-def _chunk_tokens(data: dict[str, Any], state: _Stream) -> int:
+def _chunk_tokens(data: Json, state: _Stream) -> int:
     """How many output tokens this chunk carries, and how they were counted."""
     choices = data.get("choices") or []
     usage = data.get("usage")
@@ -148,7 +149,7 @@ def _chunk_tokens(data: dict[str, Any], state: _Stream) -> int:
     return 1 if (text or choice.get("finish_reason") is None) else 0
 
 
-def _keep_answer(data: dict[str, Any], state: _Stream) -> None:
+def _keep_answer(data: Json, state: _Stream) -> None:
     """What a multi-turn workload needs of a chunk: the answer's token ids (a next turn carries
     them) and the prompt tokens the server served from its prefix cache (OpenAI's usage field;
     vLLM's with --enable-prompt-tokens-details)."""
@@ -206,8 +207,8 @@ class OpenAIClient:
         clocks = self.clocks if request_ids is None else [c for c in self.clocks if c.request_id in request_ids]
         return health_of(clocks, self._lag.samples)
 
-    def payload(self, prompt: str | Sequence[int], max_tokens: int) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.endpoint.model, "prompt": prompt if isinstance(prompt, str) else list(prompt),
+    def payload(self, prompt: str | Sequence[int], max_tokens: int) -> Json:
+        body: Json = {"model": self.endpoint.model, "prompt": prompt if isinstance(prompt, str) else list(prompt),
                                 "max_tokens": max_tokens, **self.endpoint.sampling.body(), "stream": True,
                                 "stream_options": {"include_usage": True}}
         if self.endpoint.force_length:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+from llmopt_bench.core.freeform import Fields, Json
 from llmopt_bench.engines.openai_errors import RequestFailed, classify_status
 from llmopt_bench.engines.openai_http import Endpoint
 from llmopt_bench.engines.vllm.quality import PromptLogprobs
@@ -19,7 +20,7 @@ from llmopt_bench.engines.vllm.quality import PromptLogprobs
 BATCH = 16  # prompts a request: one answer holds every position's log-probs of each
 
 
-def _position(entry: dict[str, Any] | None) -> dict[int, Any] | None:
+def _position(entry: Json | None) -> dict[int, Any] | None:
     if entry is None:
         return None
     return {int(tok): SimpleNamespace(logprob=float(v["logprob"]), rank=v.get("rank")) for tok, v in entry.items()}
@@ -53,7 +54,7 @@ def server_logprobs(endpoint: Endpoint, timeout_s: float = 600.0) -> PromptLogpr
 
 
 def served_quality(endpoint: Endpoint, encode: Callable[[str], list[int]], reference_file: Any, reference_name: str | None,
-                   real_weights: bool, progress: Callable[..., None], dummy: bool = False) -> dict[str, Any]:
+                   real_weights: bool, progress: Callable[..., None], dummy: bool = False) -> Fields:
     """stage.QualityRecord's fields for a vLLM server, measured through it."""
     from llmopt_bench.engines.vllm import quality as vllm_quality
 

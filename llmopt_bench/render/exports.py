@@ -6,11 +6,11 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
-from typing import Any
 
 from llmopt_bench.analysis.conclusions import conclusions
 from llmopt_bench.analysis.roofline import roofline
 from llmopt_bench.analysis.selectors import STAGE_COLUMNS, speedup_rows, stage_table_rows
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.results import RunResult
 from llmopt_bench.render.hooks import collect_claims
 
@@ -25,7 +25,7 @@ def write_csv(run: RunResult, out_dir: Path) -> Path:
     return path
 
 
-def report_data(run: RunResult) -> dict[str, Any]:
+def report_data(run: RunResult) -> Json:
     """Everything report.md states, as data."""
 
     claims = collect_claims(run)

@@ -6,9 +6,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from llmopt_bench import __version__
+from llmopt_bench.core.freeform import Json
 
 
 def git_commit() -> str | None:
@@ -26,7 +26,7 @@ def git_commit() -> str | None:
     return (out.stdout.strip() + ("-dirty" if dirty else "")) if out.returncode == 0 else None
 
 
-def host_fingerprint() -> dict[str, Any]:
+def host_fingerprint() -> Json:
     import platform
 
     return {"python": sys.version.split()[0], "platform": platform.platform(), "llmopt": __version__,

@@ -133,8 +133,8 @@ def fingerprint_runs(db: Path, like: RunResult, before: RunResult, limit: int = 
 
 
 @dataclass
-class Row:
-    """One stage of one run in the history, with the metric asked for."""
+class StageValue:
+    """One stage of one run in the history and the value of the metric asked for (None where it has none)."""
 
     stage: str
     run_id: str
@@ -142,6 +142,12 @@ class Row:
     commit: str | None
     status: str
     value: float | None
+
+
+@dataclass
+class Row(StageValue):
+    """One stage of one run in the history, with the metric asked for."""
+
     run_json: str
     fingerprint: tuple
 
@@ -177,13 +183,7 @@ def metric_rows(db: Path, metric: str, stage: str | None = None) -> list[Row]:
 
 
 @dataclass
-class TrendPoint:
-    stage: str
-    run_id: str
-    created_at: str
-    commit: str | None
-    status: str
-    value: float | None
+class TrendPoint(StageValue):
     change: float | None = None  # vs the previous comparable run of this stage
     ci: tuple[float, float] | None = None
     verdict: str = ""  # regressed | improved | unchanged | inconclusive | not comparable | first | -

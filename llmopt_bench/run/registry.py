@@ -10,7 +10,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from llmopt_bench.core.contract import Stage
 from llmopt_bench.core.errors import UsageError, extra_fix
+from llmopt_bench.core.freeform import Fields, Json, Table
 from llmopt_bench.measure import nvml
 from llmopt_bench.procs.interpreters import engine_python, has_modules
 
@@ -28,7 +29,7 @@ DEFAULT_TIMEOUT_S = 1800.0
 
 
 @lru_cache(maxsize=1)
-def _entry_points() -> dict[str, Any]:
+def _entry_points() -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=GROUP)}
 
 
@@ -85,18 +86,18 @@ class StagePlan:
     """One stage of a journey. `name` is what its result is called in the run (a journey's
     `label`, else the stage's name); `stage` is the registered stage that runs."""
     name: str
-    params: dict[str, Any] = field(default_factory=dict)
+    params: Fields = field(default_factory=dict)
     timeout_s: float = DEFAULT_TIMEOUT_S
     stage: str = ""
 
     def __post_init__(self):
         self.stage = self.stage or self.name
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> Json:
         return {"name": self.name, "stage": self.stage, "params": self.params, "timeout_s": self.timeout_s}
 
 
-def plan_of(d: dict[str, Any]) -> StagePlan:
+def plan_of(d: Json) -> StagePlan:
     """A plan as run.json records it (RunResult.journey)."""
     return StagePlan(d["name"], dict(d.get("params") or {}), float(d.get("timeout_s", DEFAULT_TIMEOUT_S)), d.get("stage", ""))
 
@@ -113,7 +114,7 @@ def journey_order(run: Any, plans: list[StagePlan]):
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
-def _label(path: Path, entry: dict[str, Any]) -> str:
+def _label(path: Path, entry: Table) -> str:
     """A label names a result, its log and its directory: a plain file name, and never another
     stage's name (the claims read results by stage name)."""
     label = entry.get("label", entry["name"])
@@ -141,7 +142,7 @@ def import_entry(value: str) -> type[Stage]:
     return getattr(importlib.import_module(module), attr)
 
 
-def validate_params(cls: type[Stage], params: dict[str, Any]) -> dict[str, Any]:
+def validate_params(cls: type[Stage], params: Fields) -> Fields:
     try:
         return cls.Params(**params).model_dump(mode="json")
     except ValidationError as e:
@@ -181,7 +182,7 @@ def parse_journey(path: Path) -> list[StagePlan]:
     return plans
 
 
-def journey_table(path: str, name: str) -> dict[str, Any] | None:
+def journey_table(path: str, name: str) -> Table | None:
     """A journey file's top-level table `name` ([workload]), None when it has none."""
     try:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
@@ -219,7 +220,7 @@ def check_preset(name: str) -> Preset:
     return PRESETS[name]
 
 
-def resolve_preset(name: str, cuda: bool) -> tuple[list[StagePlan], dict[str, Any]]:
+def resolve_preset(name: str, cuda: bool) -> tuple[list[StagePlan], Table]:
     """A preset -> its journey's plans on this device, and its workload defaults there."""
     preset = check_preset(name)
     path = journey_path(preset.journey if cuda else preset.cpu_journey)
@@ -250,7 +251,7 @@ def resolve_stages(arg: str) -> tuple[list[StagePlan], bool]:
 
 # --- can this stage run here? (never imports torch) -------------------------------------------
 
-def cuda_devices() -> list[dict[str, Any]]:
+def cuda_devices() -> list[Fields]:
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
         return []
     return [d for i in nvml.device_indices() if (d := nvml.device_info(i))]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.models import portable_text
 from llmopt_bench.core.results import RunResult, load_run
 
@@ -147,7 +148,7 @@ class RunDir:
         atomic_write(path, json.dumps(data, indent=1, default=str))
 
     # --- requests.jsonl ------------------------------------------------------------------------
-    def request_lines(self) -> list[dict[str, Any]]:
+    def request_lines(self) -> list[Json]:
         """Every whole line; a torn one (the last line of a killed write) is skipped, with a warning."""
         if not self.requests.is_file():
             return []
@@ -168,7 +169,7 @@ class RunDir:
         atomic_write(self.requests, "".join(json.dumps(r) + "\n" for r in keep))
 
     # --- partial.json --------------------------------------------------------------------------
-    def read_partial(self, name: str, since: float) -> dict[str, Any] | None:
+    def read_partial(self, name: str, since: float) -> Json | None:
         """This attempt's partial.json (written at or after `since`), or None; a torn one is reported."""
         path = self.partial(name)
         try:

@@ -16,6 +16,7 @@ from typing import Any
 
 from llmopt_bench.core.contract import StageContext, StageSkipped
 from llmopt_bench.core.errors import describe, is_oom
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.models import ModelInfo, local_path
 from llmopt_bench.core.records import StrictModel
 from llmopt_bench.core.results import EnergyRecord, StageTiming
@@ -33,7 +34,7 @@ class StageJob(StrictModel):
 
     stage: str  # its name in the run: the journey's label, else the stage's
     entry: str  # the stage class, "module:Class" (run/registry.import_entry)
-    params: dict[str, Any]  # free-form here: the worker checks them against the stage's own Params
+    params: Fields  # free-form here: the worker checks them against the stage's own Params
     model: ModelInfo
     workload: WorkloadConfig
     stage_dir: str
@@ -79,7 +80,7 @@ def context(job: StageJob, job_path: Path, device: str, events: EventWriter) -> 
         meter=TimedMeter() if job.owns_device else TimedMeter(read_mj=lambda: None))
 
 
-def run_one(job: StageJob, job_path: Path, events: EventWriter, shared: dict[str, Any], started: float) -> bool:
+def run_one(job: StageJob, job_path: Path, events: EventWriter, shared: dict[str, Any], started: float) -> bool:  # shared: see StageContext.shared
     """One stage: load, warm up, measure, tear down, its outcome sent as an event. True when it
     ended so that a stage group may go on (a result, or skipped). shared: what the stages of one
     worker hand on (the group's engine pool), as core/contract.StageContext.shared."""

@@ -12,6 +12,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import Field
 
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import StageFacts, StrictModel
 from llmopt_bench.core.slo import SLO, Target
 from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests
@@ -99,9 +100,9 @@ class CurvePoint:
     def source(self) -> RequestSource:
         return cycled(self.ramp + self.requests)
 
-    def row_key(self, mode: str) -> dict[str, Any]:
+    def row_key(self, mode: str) -> Fields:
         """What names the point in its CurveRow (the keys run.json has always had)."""
-        key: dict[str, Any] = {"mode": mode, "concurrency": self.concurrency}
+        key: Fields = {"mode": mode, "concurrency": self.concurrency}
         if self.rate_rps is not None:
             key["rate_rps"] = self.rate_rps
         if self.input_len is not None:
@@ -192,7 +193,7 @@ def plan_throughput_point(p: CurveParams, workload: WorkloadConfig, source: Engi
                       output_len=p.throughput_output_len)
 
 
-def sweep_settings(p: CurveParams, workload: WorkloadConfig, output_len: int) -> dict[str, Any]:
+def sweep_settings(p: CurveParams, workload: WorkloadConfig, output_len: int) -> Fields:
     return {"mode": p.mode, "main_concurrency": p.main_concurrency, "main_rate": main_rate(p) if p.mode == "poisson" else None,
             "slo_ttft_s": p.slo_ttft_s, "slo_tpot_s": p.slo_tpot_s, "output_len": output_len,
             "input_len": p.input_len or workload.input_len, "static_timeout_s": p.static_timeout_s,
@@ -201,7 +202,7 @@ def sweep_settings(p: CurveParams, workload: WorkloadConfig, output_len: int) ->
 
 
 def point_row(point: CurvePoint, mode: str, res: PointResult | None, p: CurveParams, *,
-              energy: dict[str, Any] | None = None, oom: bool = False, **more: Any) -> CurveRow:
+              energy: Fields | None = None, oom: bool = False, **more: Any) -> CurveRow:
     """The point's row: its figures (load/record.figures) under its name; an OOM (res None) is a
     row with every request failed and no figure."""
     if res is None:

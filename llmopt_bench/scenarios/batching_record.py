@@ -4,10 +4,9 @@ defines every field."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import ConfigDict, Field
 
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import StrictModel
 from llmopt_bench.engines.vllm.kv import KVCacheRecord
 from llmopt_bench.load.record import PointRow
@@ -42,7 +41,7 @@ class CapacityRow(StrictModel):
     method: str | None = None
     note: str | None = None
     probed: list[int] | None = None
-    ruled_out: dict[str, Any] | None = None
+    ruled_out: Fields | None = None
     memory_at_oom_bytes: int | None = None
     attn_implementation: str | None = None
     error: str | None = None
@@ -64,17 +63,17 @@ class MixedRow(StrictModel):
 
 
 class BatchingExtra(StrictModel):
-    sweep: dict[str, Any] = Field(default_factory=dict)  # the sweep's settings (mode, main point, SLO, lengths)
-    engine: dict[str, Any] = Field(default_factory=dict)  # the engine's scheduler limits
-    h200_reference: dict[str, Any] = Field(default_factory=dict)
+    sweep: Fields = Field(default_factory=dict)  # the sweep's settings (mode, main point, SLO, lengths)
+    engine: Fields = Field(default_factory=dict)  # the engine's scheduler limits
+    h200_reference: Fields = Field(default_factory=dict)
     curve: list[CurveRow] = Field(default_factory=list)
     throughput_point: ThroughputPoint | None = None
     kv_cache: KVCacheRecord | None = None
     capacity: list[CapacityRow] = Field(default_factory=list)
-    capacity_probes: list[dict[str, Any]] = Field(default_factory=list)
+    capacity_probes: list[Fields] = Field(default_factory=list)
     mixed: list[MixedRow] = Field(default_factory=list)
-    mixed_setup: dict[str, Any] | None = None
-    lifecycle: dict[str, Any] = Field(default_factory=dict)  # device memory and processes around the engine
+    mixed_setup: Fields | None = None
+    lifecycle: Fields = Field(default_factory=dict)  # device memory and processes around the engine
     # the transformers probes (mixed-length, capacity) through the probe worker: model loads,
     # worker processes, probes, and their wall time (loads included)
     probe_loads: int | None = None

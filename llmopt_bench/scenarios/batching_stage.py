@@ -24,6 +24,7 @@ from pydantic import BaseModel
 
 from llmopt_bench.core.contract import Stage, StageContext
 from llmopt_bench.core.errors import describe, is_oom
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import LoadInfo, RequestSample, StageRun
 from llmopt_bench.core.workload import WorkloadConfig, build_requests
 from llmopt_bench.engines.lifecycle import device_memory, rss, wait_freed
@@ -82,7 +83,7 @@ class BatchingStage(Stage):
         self.model, self.device, self.ctx = model, ctx.device, ctx
         self.notes: list[str] = []
         # NVML only before the engine: touching CUDA here would force vLLM to spawn
-        self.lifecycle: dict[str, Any] = {"device": ctx.device, "before_engine": device_memory(use_torch=False),
+        self.lifecycle: Fields = {"device": ctx.device, "before_engine": device_memory(use_torch=False),
                                           "processes_before_engine": len(descendants())}
         self.points: list[CurvePoint] = []
         self.samples: list[RequestSample] = []  # the main point's: the stage's samples
@@ -151,7 +152,7 @@ class BatchingStage(Stage):
             got.append(res)
         return combine(got)
 
-    def energy(self, point: CurvePoint, mode: str) -> dict[str, Any] | None:
+    def energy(self, point: CurvePoint, mode: str) -> Fields | None:
         """The point's joules per output token over its timed windows; None without a counter."""
         return self.ctx.meter.per_key().get(point.meter_key(mode))
 
@@ -280,7 +281,7 @@ class BatchingStage(Stage):
 
     # --- the record -----------------------------------------------------------------------
 
-    def dump(self) -> dict[str, Any]:
+    def dump(self) -> Fields:
         """The extra as run.json keeps it: the keys the stage set (a phase that did not run
         leaves none behind, as before the record was typed)."""
         return self.extra.model_dump(mode="json", exclude_unset=True)

@@ -15,16 +15,18 @@ recorded under extra["kv_cache"] and extra["capacity"]:
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
+from llmopt_bench.core.freeform import Fields, Json
 from llmopt_bench.engines.static_batching import run_isolated
 from llmopt_bench.engines.vllm.kv import KVCacheRecord
 
 CPU_NOTE = "no OOM boundary on CPU: batch 1 and 2 probed only (host memory, no OOM in reasonable time)"
 
 
-def vllm_capacity_rows(kv: KVCacheRecord | None, contexts: list[int], max_num_seqs: int | None) -> list[dict[str, Any]]:
+def vllm_capacity_rows(kv: KVCacheRecord | None, contexts: list[int], max_num_seqs: int | None) -> list[Fields]:
     """vLLM's rows: floor(KV-cache tokens / context); the scheduler admits at most max_num_seqs."""
     tokens = kv.tokens if kv else None
     return [{"engine": "vllm", "context": c, "max_batch": tokens // c if tokens else None, "oom_at": None,
@@ -32,20 +34,32 @@ def vllm_capacity_rows(kv: KVCacheRecord | None, contexts: list[int], max_num_se
              "method": "num_blocks * block_size / context (KV cache preallocated: peak is its size)"} for c in contexts]
 
 
-def search_sizes(sizes: list[int], cuda: bool, ask: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
+@dataclass
+class SizeSearch:
+    """What probing one context's batch sizes found."""
+
+    fit: int | None = None  # the batch that fit (CUDA: the largest; CPU: the last)
+    oom_at: int | None = None  # the batch that ran out of memory
+    peak: int | None = None  # the fitting batch's peak memory (bytes)
+    last: Json | None = None  # the last probe's answer
+    oom_ans: Json | None = None  # the answer of the batch that ran out
+    tried: list[int] = field(default_factory=list)
+
+
+def search_sizes(sizes: list[int], cuda: bool, ask: Callable[[int], Json]) -> SizeSearch:
     """Probe batch sizes in order until the answer is known: on CUDA (top down) the first that
     fits; on CPU (bottom up) until one runs out. An error or a timeout is no capacity answer:
     the search stops there, and the row says so."""
-    got: dict[str, Any] = {"fit": None, "oom_at": None, "peak": None, "last": None, "oom_ans": None, "tried": []}
+    got = SizeSearch()
     for b in sizes:
-        got["tried"].append(b)
-        ans = got["last"] = ask(b)
+        got.tried.append(b)
+        ans = got.last = ask(b)
         if ans["status"] == "ok":
-            got["fit"], got["peak"] = b, ans.get("peak_bytes")
+            got.fit, got.peak = b, ans.get("peak_bytes")
             if cuda:
                 break
         elif ans["status"] == "oom":
-            got["oom_at"], got["oom_ans"] = b, ans
+            got.oom_at, got.oom_ans = b, ans
             if not cuda:
                 break
         else:
@@ -53,28 +67,28 @@ def search_sizes(sizes: list[int], cuda: bool, ask: Callable[[int], dict[str, An
     return got
 
 
-def capacity_row(context: int, attn: str, got: dict[str, Any], ruled_out: list[int], no_fit: tuple[int, int] | None,
-                 cuda: bool, sizes: list[int], max_batch: int) -> dict[str, Any]:
-    oom_at = got["oom_at"] if got["oom_at"] is not None or not ruled_out else min(ruled_out)  # ruled out: not probed
-    row: dict[str, Any] = {"engine": "transformers", "context": context, "max_batch": got["fit"], "oom_at": oom_at,
-                           "peak_bytes": got["peak"], "attn_implementation": attn, "probed": got["tried"]}
+def capacity_row(context: int, attn: str, got: SizeSearch, ruled_out: list[int], no_fit: tuple[int, int] | None,
+                 cuda: bool, sizes: list[int], max_batch: int) -> Fields:
+    oom_at = got.oom_at if got.oom_at is not None or not ruled_out else min(ruled_out)  # ruled out: not probed
+    row: Fields = {"engine": "transformers", "context": context, "max_batch": got.fit, "oom_at": oom_at,
+                   "peak_bytes": got.peak, "attn_implementation": attn, "probed": got.tried}
     if ruled_out and no_fit:
         row["ruled_out"] = {"batches": ruled_out, "because": f"batch {no_fit[0]} ran out of memory at {no_fit[1]} tokens"}
-    if got["last"] and got["last"]["status"] not in ("ok", "oom"):
-        row["error"] = got["last"].get("reason")
+    if got.last and got.last["status"] not in ("ok", "oom"):
+        row["error"] = got.last.get("reason")
     if not cuda:
         row["note"] = CPU_NOTE
-    elif oom_at is None and sizes and got["fit"] == max(sizes):
+    elif oom_at is None and sizes and got.fit == max(sizes):
         row["note"] = f"no OOM up to max_batch={max_batch}"
-    if got["oom_ans"]:
-        row["memory_at_oom_bytes"] = got["oom_ans"].get("memory_at_oom_bytes")
+    if got.oom_ans:
+        row["memory_at_oom_bytes"] = got.oom_ans.get("memory_at_oom_bytes")
     return row
 
 
 def hf_capacity(model_path: str, device: str, dtype: str, attn: str, contexts: list[int], max_batch: int,
                 decode_steps: int, timeout_s: float, workdir: Path,
                 progress: Callable[[str], None] = lambda m: None,
-                probe: Callable[..., dict[str, Any]] = run_isolated) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                probe: Callable[..., Json] = run_isolated) -> tuple[list[Fields], list[Json]]:
     """transformers rows of extra["capacity"], and every probe's answer. probe(kind, job,
     timeout_s, workdir) runs one batch: the stage's ModelWorker, or run_isolated (a process each).
 
@@ -92,7 +106,7 @@ def hf_capacity(model_path: str, device: str, dtype: str, attn: str, contexts: l
         ruled_out = [b for b in sizes if no_fit and b >= no_fit[0]] if cuda else []
         sizes = [b for b in sizes if b not in ruled_out]
 
-        def ask(b: int, context: int = context) -> dict[str, Any]:
+        def ask(b: int, context: int = context) -> Json:
             progress(f"capacity: transformers batch {b} x {context} tokens")
             job = {"model_path": model_path, "device": device, "dtype": dtype, "attn_implementation": attn,
                    "batch": b, "context": context, "decode_steps": decode_steps}
@@ -104,7 +118,7 @@ def hf_capacity(model_path: str, device: str, dtype: str, attn: str, contexts: l
 
         got = search_sizes(sizes, cuda, ask)
         row = capacity_row(context, attn, got, ruled_out, no_fit, cuda, sizes, max_batch)
-        if row["oom_at"] is not None and (no_fit is None or row["oom_at"] < no_fit[0]) and row["oom_at"] in got["tried"]:
+        if row["oom_at"] is not None and (no_fit is None or row["oom_at"] < no_fit[0]) and row["oom_at"] in got.tried:
             no_fit = (row["oom_at"], context)
         rows.append(row)
     return rows, probes

@@ -7,12 +7,13 @@ in their extra are here; the loop that measures is context_sweep_run.py."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 from pydantic import ConfigDict, Field
 
 from llmopt_bench.core.contract import StageSkipped
 from llmopt_bench.core.distribution import Distribution
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import StrictModel
 
 CLAIMS = [("2x at 2K", 2048, 2.0), ("4x at 8K", 8192, 4.0)]
@@ -41,7 +42,7 @@ class SweepRow(StrictModel):
     peak_bytes: int | None = None
     status: str
     reason: str | None = None
-    energy: dict[str, Any] | None = None  # the cell's timed window (TimedMeter.record): joules per output token, where counted
+    energy: Fields | None = None  # the cell's timed window (TimedMeter.record): joules per output token, where counted
 
 
 class SweepSpeedup(StrictModel):
@@ -134,7 +135,7 @@ def speedups(rows: list[dict], baseline: str) -> list[dict]:
         base = _row(rows, baseline, r["context"], r["batch"])
         if base is None or base["status"] != "ok":
             continue
-        entry: dict[str, Any] = {"impl": r["impl"], "context": r["context"], "batch": r["batch"]}
+        entry: Fields = {"impl": r["impl"], "context": r["context"], "batch": r["batch"]}
         for phase, key in (("prefill", "ttft_s"), ("decode", "tpot_s")):
             b, i = base[key], r[key]
             if not b or not i:
@@ -156,7 +157,7 @@ def sweep_claims(speeds: list[dict], impls: list[str], rows: list[dict]) -> list
     out = []
     for text, context, target in CLAIMS:
         s = next((s for s in speeds if s["impl"] == impl and s["context"] == context and s["batch"] == batch), None)
-        entry: dict[str, Any] = {"claim": text, "context": context, "target": target, "impl": impl, "batch": batch}
+        entry: Fields = {"claim": text, "context": context, "target": target, "impl": impl, "batch": batch}
         for phase in ("prefill", "decode"):
             value = s.get(f"{phase}_speedup") if s else None
             entry[phase] = "not measured" if value is None else ("held" if value >= target else "not held")

@@ -22,6 +22,7 @@ from llmopt_bench.analysis.metrics import tpot, ttft
 from llmopt_bench.core.contract import Stage, StageContext
 from llmopt_bench.core.distribution import Distribution
 from llmopt_bench.core.errors import describe, is_oom
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import LoadInfo, RequestSample, StageRun
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.engines.variants import Measured, Opened, Timed, VariantUnavailable
@@ -43,7 +44,7 @@ class SweepEngine(Protocol):
     def close(self) -> None:
         """Close the open variant, if any, and wait until it is gone. Idempotent."""
 
-    def records(self) -> dict[str, Any]:
+    def records(self) -> Fields:
         """The adapter's own records for the extra (kernels and agreement; engines)."""
 
 
@@ -72,12 +73,12 @@ def cell_key(variant: str, context: int, batch: int) -> str:
     return f"{variant}@{context}x{batch}"
 
 
-def row(variant: str, context: int, batch: int, status: str, reason: str | None = None, **measured: Any) -> dict[str, Any]:
+def row(variant: str, context: int, batch: int, status: str, reason: str | None = None, **measured: Any) -> Fields:
     return {"impl": variant, "effective_impl": None, "context": context, "batch": batch, "ttft_s": None,
             "tpot_s": None, "peak_bytes": None, "status": status, "reason": reason, **measured}
 
 
-def cell_stats(measured: Measured, decode_tokens: int) -> dict[str, Any]:
+def cell_stats(measured: Measured, decode_tokens: int) -> Fields:
     """Prefill (TTFT) and decode (TPOT) of a cell. A request counts when it produced every token
     asked for; requests generated together share their times, so each repeat counts once."""
     complete = [s for s in measured.samples if s.ok and s.output_tokens == decode_tokens + 1]
@@ -108,7 +109,7 @@ def timed_window(meter: Any, key: str) -> Timed:
     return timed
 
 
-def summary(r: dict[str, Any]) -> str:
+def summary(r: Fields) -> str:
     if r["status"] != "ok":
         return f": {r['status']} ({r['reason']})"
     return f": ttft {r['ttft_s']['p50'] * 1e3:.1f} ms, tpot {r['tpot_s']['p50'] * 1e3:.2f} ms/tok"
@@ -119,7 +120,7 @@ class Sweep:
 
     def __init__(self, engine: SweepEngine, plan: SweepPlan, workload: WorkloadConfig, ctx: StageContext):
         self.engine, self.plan, self.workload, self.ctx = engine, plan, workload, ctx
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[Fields] = []
         self.cells: dict[tuple[str, int, int], list[RequestSample]] = {}
         self.done, self.total = 0, len(plan.variants) * len(plan.contexts) * len(plan.batches)
 
@@ -198,7 +199,7 @@ class Sweep:
         samples, key, note = self.pick_samples(baseline)
         if key is not None:
             self.ctx.meter.copy(key, "main")
-        fields: dict[str, Any] = {"sweep": self.rows, "speedups": speeds, "baseline": baseline, **self.engine.records()}
+        fields: Fields = {"sweep": self.rows, "speedups": speeds, "baseline": baseline, **self.engine.records()}
         if self.plan.claims is not None:
             fields["claims"] = self.plan.claims(speeds, self.plan.variants, self.rows)
         return SweepOutcome(ContextSweepExtra.model_validate(fields), samples, note)

@@ -22,6 +22,7 @@ from llmopt_bench.analysis.overhead import overhead_sentence
 from llmopt_bench.analysis.stopping import StoppingRecord, StoppingRule, headline_metric, stopping_sentence
 from llmopt_bench.core.contract import Stage, StageContext
 from llmopt_bench.core.errors import describe
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import Block, LoadInfo, QualityRecord, RequestSample, StageFacts, StageRun, StrictModel
 from llmopt_bench.core.workload import Request, WorkloadConfig
 from llmopt_bench.engines.vllm.kv import KVCacheRecord, kv_line
@@ -84,7 +85,7 @@ class FixedEngine(Protocol):
 
     def quality(self, workload: WorkloadConfig, ctx: StageContext) -> QualityRecord: ...
 
-    def records(self, requests: Sequence[Request], workload: WorkloadConfig, ctx: StageContext) -> dict[str, Any]: ...
+    def records(self, requests: Sequence[Request], workload: WorkloadConfig, ctx: StageContext) -> Fields: ...
 
     def close(self) -> None: ...
 

@@ -7,8 +7,9 @@ docs/batching.md, "The mixed-length pitfall"."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
+from llmopt_bench.core.freeform import Fields, Json
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Request, WorkloadConfig, fit_length, load_prompts
 from llmopt_bench.engines.static_batching import run_isolated
@@ -56,7 +57,7 @@ def continuous_row(point: CurvePoint, n_long: int, samples: list[RequestSample],
     the engine's memory is measured (the stage sets peak_bytes then)."""
     reqs = point.requests
     # MixedRow's extras (it allows them): the figures a static probe reports too, beside its declared fields
-    figures: dict[str, Any] = {
+    figures: Fields = {
         "long_requests": n_long, "max_prompt_len": max(len(r.token_ids) for r in reqs),
         "prompt_tokens": sum(len(r.token_ids) for r in reqs), "padded_prompt_tokens": None,
         "output_tokens": sum(s.output_tokens for s in samples), "seconds": round(seconds, 4),
@@ -71,7 +72,7 @@ def bucket_budget(p: CurveParams) -> int:
 
 def static_probes(p: CurveParams, point: CurvePoint, model_path: str, device: str, dtype: str, workdir: Path,
                   progress: Callable[[str], None] = lambda m: None,
-                  probe: Callable[..., dict[str, Any]] = run_isolated) -> list[MixedRow]:
+                  probe: Callable[..., Json] = run_isolated) -> list[MixedRow]:
     """The three static configurations, one probe each: probe(kind, job, timeout_s, workdir) is
     the stage's ModelWorker (one model load for all), or run_isolated (a process each)."""
     base = {"model_path": model_path, "device": device, "dtype": dtype, "attn_implementation": p.mixed_attn_implementation,
@@ -91,7 +92,7 @@ def in_order(rows: list[MixedRow]) -> list[MixedRow]:
     return sorted(rows, key=lambda r: ORDER.index(r.config) if r.config in ORDER else len(ORDER))
 
 
-def setup(p: CurveParams, point: CurvePoint, n_long: int) -> dict[str, Any]:
+def setup(p: CurveParams, point: CurvePoint, n_long: int) -> Fields:
     return {"requests": len(point.requests), "long_requests": n_long, "batch": p.mixed_batch, "cap_context": p.cap_context,
             "bucket_token_budget": bucket_budget(p), "attn_implementation": p.mixed_attn_implementation,
             "long_len": max(len(r.token_ids) for r in point.requests)}

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Request, Sampling
 from llmopt_bench.load.dispatchers import Timeline
@@ -204,7 +205,7 @@ def bench_samples(result: dict) -> list[RequestSample]:
     return out
 
 
-def compare(ours: dict, theirs: dict, tolerance: float = 0.05) -> list[dict[str, Any]]:
+def compare(ours: dict, theirs: dict, tolerance: float = 0.05) -> list[Fields]:
     """Each figure side by side, llmopt / vLLM - 1, and whether it lies within the tolerance."""
     rows = []
     for key in FIGURES:

@@ -10,9 +10,9 @@ rung's points count in the precise one, and the hold starts from the precise run
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from llmopt_bench.core.contract import StageContext
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import RequestSample, StageFacts
 from llmopt_bench.load.budget import LoadBudget
 from llmopt_bench.load.engine import LoadEngine
@@ -36,7 +36,7 @@ class ServerCapacity:
         self.start_rps: float | None = None  # where the search starts when no ceiling was measured
 
     @classmethod
-    def serving(cls, engine: LoadEngine, target: dict[str, Any], params: ServingParams, load: PlanLoad, ctx: StageContext,
+    def serving(cls, engine: LoadEngine, target: Fields, params: ServingParams, load: PlanLoad, ctx: StageContext,
                 seed: int) -> ServerCapacity:
         """The serving scenario's points on `engine` (an HTTP client of the trial's server)."""
         return cls(ServingRun(engine, target, params, load, None, ctx, seed))

@@ -12,15 +12,16 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from llmopt_bench.core.freeform import Fields, Json
 from llmopt_bench.core.slo import SLO
 from llmopt_bench.tune.record import Confirmation
 
 VLLM_METRIC = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2e": "e2el"}  # llmopt's name -> vllm bench serve's
 
 
-def judge(result: dict[str, Any], slo: SLO, requests: int, max_failure_rate: float) -> tuple[str, str, dict[str, Any]]:
+def judge(result: Json, slo: SLO, requests: int, max_failure_rate: float) -> tuple[str, str, Fields]:
     """vLLM's client's figures against the SLO: (verdict, why, the figures)."""
-    figures: dict[str, Any] = {k: result.get(k) for k in ("completed", "failed", "request_throughput", "duration")}
+    figures: Fields = {k: result.get(k) for k in ("completed", "failed", "request_throughput", "duration")}
     misses = []
     for t in slo.targets:
         key = f"p{t.percentile}_{VLLM_METRIC[t.metric]}_ms"

@@ -4,10 +4,11 @@ every trial with its rungs, quality, memory and outcome, the winner and the defa
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import QualityRecord, StrictModel
 from llmopt_bench.core.slo import SLO
 from llmopt_bench.core.workload import WorkloadConfig
@@ -60,7 +61,7 @@ class Confirmation(StrictModel):
     command: str
     verdict: Literal["held", "missed", "failed"]
     why: str = ""
-    figures: dict[str, Any] = Field(default_factory=dict)  # p99s against the SLO (ms), completed, failed, req/s
+    figures: Fields = Field(default_factory=dict)  # p99s against the SLO (ms), completed, failed, req/s
 
 
 class Memory(StrictModel):

@@ -27,7 +27,7 @@ STEPS = {"short": 1, "precise": 3}  # the pruner's steps: min_resource 1 x eta^r
 BRUTE_FORCE_MAX = 24  # a space this small is tried whole, in a random order
 
 
-def distributions(space: Space) -> dict[str, Any]:
+def distributions(space: Space) -> dict[str, Any]:  # knob -> optuna distribution (optuna is imported inside)
     from optuna.distributions import CategoricalDistribution
 
     return {k: CategoricalDistribution(values) for k, values in space.knobs.items()}
@@ -52,7 +52,7 @@ def make_study(space: Space, seed: int, finished: list[TrialRecord]) -> Any:
     return study
 
 
-def frozen(rec: TrialRecord, dists: dict[str, Any]) -> Any:
+def frozen(rec: TrialRecord, dists: dict[str, Any]) -> Any:  # dists: distributions()'s, optuna's types
     """A finished trial as the study would have it: its params, its rung values at their steps
     (and where successive halving reads them), pruned or complete."""
     from optuna.trial import TrialState, create_trial

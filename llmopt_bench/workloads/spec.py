@@ -19,6 +19,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, ConfigDict, Field, ValidationError, model_validator
 
 from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.freeform import Table
 from llmopt_bench.core.records import StrictModel
 from llmopt_bench.workloads.dists import DURATION_FORMS, LENGTH_FORMS, parse_duration, parse_length
 
@@ -190,7 +191,7 @@ def canonical_spec(text: str) -> str:
     return parse_spec(text).canonical()
 
 
-def spec_of_table(table: dict[str, Any], where: str) -> str:
+def spec_of_table(table: Table, where: str) -> str:
     """A journey file's [workload] table (kind = "...", then the kind's keys) as a spec string."""
     values = dict(table)
     kind = values.pop("kind", None)

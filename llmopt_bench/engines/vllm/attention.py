@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from llmopt_bench.core.errors import describe
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests, fit_length
 from llmopt_bench.engines.lifecycle import device_memory, wait_freed
@@ -67,8 +68,8 @@ class VLLMAttention:
             self.max_len = min(self.max_len, model_info.max_position_embeddings)
         self.tok = AutoTokenizer.from_pretrained(model_info.path)
         self.llm: Any = None
-        self.engine: dict[str, Any] | None = None  # the open engine's record, until it is closed
-        self.engines: list[dict[str, Any]] = []  # every start: phases, KV cache, lifecycle (or its error)
+        self.engine: Fields | None = None  # the open engine's record, until it is closed
+        self.engines: list[Fields] = []  # every start: phases, KV cache, lifecycle (or its error)
 
     def open(self, backend: str, workload: WorkloadConfig) -> Opened:
         if backend in self.skipped:
@@ -125,5 +126,5 @@ class VLLMAttention:
             self.engines.append(self.engine)
             self.engine = None
 
-    def records(self) -> dict[str, Any]:
+    def records(self) -> Fields:
         return {"engines": self.engines}

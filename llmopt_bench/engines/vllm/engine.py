@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 
 from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.dispatch import Dispatcher
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import CacheRecord, LoadInfo, QualityRecord, RequestSample
 from llmopt_bench.core.workload import Request, WorkloadConfig
 from llmopt_bench.engines.engine_pool import EnginePool, Pooled, pool_for, shared_info
@@ -33,7 +34,7 @@ class VLLMEngine:
         self.log_path = log_path  # the log its processes write to: the starting stage's
         self.key = share_key(params)
         self.pool: EnginePool | None = None  # set when a stage group shares this engine
-        self.baseline: dict[str, Any] = {}  # device memory and processes before it started (pooled engines)
+        self.baseline: Fields = {}  # device memory and processes before it started (pooled engines)
         # the prefix cache across load points (engines/vllm/cache.py): emptied before each, its
         # counters and the KV gauge read around and during each (needs the engine's log stats)
         self.reset_cache_each_point = False
@@ -131,7 +132,7 @@ class VLLMEngine:
         return QualityRecord(**vllm_quality.evaluate(self.llm, self.encode, ctx.reference_file, ctx.reference_name,
                                                      real, ctx.progress, dummy=dummy))
 
-    def records(self, requests: Sequence[Request], workload: WorkloadConfig, ctx: StageContext) -> dict[str, Any]:
+    def records(self, requests: Sequence[Request], workload: WorkloadConfig, ctx: StageContext) -> Fields:
         kv = kv_cache_record(self.llm, self.model_info, self.cfg.dtype, self.log_path or ctx.log_path)
         return {"kv_cache": kv} if kv else {}
 
@@ -148,7 +149,7 @@ class VLLMEngine:
         V.shutdown(llm)
 
 
-def _baseline() -> dict[str, Any]:
+def _baseline() -> Fields:
     """Before a pooled engine starts: the device memory and processes a later stage of the group
     measures its shutdown against (continuous batching waits for the memory to come back)."""
     from llmopt_bench.engines.lifecycle import device_memory

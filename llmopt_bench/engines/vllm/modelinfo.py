@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from llmopt_bench.core.freeform import Fields
+
 
 def cache_root() -> Path:
     """Where vLLM keeps its caches for llmopt's engines (engines/vllm/offline.engine_defaults)."""
@@ -49,7 +51,7 @@ class Prefill:
     started: float = field(default_factory=time.perf_counter)
     status: str = "started"
 
-    def record(self, status: str, **kw: Any) -> dict[str, Any]:
+    def record(self, status: str, **kw: Any) -> Fields:
         return {"status": status, "architectures": self.architectures, **kw}
 
 
@@ -79,7 +81,7 @@ def start(architectures: list[str]) -> Prefill:
     return job
 
 
-def finish(job: Prefill, limit_s: float = 180.0) -> dict[str, Any]:
+def finish(job: Prefill, limit_s: float = 180.0) -> Fields:
     """Wait for the inspection (never past limit_s: it only saves time) and say what it did."""
     import json
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from llmopt_bench.core.dispatch import Dispatcher, Send
+from llmopt_bench.core.freeform import Fields, Kwargs
 from llmopt_bench.core.records import LoadInfo, RequestSample
 from llmopt_bench.core.workload import Request
 from llmopt_bench.engines.lifecycle import release_cached_memory
@@ -34,7 +35,7 @@ class EngineConfig:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     seed: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)  # more of vLLM's own engine arguments, passed as they are
+    extra: Kwargs = field(default_factory=dict)  # more of vLLM's own engine arguments, passed as they are
 
 
 def _worker_attention_backends(worker: Any) -> list[str]:
@@ -97,7 +98,7 @@ def build_engine(model_path: str, cfg: EngineConfig, log_path: Path | None) -> t
 
     t_import = now()
     # vLLM's LLM(**kwargs): its own arguments, of its own types
-    kwargs: dict[str, Any] = dict(model=model_path, dtype=cfg.dtype, seed=cfg.seed, enforce_eager=cfg.enforce_eager,
+    kwargs: Kwargs = dict(model=model_path, dtype=cfg.dtype, seed=cfg.seed, enforce_eager=cfg.enforce_eager,
                                   tensor_parallel_size=cfg.tensor_parallel_size, load_format=cfg.load_format,
                                   gpu_memory_utilization=cfg.gpu_memory_utilization,
                                   **{"worker_extension_cls": WORKER_EXTENSION, **cfg.extra})
@@ -111,7 +112,7 @@ def build_engine(model_path: str, cfg: EngineConfig, log_path: Path | None) -> t
     cache = llm.llm_engine.vllm_config.cache_config
     phases = {"import_s": round(t_import - t0, 3), "engine_total_s": round(ready - t_import, 3), **start.phases_s}
     # free-form like the rest of LoadInfo.implementation: what this engine can say of itself
-    kv: dict[str, Any] = {"num_blocks": cache.num_gpu_blocks, "block_size": cache.block_size, "tokens": start.kv_cache_tokens}
+    kv: Fields = {"num_blocks": cache.num_gpu_blocks, "block_size": cache.block_size, "tokens": start.kv_cache_tokens}
     if start.max_concurrency is not None:
         kv["max_concurrency"], kv["max_concurrency_at_tokens"] = start.max_concurrency, start.max_concurrency_at_tokens
     workers = attention_backends(llm)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from llmopt_bench.analysis import quality as Q
+from llmopt_bench.core.freeform import Fields, Json
 
 # prompts (token ids), k -> per prompt, per position: {token id: an object with .logprob and
 # .rank} (None at position 0), as vLLM's RequestOutput.prompt_logprobs
@@ -45,7 +46,7 @@ def chunk_nlls(logprobs: PromptLogprobs) -> Callable[[list[list[int]]], list[lis
     return nlls
 
 
-def agreement(logprobs: PromptLogprobs, reference: dict[str, Any]) -> dict[str, Any]:
+def agreement(logprobs: PromptLogprobs, reference: Json) -> Fields:
     import torch
 
     items = reference["items"]
@@ -74,12 +75,12 @@ def agreement(logprobs: PromptLogprobs, reference: dict[str, Any]) -> dict[str, 
 
 
 def evaluate(llm: Any, encode: Callable[[str], list[int]], reference_file: Path | None, reference_name: str | None,
-             real_weights: bool, progress: Callable[..., None], dummy: bool = False, engine: str = "vllm") -> dict[str, Any]:
+             real_weights: bool, progress: Callable[..., None], dummy: bool = False, engine: str = "vllm") -> Fields:
     """The quality record of a vLLM stage (stage.QualityRecord's fields). dummy: the engine made
     up its own random weights (load_format=dummy), so nothing compares with the reference.
     llm: the offline engine, or a PromptLogprobs function (the server's)."""
     logprobs = llm if callable(llm) else offline(llm)
-    out: dict[str, Any] = {"reference": reference_name, "perplexity_meaningful": real_weights, "engine": engine}
+    out: Fields = {"reference": reference_name, "perplexity_meaningful": real_weights, "engine": engine}
     if dummy:
         return {**out, **Q.NOT_MEANINGFUL, "agreement_note": Q.NOT_SAME_WEIGHTS}
     if real_weights:

@@ -15,9 +15,9 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import LoadInfo
 from llmopt_bench.engines import lifecycle
 from llmopt_bench.engines.vllm import offline as V
@@ -126,7 +126,7 @@ class VLLMServer:
         self.proc: subprocess.Popen | None = None
         self.entry: list[str] = CLI_ENTRY
         self.entry_note: str | None = None
-        self._memory_before: dict[str, Any] = {}  # lifecycle.device_memory's record: what NVML (and torch) could say
+        self._memory_before: Fields = {}  # lifecycle.device_memory's record: what NVML (and torch) could say
 
     @property
     def base_url(self) -> str:
@@ -230,7 +230,7 @@ class VLLMServer:
         return LoadInfo(phases_s={"server_ready_s": round(ready_s, 3), **start.phases_s}, implementation=impl,
                         weights_bytes=start.model_memory_bytes, notes=notes)
 
-    def stop(self, grace_s: float = 30.0, freed_limit_s: float = 60.0) -> dict[str, Any]:
+    def stop(self, grace_s: float = 30.0, freed_limit_s: float = 60.0) -> Fields:
         """SIGTERM the server's session, SIGKILL what is left after grace_s, then wait until no
         process of it lives and the device memory is back. Idempotent. Returns the stop's record,
         kept whole in the stage's extra (`server`): free-form, with the device memory's part."""
@@ -267,7 +267,7 @@ class VLLMServer:
         self.stop()
 
 
-def wait_device_memory(before: dict[str, Any], limit_s: float) -> dict[str, Any]:
+def wait_device_memory(before: Fields, limit_s: float) -> Fields:
     """Wait until the GPUs' used memory is back within 1 GiB of `before` (nothing to wait for
     without a GPU). Only the memory: the server's processes are checked by session. `before` and
     the answer are lifecycle.device_memory's free-form records."""

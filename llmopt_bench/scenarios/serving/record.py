@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import StrictModel
 from llmopt_bench.core.workload import Sampling
 from llmopt_bench.load.capacity import SearchParams
@@ -62,10 +63,10 @@ class LoadRow(PointRow):
     burstiness: float | None = None
     slo_ok: bool | None = None
     slo_reason: str | None = None
-    client: dict[str, Any] | None = None  # the client's own punctuality (engines/client_health.ClientHealth)
+    client: Fields | None = None  # the client's own punctuality (engines/client_health.ClientHealth)
     client_untimed: str | None = None  # why the client could not time this point (its latencies are not the server's)
     prompt_count: PromptCount | None = None  # the prompts' lengths as asked and as the server counted them
-    server_clock: dict[str, Any] | None = None  # the server's own figures beside the client's (engines/server_metrics.server_clock)
+    server_clock: Fields | None = None  # the server's own figures beside the client's (engines/server_metrics.server_clock)
 
 
 class ClientTally(StrictModel):
@@ -102,8 +103,8 @@ class PrefixCachingRecord(StrictModel):
 
 
 class ServingExtra(StrictModel):
-    target: dict[str, Any] = Field(default_factory=dict)  # the server: kind, URL, model name, command (never a key)
-    settings: dict[str, Any] = Field(default_factory=dict)  # the load as run: SLO, arrival process, seeds, lengths
+    target: Fields = Field(default_factory=dict)  # the server: kind, URL, model name, command (never a key)
+    settings: Fields = Field(default_factory=dict)  # the load as run: SLO, arrival process, seeds, lengths
     curve: list[LoadRow] = Field(default_factory=list)
     capacity: Capacity | None = None  # the search: trials in order, verdicts, the interval, the knee, the hold
     main_point: str | None = None  # which row's requests are the stage's samples
@@ -112,6 +113,6 @@ class ServingExtra(StrictModel):
     error_examples: list[str] = Field(default_factory=list)
     tally: ClientTally = Field(default_factory=ClientTally)
     prefix_caching: PrefixCachingRecord | None = None  # the prefix-caching stage: both arms (the rest is the "on" arm's)
-    server: dict[str, Any] = Field(default_factory=dict)  # how it stopped: exit, processes left, memory freed
+    server: Fields = Field(default_factory=dict)  # how it stopped: exit, processes left, memory freed
     owns_device: bool = True  # False: a server llmopt did not start; no GPU or engine figures are its
 

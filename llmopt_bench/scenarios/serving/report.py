@@ -12,6 +12,7 @@ from typing import Any
 from llmopt_bench.analysis.claims import claim_verdict, holds
 from llmopt_bench.analysis.selectors import reference
 from llmopt_bench.core.fmt import ms, num, pct, times
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import Block, Claim
 from llmopt_bench.core.workload import Sampling
 from llmopt_bench.load.search import Capacity
@@ -148,7 +149,7 @@ def _punctuality(rows: list[LoadRow]) -> str:
                                                         f"judged): {', '.join(untimed)}." if untimed else ""))
 
 
-def _sampling(s: dict[str, Any] | None) -> str:
+def _sampling(s: Fields | None) -> str:
     """The requests' sampling as stated (runs from before it was recorded: greedy, temperature 0, as sent then)."""
     if not s:
         return "greedy (temperature 0; the run predates the sampling record)"
@@ -182,7 +183,7 @@ def prompt_count_blocks(rows: list[LoadRow]) -> list[Block]:
                         for r in off if r.prompt_count])]
 
 
-def _fig(c: dict[str, Any], key: str, stat: str = "mean_s") -> Any:
+def _fig(c: Fields, key: str, stat: str = "mean_s") -> Any:
     return ms((c.get(key) or {}).get(stat))
 
 

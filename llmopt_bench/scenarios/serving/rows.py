@@ -60,7 +60,7 @@ def sent_by(point: LoadPoint, requests_per_point: int) -> int:
     return min(n, MAX_PREPARED)
 
 
-def main_key(samples: dict[str, Any], capacity: Capacity | None, p: ServingParams, untimed: Collection[str] = ()) -> str | None:
+def main_key(samples: Collection[str], capacity: Capacity | None, p: ServingParams, untimed: Collection[str] = ()) -> str | None:
     """The headline point: the hold at the capacity, else the search's trial there, else the
     sweep point at main_concurrency (default: the largest). A point the client could not time
     (`untimed`: its latencies are the client's) is passed over for the largest sweep point it

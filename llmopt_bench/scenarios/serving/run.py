@@ -31,6 +31,7 @@ from typing import Any
 from llmopt_bench.analysis.slo import Verdict, client_late
 from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.errors import LlmoptError, UsageError
+from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import RequestSample, SLOPoint, StageFacts
 from llmopt_bench.core.slo import SLO
 from llmopt_bench.core.workload import WorkloadConfig
@@ -77,7 +78,7 @@ class ServingRun:
     (the length is forced and the tokens counted exactly: token ids in the stream); else any
     answer counts, and the client's tally keeps the short ones."""
 
-    def __init__(self, engine: LoadEngine, target: dict[str, Any], params: ServingParams, load: PlanLoad,
+    def __init__(self, engine: LoadEngine, target: Fields, params: ServingParams, load: PlanLoad,
                  throughput: PlanLoad | None, ctx: StageContext, run_seed: int = 0, expected_tokens: bool = True):
         if params.arrival == "poisson" and params.burstiness != 1.0:
             raise UsageError(f"arrival poisson has burstiness 1 (got {params.burstiness:g})",
@@ -224,7 +225,7 @@ class ServingRun:
         facts = facts_of(self.rows, capacity, self.slo_points, self.slo, self.p.max_failure_rate, main)
         return self.samples.get(main, []) if main else [], extra, facts
 
-    def settings(self) -> dict[str, Any]:
+    def settings(self) -> Fields:
         lengths = self.load.prompt_lengths()
         return {"slo": str(self.slo), "max_failure_rate": self.p.max_failure_rate, "arrival": self.p.arrival,
                 "burstiness": self.p.burstiness if self.p.arrival == "gamma" else 1.0, "seed": self.seed,
