@@ -211,6 +211,10 @@ def test_the_report_and_the_progress_lines(tuned):
 
 
 def test_compare_shows_both_runs_held_capacities(tuned):
+    """Two tune runs side by side: their held capacities; and the gate's verdict on their stages,
+    one repeat a side (a hold), which no interval can settle: inconclusive, exit 9 (issue 33),
+    never a pass that says nothing."""
     r = run_cli("compare", str(tuned["out"]), str(tuned["out"]), "--no-history", env=tuned["env"])
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 9, r.stderr
+    assert "inconclusive" in r.stderr and "one repeat a side" in r.stderr
     assert "llmopt tune's held capacities" in r.stdout and "- defaults:" in r.stdout
