@@ -75,7 +75,6 @@ from llmopt_bench.scenarios.serving.record import ServingParams
 from llmopt_bench.scenarios.serving.run import ServingRun
 from llmopt_bench.workloads.text import PromptTexts
 
-
 VLLM_RUNS = ("capacity", "batch1", "inf")  # vLLM's client runs, by kind
 
 
@@ -170,8 +169,13 @@ def start_server(args: argparse.Namespace, model, budget: Budget) -> VLLMServer:
 
 def vllm_estimate(args: argparse.Namespace) -> float:
     """Seconds vLLM's client phases (--vllm-runs) take after llmopt's."""
-    each = {"capacity": args.bench_s * 1.5 + 30 + args.bench_s * 2 + 30, "batch1": args.batch1_prompts * 2.0 + 30, "inf": 90.0}
-    return sum(each[r] for r in args.vllm_runs)
+    return sum(seconds for kind, seconds in run_estimates(args) if kind in args.vllm_runs)
+
+
+def run_estimates(args: argparse.Namespace) -> list[tuple[str, float]]:
+    """Each of vLLM's client runs, in order (at C, above C, concurrency 1, all at once): its kind and seconds."""
+    return [("capacity", args.bench_s * 1.5 + 30), ("capacity", args.bench_s * 2 + 30),
+            ("batch1", args.batch1_prompts * 2.0 + 30), ("inf", 90.0)]
 
 
 def run_llmopt(args: argparse.Namespace, server: VLLMServer, requests: list[Request], budget: Budget, tok) -> dict:
@@ -256,11 +260,11 @@ def vllm_phases(args: argparse.Namespace, server: VLLMServer, tokenizer: str, ca
     names); each written as it ends."""
     slo = parse_slo(args.slo)
     above = cap * args.above
-    runs = [("capacity", f"at-capacity-{cap:.4g}rps", cap, None, math.ceil(cap * args.bench_s), args.bench_s * 1.5 + 30),
-            ("capacity", f"above-capacity-{above:.4g}rps", above, None, math.ceil(above * args.bench_s), args.bench_s * 2 + 30),
-            ("batch1", "concurrency-1", None, 1, args.batch1_prompts, args.batch1_prompts * 2.0 + 30),
-            ("inf", "rate-inf", None, None, args.saturation_requests, 90.0)]
-    for kind, label, rate, conc, n, estimate in runs:
+    runs = [(f"at-capacity-{cap:.4g}rps", cap, None, math.ceil(cap * args.bench_s)),
+            (f"above-capacity-{above:.4g}rps", above, None, math.ceil(above * args.bench_s)),
+            ("concurrency-1", None, 1, args.batch1_prompts),
+            ("rate-inf", None, None, args.saturation_requests)]
+    for (label, rate, conc, n), (kind, estimate) in zip(runs, run_estimates(args), strict=True):
         if kind not in args.vllm_runs:
             continue
         if not budget.fits(f"vllm bench serve {label} ({n} prompts)", estimate):

@@ -50,12 +50,10 @@ def narrow(search: Search, measure: Measure, budget: LoadBudget, hold_s: float =
     """Trials until the search is done or the budget refuses the next one (the time of a hold of
     hold_s kept back). A search with trials already (an earlier, coarser call's: tune's rungs)
     goes on from them."""
-    first = not search.trials
     while (rate := search.next_rate()) is not None:
         reserve = budget.estimate(rate, hold_s) if hold_s > 0 else 0.0
-        if not first and not budget.allows_trial(rate, reserve):
+        if search.trials and not budget.allows_trial(rate, reserve):  # a search's first trial runs whatever the budget says
             break
-        first = False
         search.add(budget.run(measure, rate, None).model_copy(update={"kind": "probe"}))
 
 
