@@ -107,6 +107,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     peer.add_sampling_options(a)
     a.add_argument("--prompt-format", choices=("text", "tokens"), default="text",
                    help="what llmopt's client sends: text of the asked length (as vLLM's client) or the token ids")
+    a.add_argument("--rejudge", action="store_true", help="judge the vLLM runs saved in --out again (a run that stopped "
+                   "before its verdicts), rewriting its summary; starts no server (give the run's --slo and --above)")
     a.add_argument("--out", type=Path, default=Path("results") / "capacity-check" / time.strftime("%Y%m%d-%H%M%S"))
     args = a.parse_args(argv)
     parse_slo(args.slo)
@@ -117,6 +119,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.vllm_runs = [r.strip() for r in args.vllm_runs.split(",") if r.strip()]
     if not args.vllm_runs or set(args.vllm_runs) - set(VLLM_RUNS):
         a.error(f"--vllm-runs takes a comma list of {', '.join(VLLM_RUNS)} (got {args.vllm_runs or 'none'})")
+    if args.rejudge and not (args.out / "summary.json").is_file():
+        a.error(f"--rejudge reads a finished run's --out: {args.out / 'summary.json'} is missing (give that run's --out)")
     return args
 
 
@@ -271,12 +275,39 @@ def vllm_phases(args: argparse.Namespace, server: VLLMServer, tokenizer: str, ca
             summary["vllm"][label] = {"skipped": f"budget: needs about {estimate:.0f} s"}
             continue
         result = run_vllm(args, server, tokenizer, label, n, rate=rate, concurrency=conc)
-        summary["vllm"][label] = {"rate_rps": rate, "max_concurrency": conc, "num_prompts": n,
-                                  **verdict(result, slo, summary["max_failure_rate"], rate, summary["warmup_s"]),
-                                  "ttft_p50_ms": result.get("median_ttft_ms"), "tpot_p50_ms": result.get("median_tpot_ms"),
-                                  "output_tok_s": result.get("output_throughput"), "server": clock_summary(result.get("server"))}
+        summary["vllm"][label] = vllm_row(result, slo, summary, rate, conc, n)
         budget.say(f"vllm bench serve {label}: {json.dumps(summary['vllm'][label])}")
         (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+
+
+def vllm_row(result: dict, slo, summary: dict, rate: float | None, conc: int | None, n: int) -> dict:
+    """What the summary keeps of one vLLM client run: its settings, the verdict, its p50s and the server's clock."""
+    return {"rate_rps": rate, "max_concurrency": conc, "num_prompts": n,
+            **verdict(result, slo, summary["max_failure_rate"], rate, summary["warmup_s"]),
+            "ttft_p50_ms": result.get("median_ttft_ms"), "tpot_p50_ms": result.get("median_tpot_ms"),
+            "output_tok_s": result.get("output_throughput"), "server": clock_summary(result.get("server"))}
+
+
+def rejudge(args: argparse.Namespace) -> dict:
+    """--rejudge: the vLLM client runs saved in --out judged again (a run that stopped before
+    its verdicts: each run's JSON is on disk as soon as it ends); no server is started. The
+    server's clock is kept where the summary already had it (it is read live, not saved)."""
+    summary = json.loads((args.out / "summary.json").read_text())
+    cap, slo = summary["llmopt"]["capacity_rps"], parse_slo(args.slo)
+    rates = {"at-capacity": cap, "above-capacity": cap * args.above}
+    for run_dir in sorted(args.out.glob("vllm-*")):
+        saved = sorted(run_dir.glob("*.json"), key=lambda p: p.stat().st_mtime)
+        if not saved:
+            continue
+        label = run_dir.name.removeprefix("vllm-")
+        result = json.loads(saved[-1].read_text())
+        result["server"] = None
+        rate = next((r for k, r in rates.items() if label.startswith(k)), None)
+        row = vllm_row(result, slo, summary, rate, 1 if label == "concurrency-1" else None, result["num_prompts"])
+        row["server"] = (summary["vllm"].get(label) or {}).get("server")
+        summary["vllm"][label] = row
+    summary["against_vllm"] = against_vllm(cap, summary["vllm"])
+    return summary
 
 
 def clock_summary(clock: dict | None) -> dict | None:
@@ -394,6 +425,12 @@ def markdown(args: argparse.Namespace, summary: dict) -> str:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.rejudge:
+        summary = rejudge(args)
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        (args.out / "summary.md").write_text(markdown(args, summary))
+        print((args.out / "summary.md").read_text())
+        return exit_code(summary)
     budget = Budget(args.budget_s)
     args.out.mkdir(parents=True, exist_ok=True)
     from transformers import AutoTokenizer
@@ -424,6 +461,11 @@ def main(argv: list[str]) -> int:
                 path.write_text(portable_text(path.read_text(errors="replace")))
     budget.say(f"done: {args.out / 'summary.md'}")
     print((args.out / "summary.md").read_text())
+    return exit_code(summary)
+
+
+def exit_code(summary: dict) -> int:
+    """0: vLLM's client held the SLO at C and missed it above C; 3: no run at C; 1: otherwise."""
     at = next((r for k, r in summary["vllm"].items() if k.startswith("at-capacity")), None)
     above = next((r for k, r in summary["vllm"].items() if k.startswith("above-capacity")), None)
     if not at or "skipped" in at:

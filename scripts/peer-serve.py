@@ -214,8 +214,8 @@ class VLLMBench:
         r = json.loads(max(out.glob("*.json"), key=lambda p: p.stat().st_mtime).read_text())
         server, _ = watch.stop(peer.bench_samples(r))
         done = [i for i, e in enumerate(r["errors"]) if not e]
-        return {"ttft_s": [r["ttfts"][i] for i in done], "e2e_s": [r["latencies"][i] for i in done],
-                "tpot_s": [(r["latencies"][i] - r["ttfts"][i]) / (r["output_lens"][i] - 1) for i in done if r["output_lens"][i] > 1],
+        return {"ttft_s": [r["ttfts"][i] for i in done], "e2e_s": [peer.latency(r, i) for i in done],
+                "tpot_s": [(peer.latency(r, i) - r["ttfts"][i]) / (r["output_lens"][i] - 1) for i in done if r["output_lens"][i] > 1],
                 "itl_s": [x for i in done for x in r["itls"][i]], "tokens": r["total_output_tokens"],
                 "duration_s": r["duration"], "failed": r["failed"], "server": server}
 

@@ -145,6 +145,14 @@ def vllm_figures(result: dict) -> dict[str, float | None]:
             "failed": result.get("failed"), "duration_s": result.get("duration")}
 
 
+def latency(result: dict, i: int) -> float:
+    """Request i's end-to-end latency in vLLM's result: its own `latencies` where the release
+    writes them (0.32), else its first token plus its inter-token gaps (0.26 keeps only those)."""
+    if "latencies" in result:
+        return float(result["latencies"][i])
+    return float(result["ttfts"][i] + sum(result["itls"][i]))
+
+
 def vllm_samples(result: dict) -> list[RequestSample]:
     """`vllm bench serve --save-result --save-detailed`'s per-request results as llmopt's
     requests, so that llmopt's own SLO code judges vLLM's client (scripts/capacity-check.py):
@@ -156,13 +164,13 @@ def vllm_samples(result: dict) -> list[RequestSample]:
     for i, start in enumerate(result["start_times"]):
         error = result["errors"][i] or None
         first = start + result["ttfts"][i]
-        gaps = result["itls"][i] if "itls" in result else [result["latencies"][i] - result["ttfts"][i]]
+        gaps = result["itls"][i] if "itls" in result else [latency(result, i) - result["ttfts"][i]]
         times = [first]
         for gap in gaps:
             times.append(times[-1] + gap)
         out.append(RequestSample(request_id=f"vllm{i:05d}", prompt_id=f"vllm{i:05d}", prompt_tokens=result["input_lens"][i],
                                  output_tokens=result["output_lens"][i], t_submit=start, t_first=first,
-                                 t_done=start + result["latencies"][i], token_times=times, ok=error is None, error=error))
+                                 t_done=start + latency(result, i), token_times=times, ok=error is None, error=error))
     return out
 
 
@@ -197,7 +205,8 @@ def bench_samples(result: dict) -> list[RequestSample]:
     clock from 0: TTFT, latency, output tokens), for the server clock's reconciliation
     (engines/server_metrics.server_clock) of vLLM's client as of llmopt's."""
     out = []
-    for i, (ttft, e2e, n) in enumerate(zip(result.get("ttfts") or [], result.get("latencies") or [], result.get("output_lens") or [])):
+    for i, (ttft, n) in enumerate(zip(result.get("ttfts") or [], result.get("output_lens") or [])):
+        e2e = latency(result, i)
         failed = bool((result.get("errors") or [""] * (i + 1))[i])
         out.append(RequestSample(request_id=f"vllm{i}", prompt_id=f"vllm{i}", prompt_tokens=(result.get("input_lens") or [0] * (i + 1))[i],
                                  output_tokens=int(n), t_submit=0.0, t_first=float(ttft or 0.0), t_done=float(e2e or 0.0),

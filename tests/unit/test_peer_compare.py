@@ -126,3 +126,20 @@ def test_a_slimmed_vllm_result_is_judged_as_the_full_one():
     a, b = (slo_verdict(slo, peer.vllm_point(r, 20.0, warmup_s=2.0), 0.01) for r in (full, slim))
     assert (a.ok, a.reason, [t.value_s for t in a.targets]) == (b.ok, b.reason, [t.value_s for t in b.targets])
     assert a.reason and "ttft_p99" in a.reason
+
+
+def test_a_result_without_latencies_as_vllm_0_26_writes_it_is_judged_as_one_with_them():
+    """vLLM 0.26's `--save-detailed` keeps TTFTs and inter-token gaps but no `latencies` (0.32
+    writes both): each request's end is its first token plus its gaps, so the verdict, the
+    samples and the server-clock pairing come out the same as with the latencies written."""
+    from llmopt_bench.core.slo import parse_slo
+    from llmopt_bench.load.record import slo_verdict
+
+    full = vllm_run(20.0, 30.0, 17.0)
+    full["latencies"] = [t + sum(g) for t, g in zip(full["ttfts"], full["itls"])]
+    old = {k: v for k, v in full.items() if k != "latencies"}
+    slo = parse_slo("ttft_p99=3s,tpot_p99=20ms")
+    a, b = (slo_verdict(slo, peer.vllm_point(r, 20.0, warmup_s=2.0), 0.01) for r in (full, old))
+    assert (a.ok, a.reason, [t.value_s for t in a.targets]) == (b.ok, b.reason, [t.value_s for t in b.targets])
+    assert [s.t_done for s in peer.vllm_samples(old)] == pytest.approx([s.t_done for s in peer.vllm_samples(full)])
+    assert [s.t_done for s in peer.bench_samples(old)] == pytest.approx([s.t_done for s in peer.bench_samples(full)])

@@ -1,0 +1,61 @@
+"""scripts/capacity-check.py --rejudge: the vLLM client runs a check saved before it stopped
+(each run's JSON is written as soon as it ends) judged again without a server, by the same
+rules as a finished check: held at C, missed above C, exit 0."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def script():
+    spec = importlib.util.spec_from_file_location("capacity_check", ROOT / "scripts" / "capacity-check.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def saved_run(rate: float, seconds: float, served_rps: float) -> dict:
+    """vLLM 0.26's --save-detailed result (no `latencies`) of a server that answers served_rps a
+    second, first come first served, 10 tokens each in 0.5 s at least."""
+    n = int(rate * seconds)
+    starts = [i / rate for i in range(n)]
+    done, free = [], 0.0
+    for t in starts:
+        free = max(free, t) + 1 / served_rps
+        done.append(max(free, t + 0.5))
+    ttfts = [d - t - 0.09 for t, d in zip(starts, done)]
+    return {"num_prompts": n, "start_times": starts, "ttfts": ttfts, "itls": [[0.01] * 9] * n, "output_lens": [10] * n,
+            "input_lens": [450] * n, "errors": [""] * n, "completed": n, "failed": 0, "duration": seconds,
+            "request_throughput": n / seconds, "p99_ttft_ms": 1e3 * sorted(ttfts)[int(0.99 * n)], "p99_tpot_ms": 10.0}
+
+
+def test_a_check_stopped_before_its_verdicts_is_judged_from_what_it_saved(tmp_path):
+    cc = script()
+    (tmp_path / "summary.json").write_text(json.dumps({"server": "vllm serve m", "command": "python scripts/capacity-check.py",
+                                                       "llmopt": {"capacity_rps": 20.0}, "vllm": {},
+                                                       "max_failure_rate": 0.01, "warmup_s": 2.0}))
+    for label, run in (("at-capacity-20rps", saved_run(20.0, 30.0, 25.0)), ("above-capacity-22rps", saved_run(22.0, 30.0, 20.5))):
+        (tmp_path / f"vllm-{label}").mkdir()
+        (tmp_path / f"vllm-{label}" / "openai-x.json").write_text(json.dumps(run))
+    code = cc.main(["--rejudge", "--slo", "ttft_p99=60s,tpot_p99=1s", "--out", str(tmp_path)])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    at, above = summary["vllm"]["at-capacity-20rps"], summary["vllm"]["above-capacity-22rps"]
+    assert (at["verdict"], at["rate_rps"], at["judged_by"]) == ("held", 20.0, "llmopt: SLO and steady state")
+    assert above["verdict"] == "missed" and above["rate_rps"] == 22.0 and above["why"].startswith("not steady")
+    assert code == 0 and "| at-capacity-20rps | 20 | 600 |" in (tmp_path / "summary.md").read_text()
+    assert summary["against_vllm"]["where"] == "above-capacity-22rps"
+
+
+def test_rejudge_without_a_saved_check_is_a_usage_error(tmp_path, capsys):
+    cc = script()
+    with pytest.raises(SystemExit) as stop:
+        cc.main(["--rejudge", "--out", str(tmp_path)])
+    assert stop.value.code == 2
+    assert "summary.json is missing (give that run's --out)" in capsys.readouterr().err
