@@ -66,3 +66,22 @@ class SimServer:
                                                  t_submit=s.arrival, t_first=r.times[0], t_done=r.times[-1],
                                                  token_times=list(r.times)), t)
         self.start_s = t + 1.0  # the next point starts on an idle server
+
+
+def vllm_client_run(rate: float, seconds: float, served_rps: float, latencies: bool = True) -> dict:
+    """`vllm bench serve --save-detailed`'s result of sending rate a second for `seconds` to a
+    server that answers served_rps a second, first come first served, each of 10 tokens in 0.5 s
+    at least; latencies=False: as vLLM 0.26 saves it (no per-request `latencies`)."""
+    n = int(rate * seconds)
+    starts = [i / rate for i in range(n)]
+    done, free = [], 0.0
+    for t in starts:
+        free = max(free, t) + 1 / served_rps
+        done.append(max(free, t + 0.5))
+    ttfts = [d - t - 0.09 for t, d in zip(starts, done)]
+    out = {"num_prompts": n, "start_times": starts, "ttfts": ttfts, "itls": [[0.01] * 9] * n, "output_lens": [10] * n,
+           "input_lens": [450] * n, "errors": [""] * n, "completed": n, "failed": 0, "duration": seconds,
+           "request_throughput": n / seconds, "p99_ttft_ms": 1e3 * sorted(ttfts)[int(0.99 * n)], "p99_tpot_ms": 10.0}
+    if latencies:
+        out["latencies"] = [d - t for t, d in zip(starts, done)]
+    return out

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from simserver import vllm_client_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,27 +22,12 @@ def script():
     return mod
 
 
-def saved_run(rate: float, seconds: float, served_rps: float) -> dict:
-    """vLLM 0.26's --save-detailed result (no `latencies`) of a server that answers served_rps a
-    second, first come first served, 10 tokens each in 0.5 s at least."""
-    n = int(rate * seconds)
-    starts = [i / rate for i in range(n)]
-    done, free = [], 0.0
-    for t in starts:
-        free = max(free, t) + 1 / served_rps
-        done.append(max(free, t + 0.5))
-    ttfts = [d - t - 0.09 for t, d in zip(starts, done)]
-    return {"num_prompts": n, "start_times": starts, "ttfts": ttfts, "itls": [[0.01] * 9] * n, "output_lens": [10] * n,
-            "input_lens": [450] * n, "errors": [""] * n, "completed": n, "failed": 0, "duration": seconds,
-            "request_throughput": n / seconds, "p99_ttft_ms": 1e3 * sorted(ttfts)[int(0.99 * n)], "p99_tpot_ms": 10.0}
-
-
 def test_a_check_stopped_before_its_verdicts_is_judged_from_what_it_saved(tmp_path):
     cc = script()
     (tmp_path / "summary.json").write_text(json.dumps({"server": "vllm serve m", "command": "python scripts/capacity-check.py",
                                                        "llmopt": {"capacity_rps": 20.0}, "vllm": {},
                                                        "max_failure_rate": 0.01, "warmup_s": 2.0}))
-    for label, run in (("at-capacity-20rps", saved_run(20.0, 30.0, 25.0)), ("above-capacity-22rps", saved_run(22.0, 30.0, 20.5))):
+    for label, run in (("at-capacity-20rps", vllm_client_run(20.0, 30.0, 25.0, latencies=False)), ("above-capacity-22rps", vllm_client_run(22.0, 30.0, 20.5, latencies=False))):
         (tmp_path / f"vllm-{label}").mkdir()
         (tmp_path / f"vllm-{label}" / "openai-x.json").write_text(json.dumps(run))
     code = cc.main(["--rejudge", "--slo", "ttft_p99=60s,tpot_p99=1s", "--out", str(tmp_path)])

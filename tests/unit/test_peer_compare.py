@@ -4,6 +4,7 @@ llmopt's side by side, the 5% verdict; and both ways of starting `vllm bench ser
 from __future__ import annotations
 
 import pytest
+from simserver import vllm_client_run as vllm_run
 
 from llmopt_bench.scenarios import peer
 
@@ -84,20 +85,6 @@ def test_vllm_s_per_request_results_are_judged_by_llmopt_s_slo_code():
     got = {t.target: t.value_s for t in v.targets}
     assert got["ttft_p99"] == pytest.approx(p99) and v.failed == 1 and v.requests == n
     assert v.ok == (p99 <= 0.25 and got["tpot_p99"] <= 0.02)
-
-
-def vllm_run(rate: float, seconds: float, served_rps: float) -> dict:
-    """vLLM's client sending rate a second for `seconds` to a server that answers served_rps a
-    second, first come first served, each in 0.5 s at least (10 tokens)."""
-    n = int(rate * seconds)
-    starts = [i / rate for i in range(n)]
-    done, free = [], 0.0
-    for t in starts:
-        free = max(free, t) + 1 / served_rps
-        done.append(max(free, t + 0.5))
-    return {"start_times": starts, "ttfts": [d - t - 0.09 for t, d in zip(starts, done)], "itls": [[0.01] * 9] * n,
-            "latencies": [d - t for t, d in zip(starts, done)], "output_lens": [10] * n, "input_lens": [450] * n,
-            "errors": [""] * n}
 
 
 def test_vllm_s_run_at_a_rate_is_judged_steady_or_not_by_llmopt_s_rules():
