@@ -27,7 +27,9 @@ def test_a_check_stopped_before_its_verdicts_is_judged_from_what_it_saved(tmp_pa
     (tmp_path / "summary.json").write_text(json.dumps({"server": "vllm serve m", "command": "python scripts/capacity-check.py",
                                                        "llmopt": {"capacity_rps": 20.0}, "vllm": {},
                                                        "max_failure_rate": 0.01, "warmup_s": 2.0}))
-    for label, run in (("at-capacity-20rps", vllm_client_run(20.0, 30.0, 25.0, latencies=False)), ("above-capacity-22rps", vllm_client_run(22.0, 30.0, 20.5, latencies=False))):
+    runs = {"at-capacity-20rps": vllm_client_run(20.0, 30.0, 25.0, latencies=False),
+            "above-capacity-22rps": vllm_client_run(22.0, 30.0, 20.5, latencies=False)}
+    for label, run in runs.items():
         (tmp_path / f"vllm-{label}").mkdir()
         (tmp_path / f"vllm-{label}" / "openai-x.json").write_text(json.dumps(run))
     code = cc.main(["--rejudge", "--slo", "ttft_p99=60s,tpot_p99=1s", "--out", str(tmp_path)])
