@@ -8,7 +8,9 @@
 #   bash scripts/device-turn.sh plan      (what `start` runs) the steps below, one after the other
 #
 # The steps, highest priority first; each runs only if its estimate fits the budget left, else
-# it is logged as skipped with the minutes it needs (plan.log, steps.tsv):
+# it is logged as skipped with the minutes it needs (plan.log, steps.tsv). Run on an H100 on
+# 2026-12-06 (results/h100-20261206/NOTES.md): steps 1-3 measured; 2's runs at 1.1 C and all at
+# once, and 4-5, still to run.
 #   1. oneclock   scripts/peer-serve.py: llmopt's text prompts beside `vllm bench serve` on one server,
 #                 2 rounds of alternating blocks, the server's /metrics clock around each (issue 38)
 #   2. loose      scripts/capacity-check.py, the default SLO (does not bind before saturation): C
