@@ -5,12 +5,17 @@ read, a stage's run, and the presentation records (claims, blocks). Pydantic, ex
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, with_config
+from typing_extensions import TypedDict  # pydantic validates a typing.TypedDict only from Python 3.12
 
-from llmopt_bench.core.freeform import Fields
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.slo import SLO
+
+if TYPE_CHECKING:  # the engines' own records, named here for the contract only
+    from llmopt_bench.engines.hf import OverheadRecord
+    from llmopt_bench.engines.vllm.kv import KVCacheRecord
 
 
 class StrictModel(BaseModel):
@@ -80,7 +85,7 @@ class LoadInfo(StrictModel):
     phases_s: dict[str, float] = Field(default_factory=dict)
     # free-form: what each engine says of itself (kernel, backend, dtype, its own settings) differs
     # by engine and version; the readers ask for the keys they know (analysis/roofline.py)
-    implementation: Fields = Field(default_factory=dict)
+    implementation: Json = Field(default_factory=dict)
     versions: dict[str, str] = Field(default_factory=dict)
     weights_bytes: int | None = None
     kv_cache_bytes: int | None = None
@@ -111,6 +116,21 @@ class SLOPoint(StrictModel):
     hold: bool = False  # the hold of a capacity (load/hold.py), not a search's short trial
 
 
+@with_config(ConfigDict(extra="allow"))  # a key a later version adds is kept as it came
+class TraceRecord(TypedDict, total=False):
+    """The trace a replayed plan read (workloads/traces.py)."""
+
+    file: str
+    sha256: str  # of the file's text, first 16 hex digits
+    format: str  # its columns: llmopt, mooncake or azure
+    rows: int  # the file's
+    used: int  # the rows inside the window
+    speedup: float
+    window_s: list[float | None]  # [start, end] in trace seconds (end None: to the last row)
+    span_s: float
+    rate_rps: float | None
+
+
 class PlanRecord(StrictModel):
     """What a stage's workload plan was (workloads/plan.py): its canonical spec and seed, a digest
     of its first conversations (two runs with one digest sent the same requests) and their shape;
@@ -129,7 +149,7 @@ class PlanRecord(StrictModel):
     output_tokens: dict[str, float] = Field(default_factory=dict)
     think_s: dict[str, float] | None = None
     shareable_fraction: float | None = None  # prompt tokens a prefix cache could serve (16-token blocks)
-    trace: Fields | None = None  # file, sha256, rows, used, speedup, window, span, rate
+    trace: TraceRecord | None = None
     notes: list[str] = Field(default_factory=list)
 
 
@@ -193,11 +213,21 @@ class StageFacts(StrictModel):
     workload: PlanRecord | None = None  # the workload plan the stage sent, where it ran one (not the prompt file's)
 
 
+class EngineRecords(TypedDict, total=False):
+    """What an engine of the fixed workload says of itself after the repeats, untimed
+    (scenarios/fixed.FixedEngine.records): the parts FixedExtra names, and those that join the
+    stage's extra beside them as they are."""
+
+    instrumentation: OverheadRecord  # the per-token clock's own cost (transformers engines, when asked)
+    kv_cache: KVCacheRecord  # vLLM engines: the preallocated KV cache
+    compile: Json  # the compiled engine's CompileRecord, dumped (engines/hf_compiled.py)
+
+
 class StageRun(StrictModel):
     """What run() returns: raw samples, the quality record, and the stage's own typed extra."""
 
     samples: list[RequestSample] = Field(default_factory=list)
-    extra: Fields = Field(default_factory=dict)  # free-form here: the stage's own Extra model validates it
+    extra: Json = Field(default_factory=dict)  # free-form here: the stage's own Extra model validates it
     quality: QualityRecord | None = None
     facts: StageFacts = Field(default_factory=StageFacts)
     notes: list[str] = Field(default_factory=list)
