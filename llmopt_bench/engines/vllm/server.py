@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Required, TypedDict
 
 from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.records import LoadInfo
 from llmopt_bench.engines import lifecycle
 from llmopt_bench.engines.vllm import offline as V
@@ -230,13 +231,15 @@ class VLLMServer:
         return LoadInfo(phases_s={"server_ready_s": round(ready_s, 3), **start.phases_s}, implementation=impl,
                         weights_bytes=start.model_memory_bytes, notes=notes)
 
-    def stop(self, grace_s: float = 30.0, freed_limit_s: float = 60.0) -> ServerStop:
+    def stop(self, grace_s: float = 30.0, freed_limit_s: float = 60.0) -> Json:
         """SIGTERM the server's session, SIGKILL what is left after grace_s, then wait until no
         process of it lives and the device memory is back. Idempotent. Returns the stop's record,
-        kept whole in the stage's extra (`server`), with the device memory's part."""
+        kept whole in the stage's extra (`server`), with the device memory's part: a ServerStop,
+        handed out as a plain dict while its readers (stages/vllm_serve.stop, ServingExtra.server)
+        still take one."""
         proc, self.proc = self.proc, None
         if proc is None:
-            return {"stopped": False}
+            return {"stopped": False}  # a ServerStop with its one required key
         sid = proc.pid
         t0 = time.perf_counter()
         rss = sum(peak_rss(pid) for pid in self.members(sid))  # before they go: each process's own peak
@@ -255,9 +258,10 @@ class VLLMServer:
             time.sleep(0.1)
         left = self.members(sid)
         memory = wait_device_memory(self._memory_before, freed_limit_s)
-        return {"stopped": True, "exit_code": proc.returncode, "killed": killed, "processes_left": len(left),
-                "host_peak_rss_bytes": rss or None,
-                "left": [cmdline(p)[:120] for p in left], "stop_s": round(time.perf_counter() - t0, 3), **memory}
+        record: ServerStop = {"stopped": True, "exit_code": proc.returncode, "killed": killed, "processes_left": len(left),
+                              "host_peak_rss_bytes": rss or None,
+                              "left": [cmdline(p)[:120] for p in left], "stop_s": round(time.perf_counter() - t0, 3), **memory}
+        return dict(record)
 
     def __enter__(self) -> VLLMServer:
         self.start()
