@@ -5,17 +5,13 @@ read, a stage's run, and the presentation records (claims, blocks). Pydantic, ex
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, with_config
 from typing_extensions import TypedDict  # pydantic validates a typing.TypedDict only from Python 3.12
 
 from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.slo import SLO
-
-if TYPE_CHECKING:  # the engines' own records, named here for the contract only
-    from llmopt_bench.engines.hf import OverheadRecord
-    from llmopt_bench.engines.vllm.kv import KVCacheRecord
 
 
 class StrictModel(BaseModel):
@@ -211,16 +207,6 @@ class StageFacts(StrictModel):
     devices: int | None = None  # GPUs the served engine used (tensor x pipeline parallel); None: not known
     serve_command: str | None = None  # the exact `vllm serve ...` line that reproduces the server
     workload: PlanRecord | None = None  # the workload plan the stage sent, where it ran one (not the prompt file's)
-
-
-class EngineRecords(TypedDict, total=False):
-    """What an engine of the fixed workload says of itself after the repeats, untimed
-    (scenarios/fixed.FixedEngine.records): the parts FixedExtra names, and those that join the
-    stage's extra beside them as they are."""
-
-    instrumentation: OverheadRecord  # the per-token clock's own cost (transformers engines, when asked)
-    kv_cache: KVCacheRecord  # vLLM engines: the preallocated KV cache
-    compile: Json  # the compiled engine's CompileRecord, dumped (engines/hf_compiled.py)
 
 
 class StageRun(StrictModel):

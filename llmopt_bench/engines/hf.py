@@ -6,13 +6,16 @@ them to the host, which waits for the step's kernels, so each timestamp is a syn
 from __future__ import annotations
 
 import statistics
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypedDict
 
 from llmopt_bench.analysis.overhead import OverheadEstimate
-from llmopt_bench.core.freeform import Kwargs
+from llmopt_bench.core.freeform import Json, Kwargs
 from llmopt_bench.core.records import LoadInfo, RequestSample
 from llmopt_bench.core.workload import Request
 from llmopt_bench.measure.timing import make_sync, now
+
+if TYPE_CHECKING:  # the type only: vLLM's parts import this module (engines/vllm/params.py)
+    from llmopt_bench.engines.vllm.kv import KVCacheRecord
 
 
 def best_cpu_dtype() -> str:
@@ -167,6 +170,16 @@ class OverheadRecord(OverheadEstimate):
 
     tokens: int  # the generations' length
     per_token: str
+
+
+class EngineRecords(TypedDict, total=False):
+    """What an engine of the fixed workload says of itself after the repeats, untimed
+    (scenarios/fixed.FixedEngine.records): the parts FixedExtra names, and those that join the
+    stage's extra beside them as they are."""
+
+    instrumentation: OverheadRecord  # the per-token clock's own cost (transformers engines, when asked)
+    kv_cache: KVCacheRecord  # vLLM engines: the preallocated KV cache
+    compile: Json  # the compiled engine's CompileRecord, dumped (engines/hf_compiled.py)
 
 
 def instrumentation_overhead(model: Any, pad_id: int, request: Request, max_new_tokens: int, device: str,

@@ -30,8 +30,9 @@ from pydantic import Field
 from llmopt_bench.analysis import quality
 from llmopt_bench.core.contract import StageContext, StageSkipped
 from llmopt_bench.core.errors import describe
-from llmopt_bench.core.records import EngineRecords, LoadInfo, StrictModel
+from llmopt_bench.core.records import LoadInfo, StrictModel
 from llmopt_bench.core.workload import Request, WorkloadConfig
+from llmopt_bench.engines.hf import EngineRecords
 from llmopt_bench.engines.transformers import HFEngineParams, TransformersEngine
 from llmopt_bench.measure.timing import now
 

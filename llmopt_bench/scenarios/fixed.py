@@ -22,8 +22,9 @@ from llmopt_bench.analysis.overhead import overhead_sentence
 from llmopt_bench.analysis.stopping import StoppingRecord, StoppingRule, headline_metric, stopping_sentence
 from llmopt_bench.core.contract import Stage, StageContext
 from llmopt_bench.core.errors import describe
-from llmopt_bench.core.records import Block, EngineRecords, LoadInfo, QualityRecord, RequestSample, StageFacts, StageRun, StrictModel
+from llmopt_bench.core.records import Block, LoadInfo, QualityRecord, RequestSample, StageFacts, StageRun, StrictModel
 from llmopt_bench.core.workload import Request, WorkloadConfig
+from llmopt_bench.engines.hf import EngineRecords
 from llmopt_bench.engines.vllm.kv import KVCacheRecord, kv_line
 from llmopt_bench.measure import gpu_busy, pinning
 from llmopt_bench.measure.conditions import (

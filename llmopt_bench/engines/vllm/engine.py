@@ -10,9 +10,10 @@ from typing import Any, Callable, Sequence
 
 from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.dispatch import Dispatcher
-from llmopt_bench.core.records import CacheRecord, EngineRecords, LoadInfo, QualityRecord, RequestSample
+from llmopt_bench.core.records import CacheRecord, LoadInfo, QualityRecord, RequestSample
 from llmopt_bench.core.workload import Request, WorkloadConfig
 from llmopt_bench.engines.engine_pool import EngineBaseline, EnginePool, Pooled, pool_for, shared_info
+from llmopt_bench.engines.hf import EngineRecords
 from llmopt_bench.engines.vllm import offline as V
 from llmopt_bench.engines.vllm.kv import KVCacheRecord, kv_cache_record
 from llmopt_bench.engines.vllm.params import VLLMEngineParams, engine_config, prepare_engine_env, share_key, weights_estimate
