@@ -230,9 +230,9 @@ def _extra(field: str) -> Json:
     return extra if isinstance(extra, dict) else {}
 
 
-# workload options by field: WorkloadConfig's own fields (option_fields()) -> a value, which fields
-# being the user's (the options given) or a field's metadata's (the CPU defaults); each value is
-# checked against its field by check_option, the whole by WorkloadConfig
+# workload options: some of WorkloadConfig's fields (option_fields()) -> a value. Which fields is
+# the user's choice (the options given) or the fields' metadata's (the CPU defaults), so no fixed
+# keys; check_option checks each value against its field, WorkloadConfig the whole
 WorkloadOptions = dict[str, object]
 
 
