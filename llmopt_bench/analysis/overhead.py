@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypedDict
 
-from llmopt_bench.core.freeform import Fields
+from llmopt_bench.core.freeform import Json
 
 BUDGET_PCT = 2.0
 CI_LEVEL = 0.95
@@ -71,8 +72,31 @@ def overhead_verdict(ci: tuple[float, float] | None, budget_pct: float = BUDGET_
     return "below_noise" if lo <= 0 else "inconclusive"
 
 
+class OverheadEstimate(TypedDict):
+    """extra["instrumentation"]'s figures: the pairs' ratios, their interval and verdict, and the
+    clock's own work timed apart (the bound)."""
+
+    per_token_s_without: float
+    per_token_s_with: float
+    overhead_pct: float  # the median ratio, with vs without, in %
+    overhead_pct_range: list[float]  # [min, max] of the ratios
+    pairs: int
+    ratios_pct: list[float]
+    ci_pct: list[float] | None  # [lo, hi]; None: too few pairs for an interval
+    ci_level: float | None
+    ci_method: str
+    budget_pct: float
+    verdict: str  # overhead_verdict's
+    clock_call_s: float
+    clock_call_s_max: float
+    clock_call_rounds: int
+    clock_call_pct: float
+    bound_pct: float
+    clock_call_method: str
+
+
 def overhead_estimate(without_s: Sequence[float], with_s: Sequence[float], step_costs_s: Sequence[float],
-              budget_pct: float = BUDGET_PCT) -> Fields:
+              budget_pct: float = BUDGET_PCT) -> OverheadEstimate:
     """extra["instrumentation"] from the pairs' per-token times (without[i] and with[i] are one
     pair) and the streamer's per-step work timed apart (one figure per round)."""
     if not without_s or len(without_s) != len(with_s):
@@ -98,7 +122,7 @@ def _p(v: float) -> str:
     return f"{v:+.1f}%" if abs(v) >= 0.1 else f"{v:+.2g}%"
 
 
-def _bound_clause(inst: Fields, budget: float) -> str:
+def _bound_clause(inst: Json, budget: float) -> str:
     """The clock's own work, timed apart, as the bound; "" when it was not measured."""
     call, per_token = inst.get("clock_call_s"), inst.get("per_token_s_without")
     if call is None or not per_token:
@@ -112,9 +136,10 @@ def _bound_clause(inst: Fields, budget: float) -> str:
             f"of a {per_token * 1e3:.3g} ms token), {side} the {budget:g}% budget: the bound on what the clock adds")
 
 
-def overhead_sentence(inst: Fields) -> str:
+def overhead_sentence(inst: Json) -> str:
     """One sentence for the report, for runs of every age: the verdict, never a noisy median
-    presented as a measured overhead."""
+    presented as a measured overhead. inst: the record as dumped, free-form here as runs of every
+    age wrote it (the oldest have one measure and none of the interval's keys)."""
     budget = inst.get("budget_pct", BUDGET_PCT)
     pairs, rng = inst.get("pairs"), inst.get("overhead_pct_range")
     bound = _bound_clause(inst, budget)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
-from llmopt_bench.core.freeform import Fields, Json
+from llmopt_bench.core.freeform import Json
 
 QUALITY_PROMPTS = 4  # requests used for agreement
 PROMPT_CAP = 256  # prompt tokens kept per agreement request (bounds the cost on 7B models)
@@ -21,7 +21,50 @@ CONTINUATION = 32  # reference tokens per request
 PPL_WINDOW, PPL_STRIDE, PPL_MAX_TOKENS = 512, 256, 2048
 CORPORA = {"en": "corpus_en.txt", "zh": "corpus_zh.txt"}
 REFERENCE_FILE = "quality_reference.pt"
-NOT_MEANINGFUL = {"perplexity": None, "perplexity_note": "random weights: perplexity is not meaningful; agreement with FP16 only"}
+
+
+class Perplexity(TypedDict):
+    perplexity: float
+    tokens: int  # scored
+
+
+class CorpusPerplexity(TypedDict):
+    perplexity_by_lang: dict[str, float]
+    perplexity: float  # over both corpora: token-weighted geometric mean
+    perplexity_tokens: int
+
+
+class NoPerplexity(TypedDict):
+    perplexity: None
+    perplexity_note: str
+
+
+class Agreement(TypedDict, total=False):
+    """Agreement with the reference (teacher-forced), or only the note that says why there is none."""
+
+    token_match_rate: float | None
+    first_divergence_mean: float | None
+    kl_mean: float | None
+    kl_note: str  # why KL is missing (vLLM: top-k log-probs only)
+    nll_delta_mean: float | None
+    agreement_positions: int
+    agreement_method: str
+    agreement_note: str
+
+
+class QualityFields(Agreement, total=False):
+    """A stage's quality record as the engines build it: core.records.QualityRecord's fields."""
+
+    reference: str | None
+    engine: str
+    perplexity_meaningful: bool
+    perplexity: float | None
+    perplexity_note: str
+    perplexity_by_lang: dict[str, float]
+    perplexity_tokens: int
+
+
+NOT_MEANINGFUL: NoPerplexity = {"perplexity": None, "perplexity_note": "random weights: perplexity is not meaningful; agreement with FP16 only"}
 NOT_SAME_WEIGHTS = ("load_format=dummy: the weights are random and not the FP16 reference's, so agreement "
                     "would compare two unrelated models: not measured (speed and memory only)")
 NO_REFERENCE = ("no quality reference in this run: run the stage that provides it (the FP16 baseline) first, "
@@ -50,7 +93,7 @@ def load_reference(path: Path) -> Json:
                                f"data ({why.split('. ')[0][:160]}); agreement not measured") from e
 
 
-def reference_agreement(path: Path, measure: Callable[[Json], Fields]) -> Fields:
+def reference_agreement(path: Path, measure: Callable[[Json], Agreement]) -> Agreement:
     """Agreement with the reference at path, or the note that says why there is none."""
     if not path.is_file():
         return {"agreement_note": NO_REFERENCE}
@@ -88,7 +131,7 @@ def sliding_windows(n: int, window: int = PPL_WINDOW, stride: int = PPL_STRIDE) 
 
 
 def perplexity_of(ids: list[int], chunk_nlls: Callable[[list[list[int]]], list[list[float]]],
-                  window: int = PPL_WINDOW, stride: int = PPL_STRIDE) -> dict[str, float]:
+                  window: int = PPL_WINDOW, stride: int = PPL_STRIDE) -> Perplexity:
     """Sliding-window perplexity of ids. chunk_nlls maps chunks to the NLL of each chunk's
     tokens after the first (the engine's part: transformers logits, vLLM prompt log-probs)."""
     wins = sliding_windows(len(ids), window, stride)
@@ -112,11 +155,11 @@ def hf_chunk_nlls(model: Any) -> Callable[[list[list[int]]], list[list[float]]]:
 
 
 def perplexity(model: Any, encode: Callable[[str], list[int]], text: str, window: int = PPL_WINDOW,
-               stride: int = PPL_STRIDE, max_tokens: int = PPL_MAX_TOKENS) -> dict[str, float]:
+               stride: int = PPL_STRIDE, max_tokens: int = PPL_MAX_TOKENS) -> Perplexity:
     return perplexity_of(encode(text)[:max_tokens], hf_chunk_nlls(model), window, stride)
 
 
-def corpus_perplexity(ppl_of_text: Callable[[str], dict[str, float]]) -> Fields:
+def corpus_perplexity(ppl_of_text: Callable[[str], Perplexity]) -> CorpusPerplexity:
     """Perplexity per shipped corpus and over both (token-weighted geometric mean)."""
     per_lang = {lang: ppl_of_text(corpus(lang)) for lang in CORPORA}
     total_tokens = sum(v["tokens"] for v in per_lang.values())
@@ -139,7 +182,7 @@ def make_reference(model: Any, requests: list[Any], greedy: Callable[[list[int],
     return {"items": items}
 
 
-def agreement(model: Any, reference: Json) -> Fields:
+def agreement(model: Any, reference: Json) -> Agreement:
     import torch
 
     matches = positions = 0
@@ -167,17 +210,17 @@ def agreement(model: Any, reference: Json) -> Fields:
 
 def evaluate(model: Any, encode: Callable[[str], list[int]], requests: list[Any], reference_file: Path | None,
              reference_name: str | None, real_weights: bool, is_reference: bool,
-             greedy: Callable[[list[int], int], list[int]], progress: Callable[..., None]) -> Fields:
+             greedy: Callable[[list[int], int], list[int]], progress: Callable[..., None]) -> QualityFields:
     """The quality record of a transformers stage (stage.QualityRecord's fields). The stage that
     provides the run's reference writes it to reference_file; the others read it from there."""
     import torch
 
-    out: Fields = {"reference": reference_name, "perplexity_meaningful": real_weights}
+    out: QualityFields = {"reference": reference_name, "perplexity_meaningful": real_weights}
     if real_weights:
         progress("quality: perplexity on the shipped corpus", None, None)
-        out.update(corpus_perplexity(lambda text: perplexity(model, encode, text)))
+        out = {**out, **corpus_perplexity(lambda text: perplexity(model, encode, text))}
     else:
-        out.update(NOT_MEANINGFUL)
+        out = {**out, **NOT_MEANINGFUL}
     progress("quality: agreement with the FP16 reference", None, None)
     if is_reference and reference_file is not None:
         ref = make_reference(model, requests, greedy)

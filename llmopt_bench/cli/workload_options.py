@@ -19,8 +19,7 @@ from typing import Any, Optional, Union, get_args, get_origin
 
 import typer
 
-from llmopt_bench.core.freeform import Fields
-from llmopt_bench.core.workload import WorkloadConfig, option_fields, option_help, option_name
+from llmopt_bench.core.workload import WorkloadConfig, WorkloadOptions, option_fields, option_help, option_name
 
 KINDS_HELP_TAIL = " The kinds and their keys: below, and docs/workloads.md."
 
@@ -55,12 +54,13 @@ def with_workload_options(after: str) -> Callable[[Callable], Callable]:
     return add
 
 
-def given_workload(values: Fields) -> Fields:
+def given_workload(values: WorkloadOptions) -> WorkloadOptions:
     """The workload options given on the command line, each checked: field -> value; the spec
-    canonical, its files (a trace, a histogram) read, so a bad one fails before anything starts."""
+    canonical, its files (a trace, a histogram) read, so a bad one fails before anything starts.
+    values: the command's, one per option (None: not given)."""
     given = {f: values[f] for f in option_fields() if values.get(f) is not None}
-    if "spec" in given:
-        given["spec"] = checked_spec(given["spec"])
+    if "spec" in given:  # --workload: a str, as typer parsed it
+        given["spec"] = checked_spec(str(given["spec"]))
     return given
 
 

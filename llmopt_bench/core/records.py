@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, with_config
+from typing_extensions import TypedDict  # pydantic validates a typing.TypedDict only from Python 3.12
 
-from llmopt_bench.core.freeform import Fields
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.slo import SLO
 
 
@@ -80,7 +81,7 @@ class LoadInfo(StrictModel):
     phases_s: dict[str, float] = Field(default_factory=dict)
     # free-form: what each engine says of itself (kernel, backend, dtype, its own settings) differs
     # by engine and version; the readers ask for the keys they know (analysis/roofline.py)
-    implementation: Fields = Field(default_factory=dict)
+    implementation: Json = Field(default_factory=dict)
     versions: dict[str, str] = Field(default_factory=dict)
     weights_bytes: int | None = None
     kv_cache_bytes: int | None = None
@@ -111,6 +112,21 @@ class SLOPoint(StrictModel):
     hold: bool = False  # the hold of a capacity (load/hold.py), not a search's short trial
 
 
+@with_config(ConfigDict(extra="allow"))  # a key a later version adds is kept as it came
+class TraceRecord(TypedDict, total=False):
+    """The trace a replayed plan read (workloads/traces.py)."""
+
+    file: str
+    sha256: str  # of the file's text, first 16 hex digits
+    format: str  # its columns: llmopt, mooncake or azure
+    rows: int  # the file's
+    used: int  # the rows inside the window
+    speedup: float
+    window_s: list[float | None]  # [start, end] in trace seconds (end None: to the last row)
+    span_s: float
+    rate_rps: float | None
+
+
 class PlanRecord(StrictModel):
     """What a stage's workload plan was (workloads/plan.py): its canonical spec and seed, a digest
     of its first conversations (two runs with one digest sent the same requests) and their shape;
@@ -129,7 +145,7 @@ class PlanRecord(StrictModel):
     output_tokens: dict[str, float] = Field(default_factory=dict)
     think_s: dict[str, float] | None = None
     shareable_fraction: float | None = None  # prompt tokens a prefix cache could serve (16-token blocks)
-    trace: Fields | None = None  # file, sha256, rows, used, speedup, window, span, rate
+    trace: TraceRecord | None = None
     notes: list[str] = Field(default_factory=list)
 
 
@@ -197,7 +213,7 @@ class StageRun(StrictModel):
     """What run() returns: raw samples, the quality record, and the stage's own typed extra."""
 
     samples: list[RequestSample] = Field(default_factory=list)
-    extra: Fields = Field(default_factory=dict)  # free-form here: the stage's own Extra model validates it
+    extra: Json = Field(default_factory=dict)  # free-form here: the stage's own Extra model validates it
     quality: QualityRecord | None = None
     facts: StageFacts = Field(default_factory=StageFacts)
     notes: list[str] = Field(default_factory=list)

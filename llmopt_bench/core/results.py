@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, ValidationError
 from llmopt_bench import __version__
 from llmopt_bench.core.distribution import Distribution
 from llmopt_bench.core.errors import UsageError
-from llmopt_bench.core.freeform import Fields, Json
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.host import Host
 from llmopt_bench.core.models import ModelInfo
 from llmopt_bench.core.records import LoadInfo, QualityRecord, StageFacts, StrictModel
@@ -132,7 +132,7 @@ class StageResult(StrictModel):
     status: Status
     reason: str | None = None
     fix: str | None = None
-    params: Fields = Field(default_factory=dict)  # free-form here: the stage's own Params model validated them
+    params: Json = Field(default_factory=dict)  # free-form here: the stage's own Params model validated them
     started_at: str | None = None  # when its process was spawned (runs before 2026-12-05 held its end: fixed in results/)
     duration_s: float | None = None
     load_s: float | None = None  # its worker started (or, started ahead, told to go) to ready
@@ -145,7 +145,7 @@ class StageResult(StrictModel):
     energy: EnergyRecord | None = None
     quality: QualityRecord | None = None
     facts: StageFacts = Field(default_factory=StageFacts)
-    extra: Fields = Field(default_factory=dict)  # the stage's own record, free-form here: validated by its Extra model
+    extra: Json = Field(default_factory=dict)  # the stage's own record, free-form here: validated by its Extra model
     partial: Json | None = None  # a stage that stopped early: what it had measured (its partial.json)
     notes: list[str] = Field(default_factory=list)
     log: str | None = None

@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError, model_validator
 from pydantic.config import JsonDict
 
 from llmopt_bench.core.errors import UsageError
-from llmopt_bench.core.freeform import Fields, Json
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.records import StrictModel
 
 DEFAULT_PROMPTS = "builtin:prompts.jsonl"
@@ -230,12 +230,18 @@ def _extra(field: str) -> Json:
     return extra if isinstance(extra, dict) else {}
 
 
+# workload options: some of WorkloadConfig's fields (option_fields()) -> a value. Which fields is
+# the user's choice (the options given) or the fields' metadata's (the CPU defaults), so no fixed
+# keys; check_option checks each value against its field, WorkloadConfig the whole
+WorkloadOptions = dict[str, object]
+
+
 def option_name(field: str) -> str:
     cli = _extra(field).get("cli")
     return cli if isinstance(cli, str) else "--" + field.replace("_", "-")
 
 
-def cpu_defaults() -> Fields:
+def cpu_defaults() -> WorkloadOptions:
     """The options whose default on a CPU is lighter than on a GPU: on 2 cores the GPU defaults
     (8 prompts x 3 repeats + 2 warm-up, 100 tokens each) make the journey take tens of minutes."""
     return {f: _extra(f)["cpu_default"] for f in option_fields() if "cpu_default" in _extra(f)}
@@ -279,7 +285,7 @@ def check_option(field: str, value: object) -> None:
 NOT_FOR_GENERATED = ("prompts", "max_new_tokens", "input_len", "max_prompt_len")  # the prompt file's kinds' options
 
 
-def resolve_workload(given: Fields, previous: WorkloadConfig | None = None,
+def resolve_workload(given: WorkloadOptions, previous: WorkloadConfig | None = None,
                      device: str = "cuda", preset: dict[str, object] | None = None) -> WorkloadConfig:
     """The run's workload: the resumed run's, else the defaults (lighter on a CPU, said in
     notes) under a preset's workload (`llmopt bench --preset`), with what the user gave on top

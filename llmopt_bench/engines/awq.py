@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llmopt_bench.core.freeform import Fields, Json
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.models import cache_dir
 from llmopt_bench.procs import spawn
 from llmopt_bench.procs.interpreters import engine_python, has_modules
@@ -88,9 +88,10 @@ def quantizer_python() -> str:
 
 
 def ensure_calibrated(src: Path, group_size: int, samples: int, seq_len: int, timeout_s: float,
-                      log_path: Path | None = None) -> tuple[Path, Fields]:
+                      log_path: Path | None = None) -> tuple[Path, Json]:
     """The AWQ checkpoint of src, calibrating it first if the cache has none. Returns its
-    directory and what the calibration recorded (cached, seconds, library versions)."""
+    directory and what the calibration recorded (cached, seconds, library versions): free-form, as
+    the cache's llmopt_awq.json holds it, written by whichever version calibrated the checkpoint."""
     out = calibrated_dir(src, group_size, samples, seq_len)
     meta_path = out / "llmopt_awq.json"
     if meta_path.is_file():

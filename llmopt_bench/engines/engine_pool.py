@@ -15,11 +15,19 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
-from llmopt_bench.core.freeform import Fields
+from llmopt_bench.engines.lifecycle import DeviceMemory
 
 POOL_KEY = "engine_pool"
+
+
+class EngineBaseline(TypedDict, total=False):
+    """Before a pooled engine started (empty for one that is not pooled): what a later stage of
+    the group measures the engine's shutdown against (continuous batching's lifecycle record)."""
+
+    before_engine: DeviceMemory
+    processes_before_engine: int
 
 
 @dataclass
@@ -27,7 +35,7 @@ class Pooled:
     engine: Any
     info: Any  # the LoadInfo of its start: later stages get a copy, marked shared
     owner: str  # the stage that started it
-    baseline: Fields = field(default_factory=dict)  # device memory and processes before it started
+    baseline: EngineBaseline = field(default_factory=EngineBaseline)  # device memory and processes before it started
 
 
 class EnginePool:

@@ -6,12 +6,16 @@ them to the host, which waits for the step's kernels, so each timestamp is a syn
 from __future__ import annotations
 
 import statistics
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypedDict
 
-from llmopt_bench.core.freeform import Fields, Kwargs
+from llmopt_bench.analysis.overhead import OverheadEstimate
+from llmopt_bench.core.freeform import Json, Kwargs
 from llmopt_bench.core.records import LoadInfo, RequestSample
 from llmopt_bench.core.workload import Request
 from llmopt_bench.measure.timing import make_sync, now
+
+if TYPE_CHECKING:  # the type only: vLLM's parts import this module (engines/vllm/params.py)
+    from llmopt_bench.engines.vllm.kv import KVCacheRecord
 
 
 def best_cpu_dtype() -> str:
@@ -161,8 +165,25 @@ def decode_per_token(wholes: list[float], firsts: list[float], tokens: int) -> l
     return [max(w - first, 1e-9) / (tokens - 1) for w in wholes]
 
 
+class OverheadRecord(OverheadEstimate):
+    """instrumentation_overhead's record: the estimate and how its per-token times were taken."""
+
+    tokens: int  # the generations' length
+    per_token: str
+
+
+class EngineRecords(TypedDict, total=False):
+    """What an engine of the fixed workload says of itself after the repeats, untimed
+    (scenarios/fixed.FixedEngine.records): the parts FixedExtra names, and those that join the
+    stage's extra beside them as they are."""
+
+    instrumentation: OverheadRecord  # the per-token clock's own cost (transformers engines, when asked)
+    kv_cache: KVCacheRecord  # vLLM engines: the preallocated KV cache
+    compile: Json  # the compiled engine's CompileRecord, dumped (engines/hf_compiled.py)
+
+
 def instrumentation_overhead(model: Any, pad_id: int, request: Request, max_new_tokens: int, device: str,
-                             pairs: int | None = None, budget_s: float = OVERHEAD_BUDGET_S) -> Fields:
+                             pairs: int | None = None, budget_s: float = OVERHEAD_BUDGET_S) -> OverheadRecord:
     """Decode time per token with and without the per-token clock, in interleaved pairs
     (alternating which goes first) so that drift on a noisy host hits both alike, plus the
     clock's own work timed apart; analysis/overhead.py turns them into an interval and a verdict.
@@ -192,10 +213,8 @@ def instrumentation_overhead(model: Any, pad_id: int, request: Request, max_new_
     for i in range(1, pairs):
         pair(i)
     without, with_clock = (decode_per_token(times[c], firsts[c], max_new_tokens) for c in (False, True))
-    out = overhead.overhead_estimate(without, with_clock, streamer_step_costs(device, batch=1))
-    out["tokens"] = max_new_tokens
-    out["per_token"] = "decode steps: (a generation - the median one-token generation) / (tokens - 1)"
-    return out
+    return {**overhead.overhead_estimate(without, with_clock, streamer_step_costs(device, batch=1)), "tokens": max_new_tokens,
+            "per_token": "decode steps: (a generation - the median one-token generation) / (tokens - 1)"}
 
 
 def run_sequential(gen: Callable[[Sequence[Request], int, int], list[RequestSample]], requests: Sequence[Request],

@@ -30,9 +30,9 @@ from pydantic import Field
 from llmopt_bench.analysis import quality
 from llmopt_bench.core.contract import StageContext, StageSkipped
 from llmopt_bench.core.errors import describe
-from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import LoadInfo, StrictModel
 from llmopt_bench.core.workload import Request, WorkloadConfig
+from llmopt_bench.engines.hf import EngineRecords
 from llmopt_bench.engines.transformers import HFEngineParams, TransformersEngine
 from llmopt_bench.measure.timing import now
 
@@ -146,7 +146,7 @@ class CompiledTransformersEngine(TransformersEngine):
                      self.forced_logits(list(item["prompt"]), list(item["continuation"]))) for item in items]
         return compare_decode(runs)
 
-    def records(self, requests: Sequence[Request], workload: WorkloadConfig, ctx: StageContext) -> Fields:
+    def records(self, requests: Sequence[Request], workload: WorkloadConfig, ctx: StageContext) -> EngineRecords:
         out = super().records(requests, workload, ctx)
         ctx.progress("quality of the compiled decode: teacher-forced against the reference", None, None)
         try:

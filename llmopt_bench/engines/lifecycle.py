@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TypedDict
 
-from llmopt_bench.core.freeform import Fields
 from llmopt_bench.procs.gpu import GIB, used_by_device, wait_gpu_free
 from llmopt_bench.procs.tree import cmdline, descendants
 
@@ -37,10 +37,31 @@ def rss(pids: list[int]) -> int:
     return total
 
 
-def device_memory(use_torch: bool) -> Fields:
+class DeviceMemory(TypedDict, total=False):
+    """Device memory at one moment: each part only where it could be read."""
+
+    nvml_used_bytes: int  # NVML: every GPU's used memory, summed
+    nvml_used_by_device: dict[str, int]  # NVML: by device index
+    free_bytes: int  # torch.cuda.mem_get_info, once CUDA is up in this process
+    total_bytes: int
+    used_bytes: int
+
+
+class Freed(TypedDict):
+    """wait_freed's record: the engine's processes and the device memory after its shutdown."""
+
+    after_shutdown: DeviceMemory
+    processes_after_shutdown: int
+    t_freed: float  # perf_counter when the wait ended
+    left_after_shutdown: list[str]  # the command lines of the processes still alive
+    freed: bool
+    wait_s: float
+
+
+def device_memory(use_torch: bool) -> DeviceMemory:
     """Device memory now: NVML (never initializes CUDA here, so vLLM may still fork) and,
     once CUDA is up in this process, torch.cuda.mem_get_info."""
-    out: Fields = {}
+    out: DeviceMemory = {}
     by_device = used_by_device()
     if by_device:
         out["nvml_used_bytes"] = sum(by_device.values())
@@ -50,11 +71,11 @@ def device_memory(use_torch: bool) -> Fields:
 
         if torch.cuda.is_available():
             free, total = torch.cuda.mem_get_info()
-            out.update(free_bytes=int(free), total_bytes=int(total), used_bytes=int(total - free))
+            out.update({"free_bytes": int(free), "total_bytes": int(total), "used_bytes": int(total - free)})
     return out
 
 
-def wait_freed(before: Fields, use_torch: bool, limit_s: float = 60.0) -> Fields:
+def wait_freed(before: DeviceMemory, use_torch: bool, limit_s: float = 60.0) -> Freed:
     """Wait until the engine's processes are gone and the device is back near `before`
     (device_memory() taken before the engine started); this process keeps its CUDA context
     (~0.5 GiB), so within 1 GiB of the baseline is free."""

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from llmopt_bench.core.freeform import Fields, Json
+from llmopt_bench.analysis.quality import QualityFields
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.engines.openai_errors import RequestFailed, classify_status
 from llmopt_bench.engines.openai_http import Endpoint
 from llmopt_bench.engines.vllm.quality import PromptLogprobs
@@ -54,7 +55,7 @@ def server_logprobs(endpoint: Endpoint, timeout_s: float = 600.0) -> PromptLogpr
 
 
 def served_quality(endpoint: Endpoint, encode: Callable[[str], list[int]], reference_file: Any, reference_name: str | None,
-                   real_weights: bool, progress: Callable[..., None], dummy: bool = False) -> Fields:
+                   real_weights: bool, progress: Callable[..., None], dummy: bool = False) -> QualityFields:
     """stage.QualityRecord's fields for a vLLM server, measured through it."""
     from llmopt_bench.engines.vllm import quality as vllm_quality
 

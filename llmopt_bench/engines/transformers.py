@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any, Callable, Literal, Sequence
 
 from llmopt_bench.core.contract import StageContext
-from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import LoadInfo, QualityRecord, RequestSample, StrictModel
 from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests
 from llmopt_bench.engines import hf
@@ -87,7 +86,7 @@ class TransformersEngine:
                                   self.greedy, ctx.progress)
         return QualityRecord(**record)
 
-    def records(self, requests: Sequence[Request], workload: WorkloadConfig, ctx: StageContext) -> Fields:
+    def records(self, requests: Sequence[Request], workload: WorkloadConfig, ctx: StageContext) -> hf.EngineRecords:
         """The clock's own cost, when asked for (untimed: after the repeats)."""
         if not self.params.measure_overhead:
             return {}

@@ -7,9 +7,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-from typing import Any
-
-from llmopt_bench.core.freeform import Fields
+from typing import Any, TypedDict
 
 _OK = 0
 
@@ -112,7 +110,14 @@ def driver_version() -> str | None:
     return buf.value.decode() if lib.nvmlSystemGetDriverVersion(buf, ctypes.c_uint(96)) == _OK else None
 
 
-def device_info(index: int) -> Fields | None:
+class DeviceInfo(TypedDict):
+    index: int
+    name: str
+    compute_capability: str  # "9.0"
+    memory_total_bytes: int
+
+
+def device_info(index: int) -> DeviceInfo | None:
     lib, handle = _device(index)
     if handle is None:
         return None

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from llmopt_bench.core.freeform import Fields
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.models import cache_dir
 from llmopt_bench.run.rundir import atomic_write
 
@@ -19,7 +19,7 @@ def _path() -> Path:
     return cache_dir() / "durations.json"
 
 
-def key(device: str | None, model: str, workload: Any, stage: str, params: Fields) -> str:
+def key(device: str | None, model: str, workload: Any, stage: str, params: Json) -> str:  # params: any stage's own
     what = json.dumps([device, model, workload.model_dump(mode="json"), stage, params], sort_keys=True, default=str)
     return hashlib.sha256(what.encode()).hexdigest()[:16]
 

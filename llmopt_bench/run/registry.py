@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from llmopt_bench.core.contract import Stage
 from llmopt_bench.core.errors import UsageError, extra_fix
-from llmopt_bench.core.freeform import Fields, Json, Table
+from llmopt_bench.core.freeform import Json, Table
 from llmopt_bench.measure import nvml
 from llmopt_bench.procs.interpreters import engine_python, has_modules
 
@@ -86,7 +86,7 @@ class StagePlan:
     """One stage of a journey. `name` is what its result is called in the run (a journey's
     `label`, else the stage's name); `stage` is the registered stage that runs."""
     name: str
-    params: Fields = field(default_factory=dict)
+    params: Json = field(default_factory=dict)  # free-form here: the stage's own, checked by validate_params
     timeout_s: float = DEFAULT_TIMEOUT_S
     stage: str = ""
 
@@ -142,7 +142,8 @@ def import_entry(value: str) -> type[Stage]:
     return getattr(importlib.import_module(module), attr)
 
 
-def validate_params(cls: type[Stage], params: Fields) -> Fields:
+def validate_params(cls: type[Stage], params: Table) -> Json:
+    """A journey's params table checked by the stage's Params model, and dumped as run.json keeps it."""
     try:
         return cls.Params(**params).model_dump(mode="json")
     except ValidationError as e:
@@ -251,7 +252,7 @@ def resolve_stages(arg: str) -> tuple[list[StagePlan], bool]:
 
 # --- can this stage run here? (never imports torch) -------------------------------------------
 
-def cuda_devices() -> list[Fields]:
+def cuda_devices() -> list[nvml.DeviceInfo]:
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
         return []
     return [d for i in nvml.device_indices() if (d := nvml.device_info(i))]

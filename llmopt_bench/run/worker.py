@@ -16,7 +16,7 @@ from typing import Any
 
 from llmopt_bench.core.contract import StageContext, StageSkipped
 from llmopt_bench.core.errors import describe, is_oom
-from llmopt_bench.core.freeform import Fields
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.models import ModelInfo, local_path
 from llmopt_bench.core.records import StrictModel
 from llmopt_bench.core.results import EnergyRecord, StageTiming
@@ -34,7 +34,7 @@ class StageJob(StrictModel):
 
     stage: str  # its name in the run: the journey's label, else the stage's
     entry: str  # the stage class, "module:Class" (run/registry.import_entry)
-    params: Fields  # free-form here: the worker checks them against the stage's own Params
+    params: Json  # free-form here: the stage's own params, which the worker checks against its Params model
     model: ModelInfo
     workload: WorkloadConfig
     stage_dir: str

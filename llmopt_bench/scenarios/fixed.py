@@ -22,9 +22,9 @@ from llmopt_bench.analysis.overhead import overhead_sentence
 from llmopt_bench.analysis.stopping import StoppingRecord, StoppingRule, headline_metric, stopping_sentence
 from llmopt_bench.core.contract import Stage, StageContext
 from llmopt_bench.core.errors import describe
-from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import Block, LoadInfo, QualityRecord, RequestSample, StageFacts, StageRun, StrictModel
 from llmopt_bench.core.workload import Request, WorkloadConfig
+from llmopt_bench.engines.hf import EngineRecords
 from llmopt_bench.engines.vllm.kv import KVCacheRecord, kv_line
 from llmopt_bench.measure import gpu_busy, pinning
 from llmopt_bench.measure.conditions import (
@@ -85,7 +85,7 @@ class FixedEngine(Protocol):
 
     def quality(self, workload: WorkloadConfig, ctx: StageContext) -> QualityRecord: ...
 
-    def records(self, requests: Sequence[Request], workload: WorkloadConfig, ctx: StageContext) -> Fields: ...
+    def records(self, requests: Sequence[Request], workload: WorkloadConfig, ctx: StageContext) -> EngineRecords: ...
 
     def close(self) -> None: ...
 
@@ -226,9 +226,11 @@ class FixedWorkloadStage(Stage):
         # an engine's own records (a compiled engine's compile) join the extra as they are: the
         # stage's Extra validates them in the parent, and a plugin's run() that builds its Extra
         # from this one's fields still finds only the scenario's
-        own = {k: records.pop(k) for k in list(records) if k not in FixedExtra.model_fields}
+        own = {k: v for k, v in records.items() if k not in FixedExtra.model_fields}
+        inst = records.get("instrumentation")
         extra = FixedExtra(greedy_tokens=tokens, stopping=rule.record, conditions=conditions, gpu_busy=busy,
-                           warmup=getattr(self, "warmed", None), **records)
+                           warmup=getattr(self, "warmed", None), kv_cache=records.get("kv_cache"),
+                           instrumentation=None if inst is None else Instrumentation.model_validate(inst))
         quality = quality_or_failure(self.engine, workload, ctx) if self.params.quality else None
         notes = sent.notes + ([quality_workload_note(workload)] if quality is not None and sent.plan is not None else [])
         return StageRun(samples=samples, extra={**extra.model_dump(mode="json", exclude_none=True), **own}, quality=quality,

@@ -10,10 +10,10 @@ from typing import Any, Callable, Sequence
 
 from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.dispatch import Dispatcher
-from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import CacheRecord, LoadInfo, QualityRecord, RequestSample
 from llmopt_bench.core.workload import Request, WorkloadConfig
-from llmopt_bench.engines.engine_pool import EnginePool, Pooled, pool_for, shared_info
+from llmopt_bench.engines.engine_pool import EngineBaseline, EnginePool, Pooled, pool_for, shared_info
+from llmopt_bench.engines.hf import EngineRecords
 from llmopt_bench.engines.vllm import offline as V
 from llmopt_bench.engines.vllm.kv import KVCacheRecord, kv_cache_record
 from llmopt_bench.engines.vllm.params import VLLMEngineParams, engine_config, prepare_engine_env, share_key, weights_estimate
@@ -34,7 +34,7 @@ class VLLMEngine:
         self.log_path = log_path  # the log its processes write to: the starting stage's
         self.key = share_key(params)
         self.pool: EnginePool | None = None  # set when a stage group shares this engine
-        self.baseline: Fields = {}  # device memory and processes before it started (pooled engines)
+        self.baseline: EngineBaseline = {}  # device memory and processes before it started (pooled engines)
         # the prefix cache across load points (engines/vllm/cache.py): emptied before each, its
         # counters and the KV gauge read around and during each (needs the engine's log stats)
         self.reset_cache_each_point = False
@@ -52,7 +52,7 @@ class VLLMEngine:
         if pool and pooled:
             ctx.progress(f"vLLM engine shared with {pooled.owner}: not started again", None, None)
             return pooled.engine, shared_info(pooled, pool.current or "this stage")
-        baseline = _baseline() if pool else {}
+        baseline = _baseline() if pool else EngineBaseline()
         engine, info = cls._build(model_info, params, ctx, max_len_cap, log_stats)
         if pool:
             engine.pool, engine.baseline = pool, baseline
@@ -132,7 +132,7 @@ class VLLMEngine:
         return QualityRecord(**vllm_quality.evaluate(self.llm, self.encode, ctx.reference_file, ctx.reference_name,
                                                      real, ctx.progress, dummy=dummy))
 
-    def records(self, requests: Sequence[Request], workload: WorkloadConfig, ctx: StageContext) -> Fields:
+    def records(self, requests: Sequence[Request], workload: WorkloadConfig, ctx: StageContext) -> EngineRecords:
         kv = kv_cache_record(self.llm, self.model_info, self.cfg.dtype, self.log_path or ctx.log_path)
         return {"kv_cache": kv} if kv else {}
 
@@ -149,7 +149,7 @@ class VLLMEngine:
         V.shutdown(llm)
 
 
-def _baseline() -> Fields:
+def _baseline() -> EngineBaseline:
     """Before a pooled engine starts: the device memory and processes a later stage of the group
     measures its shutdown against (continuous batching waits for the memory to come back)."""
     from llmopt_bench.engines.lifecycle import device_memory

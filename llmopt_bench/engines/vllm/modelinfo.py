@@ -21,9 +21,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
-
-from llmopt_bench.core.freeform import Fields
+from typing import IO, TypedDict, Unpack
 
 
 def cache_root() -> Path:
@@ -41,6 +39,18 @@ def cached(architectures: list[str], root: Path) -> bool:
     return all(any(folder.glob(f"*-{arch}.json")) for arch in architectures)
 
 
+class InspectionRun(TypedDict, total=False):
+    seconds: float  # the inspection's own time
+    result: dict[str, str] | None  # inspect()'s answer, as the inspection printed it
+
+
+class Inspection(InspectionRun):
+    """What the prefill did (the environment record's vllm_model_inspection)."""
+
+    status: str
+    architectures: list[str]
+
+
 @dataclass
 class Prefill:
     """The inspection started in the background by the probe, or why none was."""
@@ -51,8 +61,8 @@ class Prefill:
     started: float = field(default_factory=time.perf_counter)
     status: str = "started"
 
-    def record(self, status: str, **kw: Any) -> Fields:
-        return {"status": status, "architectures": self.architectures, **kw}
+    def record(self, status: str, **run: Unpack[InspectionRun]) -> Inspection:
+        return {"status": status, "architectures": self.architectures, **run}
 
 
 def start(architectures: list[str]) -> Prefill:
@@ -81,7 +91,7 @@ def start(architectures: list[str]) -> Prefill:
     return job
 
 
-def finish(job: Prefill, limit_s: float = 180.0) -> Fields:
+def finish(job: Prefill, limit_s: float = 180.0) -> Inspection:
     """Wait for the inspection (never past limit_s: it only saves time) and say what it did."""
     import json
 

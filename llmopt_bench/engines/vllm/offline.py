@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypedDict
 
 from llmopt_bench.core.dispatch import Dispatcher, Send
-from llmopt_bench.core.freeform import Fields, Kwargs
+from llmopt_bench.core.freeform import Kwargs
 from llmopt_bench.core.records import LoadInfo, RequestSample
 from llmopt_bench.core.workload import Request
 from llmopt_bench.engines.lifecycle import release_cached_memory
@@ -84,6 +84,16 @@ def engine_defaults() -> dict[str, str]:
     return {"VLLM_CACHE_ROOT": str(cache_dir() / "vllm"), "VLLM_USE_FLASHINFER_SAMPLER": "0"}
 
 
+class StartKVCache(TypedDict, total=False):
+    """The KV cache as the engine's start set it up (LoadInfo.implementation["kv_cache"])."""
+
+    num_blocks: int | None
+    block_size: int
+    tokens: int | None  # from the engine's log
+    max_concurrency: float  # sequences of max_concurrency_at_tokens it holds at once (where the log says)
+    max_concurrency_at_tokens: int | None
+
+
 def build_engine(model_path: str, cfg: EngineConfig, log_path: Path | None) -> tuple[Any, LoadInfo]:
     import os
 
@@ -111,8 +121,7 @@ def build_engine(model_path: str, cfg: EngineConfig, log_path: Path | None) -> t
     start = read_start(log_text)  # the engine's own steps and choices, from its log (engines/vllm/startlog.py)
     cache = llm.llm_engine.vllm_config.cache_config
     phases = {"import_s": round(t_import - t0, 3), "engine_total_s": round(ready - t_import, 3), **start.phases_s}
-    # free-form like the rest of LoadInfo.implementation: what this engine can say of itself
-    kv: Fields = {"num_blocks": cache.num_gpu_blocks, "block_size": cache.block_size, "tokens": start.kv_cache_tokens}
+    kv: StartKVCache = {"num_blocks": cache.num_gpu_blocks, "block_size": cache.block_size, "tokens": start.kv_cache_tokens}
     if start.max_concurrency is not None:
         kv["max_concurrency"], kv["max_concurrency_at_tokens"] = start.max_concurrency, start.max_concurrency_at_tokens
     workers = attention_backends(llm)

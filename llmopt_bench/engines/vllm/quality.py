@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from llmopt_bench.analysis import quality as Q
-from llmopt_bench.core.freeform import Fields, Json
+from llmopt_bench.core.freeform import Json
 
 # prompts (token ids), k -> per prompt, per position: {token id: an object with .logprob and
 # .rank} (None at position 0), as vLLM's RequestOutput.prompt_logprobs
@@ -46,7 +46,7 @@ def chunk_nlls(logprobs: PromptLogprobs) -> Callable[[list[list[int]]], list[lis
     return nlls
 
 
-def agreement(logprobs: PromptLogprobs, reference: Json) -> Fields:
+def agreement(logprobs: PromptLogprobs, reference: Json) -> Q.Agreement:
     import torch
 
     items = reference["items"]
@@ -75,19 +75,19 @@ def agreement(logprobs: PromptLogprobs, reference: Json) -> Fields:
 
 
 def evaluate(llm: Any, encode: Callable[[str], list[int]], reference_file: Path | None, reference_name: str | None,
-             real_weights: bool, progress: Callable[..., None], dummy: bool = False, engine: str = "vllm") -> Fields:
+             real_weights: bool, progress: Callable[..., None], dummy: bool = False, engine: str = "vllm") -> Q.QualityFields:
     """The quality record of a vLLM stage (stage.QualityRecord's fields). dummy: the engine made
     up its own random weights (load_format=dummy), so nothing compares with the reference.
     llm: the offline engine, or a PromptLogprobs function (the server's)."""
     logprobs = llm if callable(llm) else offline(llm)
-    out: Fields = {"reference": reference_name, "perplexity_meaningful": real_weights, "engine": engine}
+    out: Q.QualityFields = {"reference": reference_name, "perplexity_meaningful": real_weights, "engine": engine}
     if dummy:
         return {**out, **Q.NOT_MEANINGFUL, "agreement_note": Q.NOT_SAME_WEIGHTS}
     if real_weights:
         progress("quality: perplexity on the shipped corpus", None, None)
-        out.update(Q.corpus_perplexity(lambda text: Q.perplexity_of(encode(text)[:Q.PPL_MAX_TOKENS], chunk_nlls(logprobs))))
+        out = {**out, **Q.corpus_perplexity(lambda text: Q.perplexity_of(encode(text)[:Q.PPL_MAX_TOKENS], chunk_nlls(logprobs)))}
     else:
-        out.update(Q.NOT_MEANINGFUL)
+        out = {**out, **Q.NOT_MEANINGFUL}
     progress("quality: agreement with the FP16 reference", None, None)
     if reference_file is None:
         out["agreement_note"] = Q.NO_REFERENCE

@@ -15,9 +15,10 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Required, TypedDict
 
 from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
-from llmopt_bench.core.freeform import Fields
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.records import LoadInfo
 from llmopt_bench.engines import lifecycle
 from llmopt_bench.engines.vllm import offline as V
@@ -126,7 +127,7 @@ class VLLMServer:
         self.proc: subprocess.Popen | None = None
         self.entry: list[str] = CLI_ENTRY
         self.entry_note: str | None = None
-        self._memory_before: Fields = {}  # lifecycle.device_memory's record: what NVML (and torch) could say
+        self._memory_before: lifecycle.DeviceMemory = {}
 
     @property
     def base_url(self) -> str:
@@ -230,13 +231,15 @@ class VLLMServer:
         return LoadInfo(phases_s={"server_ready_s": round(ready_s, 3), **start.phases_s}, implementation=impl,
                         weights_bytes=start.model_memory_bytes, notes=notes)
 
-    def stop(self, grace_s: float = 30.0, freed_limit_s: float = 60.0) -> Fields:
+    def stop(self, grace_s: float = 30.0, freed_limit_s: float = 60.0) -> Json:
         """SIGTERM the server's session, SIGKILL what is left after grace_s, then wait until no
         process of it lives and the device memory is back. Idempotent. Returns the stop's record,
-        kept whole in the stage's extra (`server`): free-form, with the device memory's part."""
+        kept whole in the stage's extra (`server`), with the device memory's part: a ServerStop,
+        handed out as a plain dict while its readers (stages/vllm_serve.stop, ServingExtra.server)
+        still take one."""
         proc, self.proc = self.proc, None
         if proc is None:
-            return {"stopped": False}
+            return {"stopped": False}  # a ServerStop with its one required key
         sid = proc.pid
         t0 = time.perf_counter()
         rss = sum(peak_rss(pid) for pid in self.members(sid))  # before they go: each process's own peak
@@ -255,9 +258,10 @@ class VLLMServer:
             time.sleep(0.1)
         left = self.members(sid)
         memory = wait_device_memory(self._memory_before, freed_limit_s)
-        return {"stopped": True, "exit_code": proc.returncode, "killed": killed, "processes_left": len(left),
-                "host_peak_rss_bytes": rss or None,
-                "left": [cmdline(p)[:120] for p in left], "stop_s": round(time.perf_counter() - t0, 3), **memory}
+        record: ServerStop = {"stopped": True, "exit_code": proc.returncode, "killed": killed, "processes_left": len(left),
+                              "host_peak_rss_bytes": rss or None,
+                              "left": [cmdline(p)[:120] for p in left], "stop_s": round(time.perf_counter() - t0, 3), **memory}
+        return dict(record)
 
     def __enter__(self) -> VLLMServer:
         self.start()
@@ -267,10 +271,32 @@ class VLLMServer:
         self.stop()
 
 
-def wait_device_memory(before: Fields, limit_s: float) -> Fields:
+class MemoryWait(TypedDict):
+    """The device memory after a server's shutdown, and whether it came back."""
+
+    after_shutdown: lifecycle.DeviceMemory
+    memory_freed: bool
+    memory_wait_s: float
+
+
+class ServerStop(TypedDict, total=False):
+    """VLLMServer.stop's record; only `stopped` when there was no server to stop."""
+
+    stopped: Required[bool]
+    exit_code: int | None
+    killed: bool  # SIGKILL was needed after the grace time
+    processes_left: int
+    host_peak_rss_bytes: int | None  # the processes' own peaks, summed (None: not readable)
+    left: list[str]  # the command lines of the processes still alive
+    stop_s: float
+    after_shutdown: lifecycle.DeviceMemory  # MemoryWait's keys
+    memory_freed: bool
+    memory_wait_s: float
+
+
+def wait_device_memory(before: lifecycle.DeviceMemory, limit_s: float) -> MemoryWait:
     """Wait until the GPUs' used memory is back within 1 GiB of `before` (nothing to wait for
-    without a GPU). Only the memory: the server's processes are checked by session. `before` and
-    the answer are lifecycle.device_memory's free-form records."""
+    without a GPU). Only the memory: the server's processes are checked by session."""
     baseline = {int(i): b for i, b in before.get("nvml_used_by_device", {}).items()}
     seen = wait_gpu_free(baseline, tolerance=GIB, limit_s=limit_s, poll_s=0.5)
     return {"after_shutdown": lifecycle.device_memory(use_torch=False), "memory_freed": seen.memory_free,
