@@ -177,10 +177,9 @@ class BatchingStage(Stage):
         p = self.params
         point = self.tp_point = plan_throughput_point(p, workload, self.source)
         got = self.serve(point)
-        reference = H200_REFERENCE["vllm_fp16_256x128_out_tok_s"]  # a table of numbers and the model's name
         self.extra.throughput_point = ThroughputPoint(
             continuous=point_row(point, "continuous", got, p, energy=self.energy(point, "continuous")),
-            reference_h200_out_tok_s=reference if isinstance(reference, (int, float)) else None)
+            reference_h200_out_tok_s=H200_REFERENCE["vllm_fp16_256x128_out_tok_s"])
 
     def mixed_continuous(self, point: CurvePoint) -> None:
         t0 = time.perf_counter()
@@ -210,7 +209,9 @@ class BatchingStage(Stage):
         engine, self.engine = self.running, None
         engine.close()
         del engine
-        freed = wait_freed(life["before_engine"], self.device == "cuda")  # its keys, named one by one until it is typed
+        # wait_freed's dict is untyped (engines/lifecycle): its keys named one by one; once it returns a
+        # TypedDict with these keys, life.update(wait_freed(...)) says the same
+        freed = wait_freed(life["before_engine"], self.device == "cuda")
         life.update({"after_shutdown": freed["after_shutdown"], "processes_after_shutdown": freed["processes_after_shutdown"],
                      "t_freed": freed["t_freed"], "left_after_shutdown": freed["left_after_shutdown"],
                      "freed": freed["freed"], "wait_s": freed["wait_s"]})
