@@ -16,8 +16,9 @@ import importlib.util
 import warnings
 from typing import Any, Callable, Iterator, Literal
 
+from typing_extensions import NotRequired, TypedDict
+
 from llmopt_bench.core.errors import describe, extra_fix
-from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests, fit_length
 from llmopt_bench.engines import hf
@@ -102,6 +103,54 @@ def flash_attn_version() -> str | None:
         return "installed"
 
 
+class KernelRecord(TypedDict, total=False):
+    """One implementation as opened: loaded as, forced backend, what the profiler saw (verified),
+    its status; a skipped or failed one says why."""
+
+    impl: str
+    requested: str
+    attn_implementation: str | None
+    sdpa_backend: str | None
+    load_s: float | None
+    effective: str | None
+    ops: list[str]  # the attention ops and kernels the profiler saw
+    profiled_tokens: int
+    note: str  # not profiled
+    status: str
+    reason: str | None
+    fix: str
+
+
+class ImplAgreement(TypedDict):
+    """One implementation's last logits and greedy tokens against the baseline's."""
+
+    impl: str
+    max_abs_logit_diff: float
+    same_argmax: bool
+    tokens_match: bool
+    token_match_fraction: float
+    first_mismatch: int | None
+    agree: bool
+
+
+class Agreement(TypedDict):
+    reference: str
+    context: int
+    batch: int
+    dtype: str
+    tolerance: float | None
+    impls: list[ImplAgreement]
+    all_agree: bool | None
+    note: NotRequired[str]  # the baseline did not run: nothing compared
+
+
+class HFRecords(TypedDict):
+    """What the flash-attn stage's extra keeps of the adapter (ContextSweepExtra)."""
+
+    kernels: list[KernelRecord]
+    agreement: Agreement
+
+
 class HFAttention:
     """transformers as the sweep's engine: one model per attention implementation, the
     kernel verified, the cells timed, the outputs compared with the baseline's."""
@@ -115,7 +164,7 @@ class HFAttention:
         self.progress = progress
         self.model: Any = None
         self.pad_id = 0  # open() sets the loaded tokenizer's (hf.load_model gives each one a pad token)
-        self.kernels: list[Fields] = []  # per implementation: loaded as, effective, ops the profiler saw
+        self.kernels: list[KernelRecord] = []  # per implementation: loaded as, effective, ops the profiler saw
         self.ref: dict[str, tuple[Any, list[int]]] = {}  # impl -> (last logits, greedy tokens) at the shortest context
         t0 = now()
         self.tok = AutoTokenizer.from_pretrained(model_info.path)
@@ -148,24 +197,26 @@ class HFAttention:
             self.kernels.append({"impl": impl, "requested": impl, "effective": None, "status": "failed", "reason": failed})
             raise VariantUnavailable("failed", failed) from e
         self.pad_id = tok.pad_token_id
-        kinfo: Fields = {"impl": impl, "requested": impl,
-                                 "attn_implementation": info.implementation.get("attn_implementation"),
-                                 "sdpa_backend": SDPA_BACKEND.get(impl), "load_s": info.phases_s.get("tokenizer_and_weights_s")}
+        kinfo: KernelRecord = {"impl": impl, "requested": impl,
+                               "attn_implementation": info.implementation.get("attn_implementation"),
+                               "sdpa_backend": SDPA_BACKEND.get(impl), "load_s": info.phases_s.get("tokenizer_and_weights_s")}
         try:
             with forced(impl):
                 kinfo.update(self.verified(impl, kinfo["attn_implementation"], workload))
         except Exception as e:  # a forced kernel that cannot run fails loudly here
-            kinfo.update(status="failed", reason=reason(e), effective=None)
+            why = reason(e)
+            kinfo.update({"status": "failed", "reason": why, "effective": None})
             self.kernels.append(kinfo)
-            raise VariantUnavailable("failed", kinfo["reason"]) from e
+            raise VariantUnavailable("failed", why) from e
         effective = kinfo["effective"]
         mismatch = None if effective == impl else f"requested {impl} but the profiler saw {effective} ({', '.join(kinfo.get('ops', [])[:6])})"
-        kinfo.update(status="ok" if mismatch is None else "failed", reason=mismatch)
+        kinfo.update({"status": "ok" if mismatch is None else "failed", "reason": mismatch})
         self.kernels.append(kinfo)
         return Opened(effective, mismatch)
 
-    def verified(self, impl: str, loaded_as: str | None, workload: WorkloadConfig) -> Fields:
-        """Profile a prefill and one decode step; name the attention kernels that ran."""
+    def verified(self, impl: str, loaded_as: str | None, workload: WorkloadConfig) -> KernelRecord:
+        """Profile a prefill and one decode step; name the attention kernels that ran (the record's
+        effective, ops and profiled_tokens, or a note)."""
         if not self.verify:
             effective = impl if loaded_as == ATTN_IMPL[impl] else f"{loaded_as}?"
             return {"effective": effective, "ops": [], "note": "verify_kernels=false: not profiled"}
@@ -224,10 +275,10 @@ class HFAttention:
         make_sync(self.device)()
         return logits
 
-    def agreement(self) -> Fields:
+    def agreement(self) -> Agreement:
         """Each implementation's last logits and greedy tokens against the baseline's."""
-        out: Fields = {"reference": self.baseline, "context": self.shortest, "batch": self.agree_batch,
-                               "dtype": self.dtype, "tolerance": None, "impls": [], "all_agree": None}
+        out: Agreement = {"reference": self.baseline, "context": self.shortest, "batch": self.agree_batch,
+                          "dtype": self.dtype, "tolerance": None, "impls": [], "all_agree": None}
         if self.baseline not in self.ref:
             out["note"] = f"{self.baseline} did not run at context {self.shortest}: nothing to compare against"
             return out
@@ -247,7 +298,7 @@ class HFAttention:
         out["all_agree"] = all(e["agree"] for e in out["impls"]) if out["impls"] else None
         return out
 
-    def records(self) -> Fields:
+    def records(self) -> HFRecords:
         return {"kernels": self.kernels, "agreement": self.agreement()}
 
     def close(self) -> None:

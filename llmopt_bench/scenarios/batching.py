@@ -11,18 +11,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
 from pydantic import Field
+from typing_extensions import NotRequired, TypedDict
 
-from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import StageFacts, StrictModel
 from llmopt_bench.core.slo import SLO, Target
 from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests
 from llmopt_bench.load.dispatchers import RequestSource, cycled
 from llmopt_bench.load.point import LoadPoint, PointResult
 from llmopt_bench.load.record import figures
-from llmopt_bench.scenarios.batching_record import BatchingExtra, CurveRow
+from llmopt_bench.scenarios.batching_record import BatchingExtra, CurveRow, H200Reference, SweepSettings
 
 Attn = Literal["eager", "sdpa", "flash_attention_2"]
-H200_REFERENCE = {"vllm_fp16_batch1_ms_per_token": 4.63, "vllm_fp16_256x128_out_tok_s": 11311,
+H200_REFERENCE: H200Reference = {"vllm_fp16_batch1_ms_per_token": 4.63, "vllm_fp16_256x128_out_tok_s": 11311,
                   "vllm_fp16_batch16_out_tok_s": 2998, "transformers_sdpa_batch16_out_tok_s": 606,
                   "model": "Llama-2-7B shape, FP16, one H200"}
 
@@ -74,6 +74,17 @@ class CurveParams(StrictModel):
                             Target(metric="tpot", percentile=99, limit_s=self.slo_tpot_s)))
 
 
+class RowKey(TypedDict):
+    """What names a point in its CurveRow (the keys run.json has always had)."""
+
+    mode: str
+    concurrency: int | None
+    rate_rps: NotRequired[float]  # Poisson arrivals
+    input_len: NotRequired[int | None]  # a point off the curve with its own lengths (throughput)
+    output_len: NotRequired[int | None]
+    static_batch: NotRequired[int]  # the static replay
+
+
 @dataclass
 class CurvePoint:
     """One point of the curve: its load (closed loop, with its ramp left out, or Poisson
@@ -100,13 +111,12 @@ class CurvePoint:
     def source(self) -> RequestSource:
         return cycled(self.ramp + self.requests)
 
-    def row_key(self, mode: str) -> Fields:
-        """What names the point in its CurveRow (the keys run.json has always had)."""
-        key: Fields = {"mode": mode, "concurrency": self.concurrency}
+    def row_key(self, mode: str) -> RowKey:
+        key: RowKey = {"mode": mode, "concurrency": self.concurrency}
         if self.rate_rps is not None:
             key["rate_rps"] = self.rate_rps
         if self.input_len is not None:
-            key.update(input_len=self.input_len, output_len=self.output_len)
+            key["input_len"], key["output_len"] = self.input_len, self.output_len
         if mode == "static":
             key["static_batch"] = self.static_batch
         return key
@@ -193,7 +203,7 @@ def plan_throughput_point(p: CurveParams, workload: WorkloadConfig, source: Engi
                       output_len=p.throughput_output_len)
 
 
-def sweep_settings(p: CurveParams, workload: WorkloadConfig, output_len: int) -> Fields:
+def sweep_settings(p: CurveParams, workload: WorkloadConfig, output_len: int) -> SweepSettings:
     return {"mode": p.mode, "main_concurrency": p.main_concurrency, "main_rate": main_rate(p) if p.mode == "poisson" else None,
             "slo_ttft_s": p.slo_ttft_s, "slo_tpot_s": p.slo_tpot_s, "output_len": output_len,
             "input_len": p.input_len or workload.input_len, "static_timeout_s": p.static_timeout_s,
@@ -202,7 +212,7 @@ def sweep_settings(p: CurveParams, workload: WorkloadConfig, output_len: int) ->
 
 
 def point_row(point: CurvePoint, mode: str, res: PointResult | None, p: CurveParams, *,
-              energy: Fields | None = None, oom: bool = False, **more: Any) -> CurveRow:
+              energy: dict[str, float | int | None] | None = None, oom: bool = False, **more: Any) -> CurveRow:
     """The point's row: its figures (load/record.figures) under its name; an OOM (res None) is a
     row with every request failed and no figure."""
     if res is None:

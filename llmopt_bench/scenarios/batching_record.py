@@ -4,12 +4,96 @@ defines every field."""
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field
+from typing import Any
 
-from llmopt_bench.core.freeform import Fields
+from pydantic import ConfigDict, Field, with_config
+from typing_extensions import NotRequired, TypedDict
+
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.records import StrictModel
 from llmopt_bench.engines.vllm.kv import KVCacheRecord
 from llmopt_bench.load.record import PointRow
+
+# A record part below read back (validated) comes out with its keys in the order declared here,
+# the order run.json has always had; pydantic drops a TypedDict's undeclared keys unless it allows extras.
+
+
+class SweepSettings(TypedDict):
+    """The sweep's settings (scenarios/batching.sweep_settings)."""
+
+    mode: str
+    main_concurrency: int
+    main_rate: float | None  # poisson mode
+    slo_ttft_s: float
+    slo_tpot_s: float
+    output_len: int
+    input_len: int | None
+    static_timeout_s: float
+    static_attn_implementation: str
+    closed_loop_warmup: NotRequired[str | None]  # not in the runs recorded before it was added
+
+
+class EngineLimits(TypedDict):
+    """The continuous engine's scheduler limits."""
+
+    max_num_seqs: int | None
+    max_num_batched_tokens: int | None
+    max_model_len: int
+    dtype: str
+
+
+class H200Reference(TypedDict):
+    """The story's own H200 numbers (scenarios/batching.H200_REFERENCE)."""
+
+    vllm_fp16_batch1_ms_per_token: float
+    vllm_fp16_256x128_out_tok_s: int
+    vllm_fp16_batch16_out_tok_s: int
+    transformers_sdpa_batch16_out_tok_s: int
+    model: str
+
+
+@with_config(ConfigDict(extra="allow"))  # what engines/lifecycle may add is kept
+class EngineLifecycle(TypedDict, total=False):
+    """Device memory and processes around the engine: before it, with it, after its shutdown,
+    and around the static replay's transformers. The memory snapshots are
+    engines/lifecycle.device_memory()'s (typed there), as are wait_freed()'s keys below."""
+
+    device: str
+    before_engine: dict[str, Any]  # engines/lifecycle.device_memory()
+    processes_before_engine: int
+    with_engine: dict[str, Any]  # engines/lifecycle.device_memory()
+    engine_processes: int
+    engine_rss_bytes: int
+    engine_process_names: list[str]
+    after_shutdown: dict[str, Any]  # from here to wait_s: engines/lifecycle.wait_freed()
+    processes_after_shutdown: int
+    t_freed: float
+    left_after_shutdown: list[str]
+    freed: bool
+    wait_s: float
+    shutdown_s: float
+    t_transformers_load: float
+    transformers_loaded: dict[str, Any]  # engines/lifecycle.device_memory()
+    transformers_unloaded: dict[str, Any]  # engines/lifecycle.device_memory()
+
+
+class RuledOut(TypedDict):
+    """Batches a capacity search did not probe at a context: they ran out at a shorter one."""
+
+    batches: list[int]
+    because: str
+
+
+class MixedSetup(TypedDict):
+    """The mixed-length set as it ran (scenarios/mixed.setup)."""
+
+    requests: int
+    long_requests: int
+    batch: int
+    cap_context: int
+    bucket_token_budget: int
+    attn_implementation: str
+    long_len: int
 
 
 class CurveRow(PointRow):
@@ -41,7 +125,7 @@ class CapacityRow(StrictModel):
     method: str | None = None
     note: str | None = None
     probed: list[int] | None = None
-    ruled_out: Fields | None = None
+    ruled_out: RuledOut | None = None
     memory_at_oom_bytes: int | None = None
     attn_implementation: str | None = None
     error: str | None = None
@@ -63,17 +147,18 @@ class MixedRow(StrictModel):
 
 
 class BatchingExtra(StrictModel):
-    sweep: Fields = Field(default_factory=dict)  # the sweep's settings (mode, main point, SLO, lengths)
-    engine: Fields = Field(default_factory=dict)  # the engine's scheduler limits
-    h200_reference: Fields = Field(default_factory=dict)
+    sweep: SweepSettings | None = None  # the sweep phase sets these three (every run.json has them)
+    engine: EngineLimits | None = None
+    h200_reference: H200Reference | None = None
     curve: list[CurveRow] = Field(default_factory=list)
     throughput_point: ThroughputPoint | None = None
     kv_cache: KVCacheRecord | None = None
     capacity: list[CapacityRow] = Field(default_factory=list)
-    capacity_probes: list[Fields] = Field(default_factory=list)
+    # free-form: each probe's answer as the probe process wrote it (engines/static_batching's keys)
+    capacity_probes: list[Json] = Field(default_factory=list)
     mixed: list[MixedRow] = Field(default_factory=list)
-    mixed_setup: Fields | None = None
-    lifecycle: Fields = Field(default_factory=dict)  # device memory and processes around the engine
+    mixed_setup: MixedSetup | None = None
+    lifecycle: EngineLifecycle = Field(default_factory=EngineLifecycle)  # filled in as the engine goes
     # the transformers probes (mixed-length, capacity) through the probe worker: model loads,
     # worker processes, probes, and their wall time (loads included)
     probe_loads: int | None = None

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from llmopt_bench.core.contract import Stage, StageContext
 from llmopt_bench.core.errors import describe, is_oom
-from llmopt_bench.core.freeform import Fields
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.records import LoadInfo, RequestSample, StageRun
 from llmopt_bench.core.workload import WorkloadConfig, build_requests
 from llmopt_bench.engines.lifecycle import device_memory, rss, wait_freed
@@ -48,7 +48,7 @@ from llmopt_bench.scenarios.batching import (
     point_row,
     sweep_settings,
 )
-from llmopt_bench.scenarios.batching_record import BatchingExtra, CapacityRow, CurveRow, ThroughputPoint
+from llmopt_bench.scenarios.batching_record import BatchingExtra, CapacityRow, CurveRow, EngineLifecycle, ThroughputPoint
 from llmopt_bench.scenarios.capacity import hf_capacity, vllm_capacity_rows
 
 
@@ -83,8 +83,8 @@ class BatchingStage(Stage):
         self.model, self.device, self.ctx = model, ctx.device, ctx
         self.notes: list[str] = []
         # NVML only before the engine: touching CUDA here would force vLLM to spawn
-        self.lifecycle: Fields = {"device": ctx.device, "before_engine": device_memory(use_torch=False),
-                                          "processes_before_engine": len(descendants())}
+        self.lifecycle: EngineLifecycle = {"device": ctx.device, "before_engine": device_memory(use_torch=False),
+                                           "processes_before_engine": len(descendants())}
         self.points: list[CurvePoint] = []
         self.samples: list[RequestSample] = []  # the main point's: the stage's samples
         self.tp_point: CurvePoint | None = None
@@ -92,7 +92,8 @@ class BatchingStage(Stage):
         engine, info = self.start_engine(model, params, ctx)
         self.engine = engine
         if info.implementation.get("engine_shared_with"):  # the engine was up before this stage: its baseline
-            self.lifecycle.update(getattr(engine, "baseline", {}))
+            baseline: EngineLifecycle = getattr(engine, "baseline", EngineLifecycle())  # before_engine, processes_before_engine
+            self.lifecycle.update(baseline)
         self.dtype = engine.cfg.dtype  # transformers loads in the engine's dtype, after the engine is gone
         self.source = EngineRequests(engine.encode, engine.max_model_len, self.notes)
         return info
@@ -152,7 +153,7 @@ class BatchingStage(Stage):
             got.append(res)
         return combine(got)
 
-    def energy(self, point: CurvePoint, mode: str) -> Fields | None:
+    def energy(self, point: CurvePoint, mode: str) -> dict[str, float | int | None] | None:
         """The point's joules per output token over its timed windows; None without a counter."""
         return self.ctx.meter.per_key().get(point.meter_key(mode))
 
@@ -176,10 +177,9 @@ class BatchingStage(Stage):
         p = self.params
         point = self.tp_point = plan_throughput_point(p, workload, self.source)
         got = self.serve(point)
-        reference = H200_REFERENCE["vllm_fp16_256x128_out_tok_s"]  # a table of numbers and the model's name
         self.extra.throughput_point = ThroughputPoint(
             continuous=point_row(point, "continuous", got, p, energy=self.energy(point, "continuous")),
-            reference_h200_out_tok_s=reference if isinstance(reference, (int, float)) else None)
+            reference_h200_out_tok_s=H200_REFERENCE["vllm_fp16_256x128_out_tok_s"])
 
     def mixed_continuous(self, point: CurvePoint) -> None:
         t0 = time.perf_counter()
@@ -199,8 +199,8 @@ class BatchingStage(Stage):
         """The engine goes, and its memory with it: what it held, and proof that it is back."""
         life = self.lifecycle
         pids = descendants()
-        life.update(with_engine=device_memory(use_torch=self.device == "cuda"), engine_processes=len(pids),
-                    engine_rss_bytes=rss(pids), engine_process_names=[cmdline(pid)[:120] for pid in pids])
+        life.update({"with_engine": device_memory(use_torch=self.device == "cuda"), "engine_processes": len(pids),
+                     "engine_rss_bytes": rss(pids), "engine_process_names": [cmdline(pid)[:120] for pid in pids]})
         if self.extra.mixed:  # the continuous configuration's peak: the engine's footprint
             used, before = life["with_engine"].get("nvml_used_bytes"), life["before_engine"].get("nvml_used_bytes")
             self.extra.mixed[0].peak_bytes = used - before if used is not None and before is not None else life["engine_rss_bytes"]
@@ -209,7 +209,12 @@ class BatchingStage(Stage):
         engine, self.engine = self.running, None
         engine.close()
         del engine
-        life.update(wait_freed(life["before_engine"], self.device == "cuda"))
+        # wait_freed's dict is untyped (engines/lifecycle): its keys named one by one; once it returns a
+        # TypedDict with these keys, life.update(wait_freed(...)) says the same
+        freed = wait_freed(life["before_engine"], self.device == "cuda")
+        life.update({"after_shutdown": freed["after_shutdown"], "processes_after_shutdown": freed["processes_after_shutdown"],
+                     "t_freed": freed["t_freed"], "left_after_shutdown": freed["left_after_shutdown"],
+                     "freed": freed["freed"], "wait_s": freed["wait_s"]})
         life["shutdown_s"] = round(time.perf_counter() - t0, 3)
 
     # --- the static replay, in this process -----------------------------------------------
@@ -281,9 +286,10 @@ class BatchingStage(Stage):
 
     # --- the record -----------------------------------------------------------------------
 
-    def dump(self) -> Fields:
+    def dump(self) -> Json:
         """The extra as run.json keeps it: the keys the stage set (a phase that did not run
-        leaves none behind, as before the record was typed)."""
+        leaves none behind, as before the record was typed). Json: written out as it is, into
+        StageRun.extra (BatchingExtra has checked it)."""
         return self.extra.model_dump(mode="json", exclude_unset=True)
 
     def keep(self) -> None:

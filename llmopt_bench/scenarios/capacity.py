@@ -19,14 +19,45 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from llmopt_bench.core.freeform import Fields, Json
+from typing_extensions import NotRequired, TypedDict
+
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.engines.static_batching import run_isolated
 from llmopt_bench.engines.vllm.kv import KVCacheRecord
+from llmopt_bench.scenarios.batching_record import RuledOut
 
 CPU_NOTE = "no OOM boundary on CPU: batch 1 and 2 probed only (host memory, no OOM in reasonable time)"
 
 
-def vllm_capacity_rows(kv: KVCacheRecord | None, contexts: list[int], max_num_seqs: int | None) -> list[Fields]:
+class VLLMCapacity(TypedDict):
+    """vLLM's capacity at a context, from its KV cache (a CapacityRow)."""
+
+    engine: str
+    context: int
+    max_batch: int | None
+    oom_at: None  # the KV cache is preallocated: no OOM to find
+    peak_bytes: int | None
+    scheduler_limit: int | None
+    method: str
+
+
+class ProbedCapacity(TypedDict):
+    """transformers' capacity at a context, as its probes found it (a CapacityRow)."""
+
+    engine: str
+    context: int
+    max_batch: int | None
+    oom_at: int | None
+    peak_bytes: int | None
+    attn_implementation: str
+    probed: list[int]
+    ruled_out: NotRequired[RuledOut]
+    error: NotRequired[str | None]
+    note: NotRequired[str]
+    memory_at_oom_bytes: NotRequired[int | None]
+
+
+def vllm_capacity_rows(kv: KVCacheRecord | None, contexts: list[int], max_num_seqs: int | None) -> list[VLLMCapacity]:
     """vLLM's rows: floor(KV-cache tokens / context); the scheduler admits at most max_num_seqs."""
     tokens = kv.tokens if kv else None
     return [{"engine": "vllm", "context": c, "max_batch": tokens // c if tokens else None, "oom_at": None,
@@ -68,9 +99,9 @@ def search_sizes(sizes: list[int], cuda: bool, ask: Callable[[int], Json]) -> Si
 
 
 def capacity_row(context: int, attn: str, got: SizeSearch, ruled_out: list[int], no_fit: tuple[int, int] | None,
-                 cuda: bool, sizes: list[int], max_batch: int) -> Fields:
+                 cuda: bool, sizes: list[int], max_batch: int) -> ProbedCapacity:
     oom_at = got.oom_at if got.oom_at is not None or not ruled_out else min(ruled_out)  # ruled out: not probed
-    row: Fields = {"engine": "transformers", "context": context, "max_batch": got.fit, "oom_at": oom_at,
+    row: ProbedCapacity = {"engine": "transformers", "context": context, "max_batch": got.fit, "oom_at": oom_at,
                    "peak_bytes": got.peak, "attn_implementation": attn, "probed": got.tried}
     if ruled_out and no_fit:
         row["ruled_out"] = {"batches": ruled_out, "because": f"batch {no_fit[0]} ran out of memory at {no_fit[1]} tokens"}
@@ -88,7 +119,7 @@ def capacity_row(context: int, attn: str, got: SizeSearch, ruled_out: list[int],
 def hf_capacity(model_path: str, device: str, dtype: str, attn: str, contexts: list[int], max_batch: int,
                 decode_steps: int, timeout_s: float, workdir: Path,
                 progress: Callable[[str], None] = lambda m: None,
-                probe: Callable[..., Json] = run_isolated) -> tuple[list[Fields], list[Json]]:
+                probe: Callable[..., Json] = run_isolated) -> tuple[list[ProbedCapacity], list[Json]]:
     """transformers rows of extra["capacity"], and every probe's answer. probe(kind, job,
     timeout_s, workdir) runs one batch: the stage's ModelWorker, or run_isolated (a process each).
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Callable
 
 from pydantic import ConfigDict, Field
+from typing_extensions import NotRequired, TypedDict
 
 from llmopt_bench.core.contract import StageSkipped
 from llmopt_bench.core.distribution import Distribution
-from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import StrictModel
 
 CLAIMS = [("2x at 2K", 2048, 2.0), ("4x at 8K", 8192, 4.0)]
@@ -42,7 +42,7 @@ class SweepRow(StrictModel):
     peak_bytes: int | None = None
     status: str
     reason: str | None = None
-    energy: Fields | None = None  # the cell's timed window (TimedMeter.record): joules per output token, where counted
+    energy: dict[str, float | int | None] | None = None  # the cell's timed window (TimedMeter.record): joules per output token, where counted
 
 
 class SweepSpeedup(StrictModel):
@@ -83,6 +83,47 @@ class ContextSweepExtra(StrictModel):
     engines: list[OpenRecord] = Field(default_factory=list)  # vllm-attn: one engine per backend
 
 
+class SweepCell(TypedDict):
+    """A SweepRow as the loop builds it (scenarios/context_sweep_run.row)."""
+
+    impl: str
+    effective_impl: str | None
+    context: int
+    batch: int
+    ttft_s: dict[str, float] | None  # Distribution.model_dump()
+    tpot_s: dict[str, float] | None
+    peak_bytes: int | None
+    status: str
+    reason: str | None
+    energy: NotRequired[dict[str, float | int | None]]  # where the device counts energy
+
+
+class Speedup(TypedDict):
+    """A SweepSpeedup as speedups() builds it."""
+
+    impl: str
+    context: int
+    batch: int
+    prefill_speedup: float | None
+    prefill_spread: list[float | None] | None
+    decode_speedup: float | None
+    decode_spread: list[float | None] | None
+
+
+class Claim(TypedDict):
+    """A SweepClaim as sweep_claims() judges it."""
+
+    claim: str
+    context: int
+    target: float
+    impl: str | None
+    batch: int
+    prefill: str
+    measured_prefill: float | None
+    decode: str
+    measured_decode: float | None
+
+
 def plan_contexts(contexts: list[int], max_positions: int | None, device: str, cpu_cap: int | None) -> tuple[list[int], list[str]]:
     """The contexts to measure (sorted, unique) and a note for each one changed: above the
     model's positions: dropped; on CPU above cpu_cap: measured at cpu_cap instead."""
@@ -117,7 +158,7 @@ def sweep_contexts(params: ContextSweepParams, max_positions: int | None, device
     return contexts, notes
 
 
-def _row(rows: list[dict], impl: str, context: int, batch: int) -> dict | None:
+def _row(rows: list[SweepCell], impl: str, context: int, batch: int) -> SweepCell | None:
     return next((r for r in rows if r["impl"] == impl and r["context"] == context and r["batch"] == batch), None)
 
 
@@ -125,42 +166,46 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b and b > 0 else None
 
 
-def speedups(rows: list[dict], baseline: str) -> list[dict]:
+def _speedup(base: dict[str, float] | None, impl: dict[str, float] | None) -> tuple[float | None, list[float | None] | None]:
+    """Baseline p50 over impl p50, and its spread (baseline min / impl max, baseline max / impl min)."""
+    if not base or not impl:
+        return None, None
+    return _ratio(base["p50"], impl["p50"]), [_ratio(base["min"], impl["max"]), _ratio(base["max"], impl["min"])]
+
+
+def speedups(rows: list[SweepCell], baseline: str) -> list[Speedup]:
     """Baseline p50 over impl p50 for every ok row that has an ok baseline row; the spread is
     (baseline min / impl max, baseline max / impl min): the range the repeats allow."""
-    out = []
+    out: list[Speedup] = []
     for r in rows:
         if r["impl"] == baseline or r["status"] != "ok":
             continue
         base = _row(rows, baseline, r["context"], r["batch"])
         if base is None or base["status"] != "ok":
             continue
-        entry: Fields = {"impl": r["impl"], "context": r["context"], "batch": r["batch"]}
-        for phase, key in (("prefill", "ttft_s"), ("decode", "tpot_s")):
-            b, i = base[key], r[key]
-            if not b or not i:
-                entry[f"{phase}_speedup"], entry[f"{phase}_spread"] = None, None
-                continue
-            entry[f"{phase}_speedup"] = _ratio(b["p50"], i["p50"])
-            entry[f"{phase}_spread"] = [_ratio(b["min"], i["max"]), _ratio(b["max"], i["min"])]
-        out.append(entry)
+        prefill, prefill_spread = _speedup(base["ttft_s"], r["ttft_s"])
+        decode, decode_spread = _speedup(base["tpot_s"], r["tpot_s"])
+        out.append({"impl": r["impl"], "context": r["context"], "batch": r["batch"], "prefill_speedup": prefill,
+                    "prefill_spread": prefill_spread, "decode_speedup": decode, "decode_spread": decode_spread})
     return out
 
 
-def sweep_claims(speeds: list[dict], impls: list[str], rows: list[dict]) -> list[dict]:
+def _verdict(value: float | None, target: float) -> str:
+    return "not measured" if value is None else ("held" if value >= target else "not held")
+
+
+def sweep_claims(speeds: list[Speedup], impls: list[str], rows: list[SweepCell]) -> list[Claim]:
     """The story's claims against the FlashAttention implementation that ran (flash_attention_2,
     else sdpa-flash), batch 1 (else the smallest batch): held when the p50 ratio reaches the target."""
     ran = [i for i in ("flash_attention_2", "sdpa-flash") if any(s["impl"] == i for s in speeds)]
     impl = ran[0] if ran else next((i for i in ("flash_attention_2", "sdpa-flash") if i in impls), None)
     batches = sorted({r["batch"] for r in rows}) or [1]
     batch = 1 if 1 in batches else batches[0]
-    out = []
+    out: list[Claim] = []
     for text, context, target in CLAIMS:
         s = next((s for s in speeds if s["impl"] == impl and s["context"] == context and s["batch"] == batch), None)
-        entry: Fields = {"claim": text, "context": context, "target": target, "impl": impl, "batch": batch}
-        for phase in ("prefill", "decode"):
-            value = s.get(f"{phase}_speedup") if s else None
-            entry[phase] = "not measured" if value is None else ("held" if value >= target else "not held")
-            entry[f"measured_{phase}"] = value
-        out.append(entry)
+        prefill, decode = (s["prefill_speedup"], s["decode_speedup"]) if s else (None, None)
+        out.append({"claim": text, "context": context, "target": target, "impl": impl, "batch": batch,
+                    "prefill": _verdict(prefill, target), "measured_prefill": prefill,
+                    "decode": _verdict(decode, target), "measured_decode": decode})
     return out

@@ -14,7 +14,7 @@ A stage is ContextSweepStage plus `start_sweep`: which engine adapter, which pla
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Protocol
+from typing import Any, Callable, ClassVar, Mapping, Protocol, TypedDict
 
 from pydantic import BaseModel
 
@@ -22,11 +22,10 @@ from llmopt_bench.analysis.metrics import tpot, ttft
 from llmopt_bench.core.contract import Stage, StageContext
 from llmopt_bench.core.distribution import Distribution
 from llmopt_bench.core.errors import describe, is_oom
-from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import LoadInfo, RequestSample, StageRun
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.engines.variants import Measured, Opened, Timed, VariantUnavailable
-from llmopt_bench.scenarios.context_sweep import ContextSweepExtra, speedups
+from llmopt_bench.scenarios.context_sweep import Claim, ContextSweepExtra, Speedup, SweepCell, speedups
 from llmopt_bench.scenarios.context_sweep_report import SweepPresentation
 
 
@@ -44,8 +43,9 @@ class SweepEngine(Protocol):
     def close(self) -> None:
         """Close the open variant, if any, and wait until it is gone. Idempotent."""
 
-    def records(self) -> Fields:
-        """The adapter's own records for the extra (kernels and agreement; engines)."""
+    def records(self) -> Mapping[str, object]:
+        """The adapter's own records for the extra, each under its key (hf_attention.HFRecords:
+        kernels and agreement; vllm/attention.VLLMRecords: engines); ContextSweepExtra checks them."""
 
 
 @dataclass
@@ -57,7 +57,7 @@ class SweepPlan:
     noun: str = "variant"  # how the error names them when none ran: "attention backend"
     baseline: str | None = None  # speedups against it; None: the first variant with an ok row
     samples_from: tuple[str, ...] = ()  # whose largest ok batch-1 cell is the stage's samples, before the baseline's
-    claims: Callable[[list[dict], list[str], list[dict]], list[dict]] | None = None  # the story's claims it judges
+    claims: Callable[[list[Speedup], list[str], list[SweepCell]], list[Claim]] | None = None  # the story's claims it judges
     notes: list[str] = field(default_factory=list)
 
 
@@ -73,12 +73,23 @@ def cell_key(variant: str, context: int, batch: int) -> str:
     return f"{variant}@{context}x{batch}"
 
 
-def row(variant: str, context: int, batch: int, status: str, reason: str | None = None, **measured: Any) -> Fields:
-    return {"impl": variant, "effective_impl": None, "context": context, "batch": batch, "ttft_s": None,
-            "tpot_s": None, "peak_bytes": None, "status": status, "reason": reason, **measured}
+class CellStats(TypedDict):
+    """What measuring a cell gave (or its failure), for its row."""
+
+    ttft_s: dict[str, float] | None  # Distribution.model_dump()
+    tpot_s: dict[str, float] | None
+    peak_bytes: int | None
+    status: str
+    reason: str | None
 
 
-def cell_stats(measured: Measured, decode_tokens: int) -> Fields:
+def row(variant: str, context: int, batch: int, status: str, reason: str | None = None, *, effective_impl: str | None = None,
+        ttft_s: dict[str, float] | None = None, tpot_s: dict[str, float] | None = None, peak_bytes: int | None = None) -> SweepCell:
+    return {"impl": variant, "effective_impl": effective_impl, "context": context, "batch": batch, "ttft_s": ttft_s,
+            "tpot_s": tpot_s, "peak_bytes": peak_bytes, "status": status, "reason": reason}
+
+
+def cell_stats(measured: Measured, decode_tokens: int) -> CellStats:
     """Prefill (TTFT) and decode (TPOT) of a cell. A request counts when it produced every token
     asked for; requests generated together share their times, so each repeat counts once."""
     complete = [s for s in measured.samples if s.ok and s.output_tokens == decode_tokens + 1]
@@ -109,10 +120,11 @@ def timed_window(meter: Any, key: str) -> Timed:
     return timed
 
 
-def summary(r: Fields) -> str:
-    if r["status"] != "ok":
+def summary(r: SweepCell) -> str:
+    ttft_s, tpot_s = r["ttft_s"], r["tpot_s"]
+    if r["status"] != "ok" or ttft_s is None or tpot_s is None:  # an ok row has both (cell_stats)
         return f": {r['status']} ({r['reason']})"
-    return f": ttft {r['ttft_s']['p50'] * 1e3:.1f} ms, tpot {r['tpot_s']['p50'] * 1e3:.2f} ms/tok"
+    return f": ttft {ttft_s['p50'] * 1e3:.1f} ms, tpot {tpot_s['p50'] * 1e3:.2f} ms/tok"
 
 
 class Sweep:
@@ -120,7 +132,7 @@ class Sweep:
 
     def __init__(self, engine: SweepEngine, plan: SweepPlan, workload: WorkloadConfig, ctx: StageContext):
         self.engine, self.plan, self.workload, self.ctx = engine, plan, workload, ctx
-        self.rows: list[Fields] = []
+        self.rows: list[SweepCell] = []
         self.cells: dict[tuple[str, int, int], list[RequestSample]] = {}
         self.done, self.total = 0, len(plan.variants) * len(plan.contexts) * len(plan.batches)
 
@@ -158,10 +170,10 @@ class Sweep:
             stats = cell_stats(measured, self.plan.decode_tokens)
             self.cells[(variant, context, batch)] = measured.samples
         except Exception as e:  # noqa: BLE001 - OOM or a kernel error at one shape: a row, the sweep goes on
-            stats = {"status": "failed", "reason": failure(e)}
-        r = row(variant, context, batch, **{**stats, "effective_impl": opened.effective})
+            stats = {"ttft_s": None, "tpot_s": None, "peak_bytes": None, "status": "failed", "reason": failure(e)}
+        r = row(variant, context, batch, effective_impl=opened.effective, **stats)
         if r["status"] == "ok" and opened.mismatch:
-            r.update(status="failed", reason=opened.mismatch)
+            r["status"], r["reason"] = "failed", opened.mismatch
         energy = self.ctx.meter.record(key)  # None: no energy counter, or the cell failed inside its window
         if energy is not None:
             r["energy"] = energy
@@ -199,7 +211,8 @@ class Sweep:
         samples, key, note = self.pick_samples(baseline)
         if key is not None:
             self.ctx.meter.copy(key, "main")
-        fields: Fields = {"sweep": self.rows, "speedups": speeds, "baseline": baseline, **self.engine.records()}
+        # checked once, here, by ContextSweepExtra: the rows, speedups and claims typed above, the adapter's records its own
+        fields: dict[str, object] = {"sweep": self.rows, "speedups": speeds, "baseline": baseline, **self.engine.records()}
         if self.plan.claims is not None:
             fields["claims"] = self.plan.claims(speeds, self.plan.variants, self.rows)
         return SweepOutcome(ContextSweepExtra.model_validate(fields), samples, note)

@@ -7,15 +7,15 @@ docs/batching.md, "The mixed-length pitfall"."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypedDict
 
-from llmopt_bench.core.freeform import Fields, Json
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Request, WorkloadConfig, fit_length, load_prompts
 from llmopt_bench.engines.static_batching import run_isolated
 from llmopt_bench.load.point import LoadPoint
 from llmopt_bench.scenarios.batching import CurveParams, CurvePoint, EngineRequests
-from llmopt_bench.scenarios.batching_record import CurveRow, MixedRow
+from llmopt_bench.scenarios.batching_record import CurveRow, MixedRow, MixedSetup
 
 CONFIGS = ("static-mixed", "cap-context", "bucketed")  # one probe each
 ORDER = [*CONFIGS, "continuous"]
@@ -52,18 +52,34 @@ def mixed_point(p: CurveParams, workload: WorkloadConfig, source: EngineRequests
     return point, len(long_ids)
 
 
+class ContinuousFigures(TypedDict):
+    """The continuous configuration's MixedRow extras (it allows them): the figures a static
+    probe reports too, beside its declared fields."""
+
+    long_requests: int
+    max_prompt_len: int
+    prompt_tokens: int
+    padded_prompt_tokens: None  # no padding
+    output_tokens: int
+    seconds: float
+    ttft_p50_s: float | None
+    e2e_p50_s: float | None
+    note: str
+
+
 def continuous_row(point: CurvePoint, n_long: int, samples: list[RequestSample], seconds: float, row: CurveRow) -> MixedRow:
     """The set through the continuous engine; its peak is the engine's footprint, known once
     the engine's memory is measured (the stage sets peak_bytes then)."""
     reqs = point.requests
-    # MixedRow's extras (it allows them): the figures a static probe reports too, beside its declared fields
-    figures: Fields = {
+    figures: ContinuousFigures = {
         "long_requests": n_long, "max_prompt_len": max(len(r.token_ids) for r in reqs),
         "prompt_tokens": sum(len(r.token_ids) for r in reqs), "padded_prompt_tokens": None,
         "output_tokens": sum(s.output_tokens for s in samples), "seconds": round(seconds, 4),
         "ttft_p50_s": row.ttft_p50_s, "e2e_p50_s": row.e2e_p50_s, "note": CONTINUOUS_NOTE}
-    return MixedRow(config="continuous", status="ok", requests=len(reqs), all_tokens_produced=row.failed == 0,
-                    output_tok_s=row.output_tok_s, memory_at_oom_bytes=None, peak_bytes=None, **figures)
+    # validated from a dict: the figures are MixedRow's extras, which its typed __init__ does not name
+    return MixedRow.model_validate({"config": "continuous", "status": "ok", "requests": len(reqs),
+                                    "all_tokens_produced": row.failed == 0, "output_tok_s": row.output_tok_s,
+                                    "memory_at_oom_bytes": None, "peak_bytes": None, **figures})
 
 
 def bucket_budget(p: CurveParams) -> int:
@@ -92,7 +108,7 @@ def in_order(rows: list[MixedRow]) -> list[MixedRow]:
     return sorted(rows, key=lambda r: ORDER.index(r.config) if r.config in ORDER else len(ORDER))
 
 
-def setup(p: CurveParams, point: CurvePoint, n_long: int) -> Fields:
+def setup(p: CurveParams, point: CurvePoint, n_long: int) -> MixedSetup:
     return {"requests": len(point.requests), "long_requests": n_long, "batch": p.mixed_batch, "cap_context": p.cap_context,
             "bucket_token_budget": bucket_budget(p), "attn_implementation": p.mixed_attn_implementation,
             "long_len": max(len(r.token_ids) for r in point.requests)}

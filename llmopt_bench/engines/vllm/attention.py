@@ -9,10 +9,9 @@ TTFT is a real prefill."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 from llmopt_bench.core.errors import describe
-from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests, fit_length
 from llmopt_bench.engines.lifecycle import device_memory, wait_freed
@@ -53,6 +52,24 @@ def within_positions(contexts: list[int], max_positions: int | None, decode_toke
     return sorted({min(c, room) for c in contexts}), notes
 
 
+class EngineRecord(TypedDict, total=False):
+    """One engine start of the sweep: the backend asked for and the one vLLM used, its start-up
+    phases and KV cache, and its shutdown (or the error that ended its start)."""
+
+    backend: str
+    effective: str | None
+    load_s: dict[str, float]  # LoadInfo.phases_s
+    kv_cache: dict[str, Any] | None  # LoadInfo.implementation["kv_cache"]: offline.build_engine's, typed there
+    error: str
+    lifecycle: dict[str, Any]  # engines/lifecycle.wait_freed()'s, typed there
+
+
+class VLLMRecords(TypedDict):
+    """What the vllm-attn stage's extra keeps of the adapter (ContextSweepExtra)."""
+
+    engines: list[EngineRecord]
+
+
 class VLLMAttention:
     """vLLM as the sweep's engine: one engine per backend, started, verified, measured, gone."""
 
@@ -68,8 +85,8 @@ class VLLMAttention:
             self.max_len = min(self.max_len, model_info.max_position_embeddings)
         self.tok = AutoTokenizer.from_pretrained(model_info.path)
         self.llm: Any = None
-        self.engine: Fields | None = None  # the open engine's record, until it is closed
-        self.engines: list[Fields] = []  # every start: phases, KV cache, lifecycle (or its error)
+        self.engine: EngineRecord | None = None  # the open engine's record, until it is closed
+        self.engines: list[EngineRecord] = []  # every start: phases, KV cache, lifecycle (or its error)
 
     def open(self, backend: str, workload: WorkloadConfig) -> Opened:
         if backend in self.skipped:
@@ -84,7 +101,7 @@ class VLLMAttention:
         try:
             self.llm, info = V.build_engine(self.model_info.path, cfg, self.log_path)
             effective = info.implementation.get("attention_backend")
-            self.engine.update(effective=effective, load_s=info.phases_s, kv_cache=info.implementation.get("kv_cache"))
+            self.engine.update({"effective": effective, "load_s": info.phases_s, "kv_cache": info.implementation.get("kv_cache")})
             if backend != "auto" and effective != backend:
                 raise RuntimeError(f"asked for {backend}, vLLM used {effective}")
         except Exception as e:
@@ -126,5 +143,5 @@ class VLLMAttention:
             self.engines.append(self.engine)
             self.engine = None
 
-    def records(self) -> Fields:
+    def records(self) -> VLLMRecords:
         return {"engines": self.engines}
