@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TypedDict
+
+from pydantic import ConfigDict, with_config
+from typing_extensions import TypedDict  # pydantic validates a typing.TypedDict only from Python 3.12
 
 from llmopt_bench.procs.gpu import GIB, used_by_device, wait_gpu_free
 from llmopt_bench.procs.tree import cmdline, descendants
@@ -37,6 +39,7 @@ def rss(pids: list[int]) -> int:
     return total
 
 
+@with_config(ConfigDict(extra="allow"))  # records keep a key a later probe adds (batching's run.json holds these)
 class DeviceMemory(TypedDict, total=False):
     """Device memory at one moment: each part only where it could be read."""
 
@@ -47,6 +50,7 @@ class DeviceMemory(TypedDict, total=False):
     used_bytes: int
 
 
+@with_config(ConfigDict(extra="allow"))
 class Freed(TypedDict):
     """wait_freed's record: the engine's processes and the device memory after its shutdown."""
 

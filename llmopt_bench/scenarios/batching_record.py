@@ -4,13 +4,12 @@ defines every field."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import ConfigDict, Field, with_config
 from typing_extensions import NotRequired, TypedDict
 
 from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.records import StrictModel
+from llmopt_bench.engines.lifecycle import DeviceMemory
 from llmopt_bench.engines.vllm.kv import KVCacheRecord
 from llmopt_bench.load.record import PointRow
 
@@ -59,13 +58,13 @@ class EngineLifecycle(TypedDict, total=False):
     engines/lifecycle.device_memory()'s (typed there), as are wait_freed()'s keys below."""
 
     device: str
-    before_engine: dict[str, Any]  # engines/lifecycle.device_memory()
+    before_engine: DeviceMemory
     processes_before_engine: int
-    with_engine: dict[str, Any]  # engines/lifecycle.device_memory()
+    with_engine: DeviceMemory
     engine_processes: int
     engine_rss_bytes: int
     engine_process_names: list[str]
-    after_shutdown: dict[str, Any]  # from here to wait_s: engines/lifecycle.wait_freed()
+    after_shutdown: DeviceMemory  # from here to wait_s: engines/lifecycle.Freed's keys
     processes_after_shutdown: int
     t_freed: float
     left_after_shutdown: list[str]
@@ -73,8 +72,8 @@ class EngineLifecycle(TypedDict, total=False):
     wait_s: float
     shutdown_s: float
     t_transformers_load: float
-    transformers_loaded: dict[str, Any]  # engines/lifecycle.device_memory()
-    transformers_unloaded: dict[str, Any]  # engines/lifecycle.device_memory()
+    transformers_loaded: DeviceMemory
+    transformers_unloaded: DeviceMemory
 
 
 class RuledOut(TypedDict):

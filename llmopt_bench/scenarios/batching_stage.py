@@ -209,12 +209,7 @@ class BatchingStage(Stage):
         engine, self.engine = self.running, None
         engine.close()
         del engine
-        # wait_freed's dict is untyped (engines/lifecycle): its keys named one by one; once it returns a
-        # TypedDict with these keys, life.update(wait_freed(...)) says the same
-        freed = wait_freed(life["before_engine"], self.device == "cuda")
-        life.update({"after_shutdown": freed["after_shutdown"], "processes_after_shutdown": freed["processes_after_shutdown"],
-                     "t_freed": freed["t_freed"], "left_after_shutdown": freed["left_after_shutdown"],
-                     "freed": freed["freed"], "wait_s": freed["wait_s"]})
+        life.update(wait_freed(life["before_engine"], self.device == "cuda"))
         life["shutdown_s"] = round(time.perf_counter() - t0, 3)
 
     # --- the static replay, in this process -----------------------------------------------

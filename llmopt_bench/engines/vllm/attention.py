@@ -14,9 +14,10 @@ from typing import Any, Callable, TypedDict
 from llmopt_bench.core.errors import describe
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests, fit_length
-from llmopt_bench.engines.lifecycle import device_memory, wait_freed
+from llmopt_bench.engines.lifecycle import Freed, device_memory, wait_freed
 from llmopt_bench.engines.variants import CellParams, Measured, Opened, Timed, VariantUnavailable
 from llmopt_bench.engines.vllm import offline as V
+from llmopt_bench.engines.vllm.offline import StartKVCache
 from llmopt_bench.engines.vllm.params import VLLMEngineParams, engine_config
 
 CUDA_BACKENDS = ("FLASH_ATTN", "TRITON_ATTN", "FLASHINFER")
@@ -59,9 +60,9 @@ class EngineRecord(TypedDict, total=False):
     backend: str
     effective: str | None
     load_s: dict[str, float]  # LoadInfo.phases_s
-    kv_cache: dict[str, Any] | None  # LoadInfo.implementation["kv_cache"]: offline.build_engine's, typed there
+    kv_cache: StartKVCache | None  # LoadInfo.implementation["kv_cache"]
     error: str
-    lifecycle: dict[str, Any]  # engines/lifecycle.wait_freed()'s, typed there
+    lifecycle: Freed
 
 
 class VLLMRecords(TypedDict):
