@@ -21,7 +21,7 @@ from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
 from llmopt_bench.measure.pinning import ENV as PIN_ENV
 
 if TYPE_CHECKING:
-    from llmopt_bench.core.workload import WorkloadConfig
+    from llmopt_bench.core.workload import WorkloadConfig, WorkloadOptions
 
 
 def parse_min_quality(text: str | None) -> float | None:
@@ -213,7 +213,7 @@ def check_preset_use(preset: str | None, *, stages: str | None, endpoint: str | 
             raise UsageError(f"--preset {preset} and {option} both choose the stages to run", fix)
 
 
-def plans_and_workload(preset: str | None, given: dict, previous, cuda: bool, stages: str | None,
+def plans_and_workload(preset: str | None, given: WorkloadOptions, previous, cuda: bool, stages: str | None,
                        model: str | None, endpoint: str | None, api_key_env: str | None, tokenizer: str | None,
                        slo: str | None, hold: float | None = None) -> tuple[list, bool, str | None, WorkloadConfig]:
     """The stages to run, whether the user named them, the run's model and its workload: the
@@ -236,7 +236,7 @@ def plans_and_workload(preset: str | None, given: dict, previous, cuda: bool, st
     return plans, named, model, cfg
 
 
-def journey_workload(stages: str | None) -> dict:
+def journey_workload(stages: str | None) -> WorkloadOptions:
     """A journey file's [workload] table, as the --workload it stands for (none: {})."""
     from llmopt_bench.cli.workload_options import checked_spec
     from llmopt_bench.run.registry import journey_table
@@ -248,7 +248,7 @@ def journey_workload(stages: str | None) -> dict:
     return {"spec": checked_spec(spec_of_table(table, stages))} if table else {}
 
 
-def preset_run(name: str, given: dict) -> tuple[list, WorkloadConfig]:
+def preset_run(name: str, given: WorkloadOptions) -> tuple[list, WorkloadConfig]:
     """--preset NAME -> its journey's plans on this machine (with CUDA or without) and the run's
     workload: the preset's defaults for the device, under the workload options given."""
     from llmopt_bench.core.workload import resolve_workload

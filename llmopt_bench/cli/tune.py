@@ -103,7 +103,7 @@ def tune_cmd(
 
 
 def new_options(space: Path | None, model: str | None, budget_s: float, slo: str | None, hold_s: float | None,
-                max_trials: int | None, gate: float | None, output: Path | None, given: dict):
+                max_trials: int | None, gate: float | None, output: Path | None, given: dict[str, object]):
     """Everything a new tune run needs, checked: the space (for this device), the model, the workload, the SLO."""
     from llmopt_bench.analysis.quality_gate import DEFAULT_MIN_QUALITY
     from llmopt_bench.core.models import default_model, parse_model
