@@ -31,7 +31,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 from llmopt_bench.core.distribution import percentile
-from llmopt_bench.core.freeform import Fields
+from llmopt_bench.core.freeform import Json
 
 LAG_INTERVAL_S = 0.02  # the lag monitor's tick: 50 wake-ups a second (at 5 ms its 200 cost 13% of a concurrency-1 client's CPU on 2 busy cores)
 TIMER_GRANULARITY_S = 0.001  # asyncio's epoll timeout is whole milliseconds, rounded up: lateness within it is not lag
@@ -90,7 +90,8 @@ class RequestClock:
 
 @dataclass(frozen=True)
 class ClientHealth:
-    """The client's punctuality over one point (docs/serving.md, "The client's own clock")."""
+    """The client's punctuality over one point (docs/serving.md, "The client's own clock");
+    a serving row keeps it whole (scenarios/serving/record.LoadRow.client)."""
 
     requests: int
     chunks: int
@@ -109,7 +110,7 @@ class ClientHealth:
     burst_share: float | None  # requests whose chunks, as timed, came in one burst the client may have caused
     edge_lost_share: float | None  # requests whose first or last token lost its own receive time (TTFT, TPOT)
 
-    def as_dict(self) -> Fields:
+    def as_dict(self) -> Json:  # written out as it is: scripts/peer-serve.py's rounds file
         return asdict(self)
 
 

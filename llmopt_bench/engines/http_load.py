@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmopt_bench.core.dispatch import Dispatcher, Send
-from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import CacheRecord, RequestSample
 from llmopt_bench.engines.client_health import ClientHealth
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient, Tally
-from llmopt_bench.engines.server_metrics import MetricsPage, ServerWatch
+from llmopt_bench.engines.server_metrics import MetricsPage, ServerClock, ServerWatch
 from llmopt_bench.engines.vllm.cache import cache_record, server_counters
 from llmopt_bench.measure.timing import now
 from llmopt_bench.workloads.text import PromptTexts
@@ -89,7 +88,7 @@ class HTTPLoad:
     watch_server: bool = True
     reset_cache_each_point: bool = False
     watch_cache: bool = False
-    last_server: Fields | None = None
+    last_server: ServerClock | None = None
     last_cache: CacheRecord | None = None
     client_class: type[OpenAIClient] = OpenAIClient  # the client that sends (a test puts a faulty one here)
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmopt_bench.core.errors import UsageError
-from llmopt_bench.core.freeform import Fields, Json
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Sampling
 from llmopt_bench.engines import rx_clock
@@ -84,11 +84,6 @@ class Tally:
     prompt_off: list[tuple[str, int, int]] = field(default_factory=list)  # (id, asked, counted) where they differ
     prompt_off_worst: float = 0.0  # the largest |counted / asked - 1| of one request
     texts_made_sending: int = 0  # text prompts made while the point ran (not prepared before it)
-
-    def as_dict(self) -> Fields:
-        return {"counted_by": dict(self.counted_by), "usage_agreed": self.usage_agreed,
-                "usage_missing": self.usage_missing, "usage_mismatch": [list(m) for m in self.usage_mismatch],
-                "short": [list(s) for s in self.short]}
 
     def check_prompt(self, request_id: str, asked: int | None, counted: int | None) -> None:
         if asked is None or counted is None:

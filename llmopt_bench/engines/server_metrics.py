@@ -35,12 +35,20 @@ import statistics
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypeVar
 
-from llmopt_bench.core.freeform import Fields, Json
+from typing_extensions import TypedDict  # pydantic reads it (scenarios/serving/record.LoadRow.server_clock)
+
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.records import RequestSample
 
-HISTOGRAMS: dict[str, tuple[str, ...]] = {
+HistogramKey = Literal["ttft", "itl", "e2e", "queue", "prefill", "decode"]
+GaugeKey = Literal["running", "waiting", "kv_usage"]
+RecordedCounter = Literal["preemptions", "prompt_tokens", "generation_tokens"]
+CounterKey = RecordedCounter | Literal["prefix_queries", "prefix_hits"]
+K = TypeVar("K", bound=str)
+
+HISTOGRAMS: dict[HistogramKey, tuple[str, ...]] = {
     "ttft": ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds"),
     "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds", "sglang:inter_token_latency_seconds",
             "sglang:time_per_output_token_seconds"),
@@ -49,24 +57,85 @@ HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "prefill": ("vllm:request_prefill_time_seconds",),
     "decode": ("vllm:request_decode_time_seconds",),
 }
-GAUGES: dict[str, tuple[str, ...]] = {
+GAUGES: dict[GaugeKey, tuple[str, ...]] = {
     "running": ("vllm:num_requests_running", "sglang:num_running_reqs"),
     "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs"),
     "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"),
 }
-COUNTERS: dict[str, tuple[str, ...]] = {
+COUNTERS: dict[CounterKey, tuple[str, ...]] = {
     "preemptions": ("vllm:num_preemptions",),
     "prompt_tokens": ("vllm:prompt_tokens", "sglang:prompt_tokens"),
     "generation_tokens": ("vllm:generation_tokens", "sglang:generation_tokens"),
     "prefix_queries": ("vllm:prefix_cache_queries",),
     "prefix_hits": ("vllm:prefix_cache_hits",),
 }
+# the counters a point's server clock keeps (the prefix cache's go to its row's cache: engines/vllm/cache.py)
+RECORDED_COUNTERS: tuple[RecordedCounter, ...] = ("preemptions", "prompt_tokens", "generation_tokens")
 # the bounds of the reconciliation (module doc; measured: docs/serving.md "One TTFT clock")
 BELOW_S = 0.5e-3  # the client's TTFT mean may read this far under the server's (two clocks read apart)
 ABOVE_S = 10e-3  # ... and this far above it, plus a share of the server's own TTFT (its front end under load)
 ABOVE_SHARE = 0.5
 SETTLE_S = 2.0  # after a point, how long to wait for the server to count its last requests
 FIRST_SAMPLE_S = 0.1  # the gauges' first sample after a point starts (then every interval_s)
+
+
+class HistogramSummary(TypedDict):
+    """One histogram over a point: its requests, mean and quantiles (seconds)."""
+
+    count: int
+    mean_s: float | None
+    p50_s: float | None
+    p99_s: float | None
+
+
+class MeanMax(TypedDict):
+    """One gauge over a point's samples."""
+
+    mean: float | None
+    max: float | None
+
+
+class ClientFigures(TypedDict):
+    """The client's means over the same requests as the server's (client_figures)."""
+
+    requests: int
+    ttft_mean_s: float | None
+    e2e_mean_s: float | None
+    itl_mean_s: float | None
+
+
+class ClockDiff(TypedDict):
+    """Client minus server, per mean (seconds; None: one side has no figure)."""
+
+    ttft_s: float | None
+    e2e_s: float | None
+    itl_s: float | None
+
+
+class ServerClock(TypedDict, total=False):
+    """A point's server clock (server_clock), in the order it is written: a histogram's figures
+    only where the server has that histogram, a gauge's where it was sampled, a counter's where
+    the server has it."""
+
+    source: str  # "vllm /metrics"
+    names: dict[str, str]  # figure -> the metric name read
+    requests: int | None  # the requests the server counted finished in the point
+    ttft: HistogramSummary | None
+    itl: HistogramSummary | None
+    e2e: HistogramSummary | None
+    queue: HistogramSummary | None
+    prefill: HistogramSummary | None
+    decode: HistogramSummary | None
+    running: MeanMax | None
+    waiting: MeanMax | None
+    kv_usage: MeanMax | None
+    gauge_samples: int
+    preemptions: int
+    prompt_tokens: int
+    generation_tokens: int
+    client: ClientFigures
+    client_minus_server: ClockDiff
+    verdict: str | None  # reconcile's
 
 
 @dataclass
@@ -96,7 +165,7 @@ class Histogram:
             lower, below = le, n
         return lower
 
-    def summary(self) -> Fields | None:
+    def summary(self) -> HistogramSummary | None:
         if self.count <= 0:
             return None
         return {"count": int(round(self.count)), "mean_s": _r(self.sum / self.count), "p50_s": _r(self.quantile(0.5)),
@@ -107,9 +176,9 @@ class Histogram:
 class Snapshot:
     """What one read of /metrics gave: each figure under the first of its names the server has."""
 
-    histograms: dict[str, Histogram] = field(default_factory=dict)
-    gauges: dict[str, float] = field(default_factory=dict)
-    counters: dict[str, float] = field(default_factory=dict)
+    histograms: dict[HistogramKey, Histogram] = field(default_factory=dict)
+    gauges: dict[GaugeKey, float] = field(default_factory=dict)
+    counters: dict[CounterKey, float] = field(default_factory=dict)
     names: dict[str, str] = field(default_factory=dict)  # figure -> the metric name read
 
 
@@ -121,7 +190,7 @@ def _first(found: Json, names: tuple[str, ...]) -> str | None:
     return next((n for n in names if n in found), None)
 
 
-def parse(text: str, only: Sequence[str] | None = None) -> Snapshot:
+def parse(text: str, only: Sequence[GaugeKey] | None = None) -> Snapshot:
     """A /metrics page (Prometheus' text format, prometheus_client's parser) -> the figures
     above; `only`: the gauges alone (the cheap read during a point: the lines of the other
     families are dropped before parsing)."""
@@ -135,24 +204,28 @@ def parse(text: str, only: Sequence[str] | None = None) -> Snapshot:
     for fam in text_string_to_metric_families(text):
         families[fam.name.removesuffix("_total")] = fam
     snap = Snapshot()
-    for table, kind in ((HISTOGRAMS, "histogram"), (GAUGES, "gauge"), (COUNTERS, "counter")):
-        for key, names in table.items():
-            if only is not None and key not in only:
-                continue
-            name = _first(families, names)
-            if name is None:
-                continue
-            snap.names[key] = name
-            fam = families[name]
-            if kind == "histogram":
-                snap.histograms[key] = _histogram(fam.samples)
-            elif kind == "gauge":
-                values = [s.value for s in fam.samples]
-                # requests are summed over engines (data parallel); a usage share is the fullest engine's
-                snap.gauges[key] = max(values) if key == "kv_usage" else sum(values)
-            else:
-                snap.counters[key] = sum(s.value for s in fam.samples if not s.name.endswith("_created"))
+    for hkey, fam in _found(families, HISTOGRAMS, snap.names, None if only is None else ()):
+        snap.histograms[hkey] = _histogram(fam.samples)
+    for gkey, fam in _found(families, GAUGES, snap.names, only):
+        values = [s.value for s in fam.samples]
+        # requests are summed over engines (data parallel); a usage share is the fullest engine's
+        snap.gauges[gkey] = max(values) if gkey == "kv_usage" else sum(values)
+    for ckey, fam in _found(families, COUNTERS, snap.names, None if only is None else ()):
+        snap.counters[ckey] = sum(s.value for s in fam.samples if not s.name.endswith("_created"))
     return snap
+
+
+def _found(families: Json, table: dict[K, tuple[str, ...]], names: dict[str, str],
+           only: Sequence[str] | None) -> list[tuple[K, Any]]:
+    """The table's figures the page has (of `only`, where given), each with its metric family;
+    notes the name read in `names`."""
+    out = []
+    for key, candidates in table.items():
+        name = _first(families, candidates) if only is None or key in only else None
+        if name is not None:
+            names[key] = name
+            out.append((key, families[name]))
+    return out
 
 
 def _histogram(samples: Sequence[Any]) -> Histogram:
@@ -191,14 +264,14 @@ class MetricsPage:
         self.client.close()
 
 
-def _mean_max(values: Sequence[float]) -> Fields | None:
+def _mean_max(values: Sequence[float]) -> MeanMax | None:
     return {"mean": _r(statistics.fmean(values), 4), "max": _r(max(values), 4)} if values else None
 
 
 class ServerWatch:
     """One point's server clock: /metrics read at the start, the gauges every interval_s in a
     thread, /metrics read again at the end; stop(samples) gives the point's record beside the
-    client's figures of the same requests (a dict: ServerClock fields)."""
+    client's figures of the same requests (a ServerClock)."""
 
     def __init__(self, read: Callable[[], str | None], interval_s: float = 0.5):
         self.read, self.interval_s = read, interval_s
@@ -206,7 +279,7 @@ class ServerWatch:
         self.before = parse(text) if text else None
         names = list(self.before.names.values()) if self.before else []
         self.source = f"{names[0].split(':')[0]} /metrics" if names else "none"  # "vllm /metrics"
-        self.gauges: dict[str, list[float]] = {k: [] for k in GAUGES}
+        self.gauges: dict[GaugeKey, list[float]] = {k: [] for k in GAUGES}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -232,7 +305,7 @@ class ServerWatch:
             for key, value in parse(text, only=tuple(GAUGES)).gauges.items():
                 self.gauges[key].append(value)
 
-    def stop(self, samples: Sequence[RequestSample], settle_s: float = SETTLE_S) -> tuple[Fields | None, Snapshot | None]:
+    def stop(self, samples: Sequence[RequestSample], settle_s: float = SETTLE_S) -> tuple[ServerClock | None, Snapshot | None]:
         """The point's record (None: the server has no clock to read) and the last snapshot
         (for the prefix-cache counters). Waits up to settle_s for the server to count the
         point's answered requests: it records a request's figures after its last chunk went out."""
@@ -246,7 +319,7 @@ class ServerWatch:
             if close is not None:
                 close()
 
-    def _finish(self, samples: Sequence[RequestSample], settle_s: float) -> tuple[Fields | None, Snapshot | None]:
+    def _finish(self, samples: Sequence[RequestSample], settle_s: float) -> tuple[ServerClock | None, Snapshot | None]:
         if self.before is None or not self.available:
             return None, None
         answered = sum(1 for s in samples if s.output_tokens > 0)
@@ -264,17 +337,18 @@ class ServerWatch:
             return None, None
         return server_clock(self.source, self.before, after, self.gauges, samples), after
 
-    def _before_count(self, key: str) -> float:
+    def _before_count(self, key: HistogramKey) -> float:
         h = self.before.histograms.get(key) if self.before else None
         return h.count if h else 0.0
 
 
-def _finished_key(snap: Snapshot | None) -> str | None:
+def _finished_key(snap: Snapshot | None) -> HistogramKey | None:
     """The histogram that counts a point's finished requests: E2E, else TTFT (None: neither)."""
-    return next((k for k in ("e2e", "ttft") if snap is not None and k in snap.histograms), None)
+    finished: tuple[HistogramKey, ...] = ("e2e", "ttft")
+    return next((k for k in finished if snap is not None and k in snap.histograms), None)
 
 
-def client_figures(samples: Sequence[RequestSample]) -> Fields:
+def client_figures(samples: Sequence[RequestSample]) -> ClientFigures:
     """The client's means over the point's answered requests, warm-up included (as the server
     counts them): TTFT, E2E, and ITL per token ((last - first) / (tokens - 1), summed)."""
     ok = [s for s in samples if s.ok and s.output_tokens > 0]
@@ -284,23 +358,37 @@ def client_figures(samples: Sequence[RequestSample]) -> Fields:
             "itl_mean_s": _r(sum(s.t_done - s.t_first for s in ok) / gaps) if gaps else None}
 
 
-def server_clock(source: str, before: Snapshot, after: Snapshot, gauges: dict[str, list[float]],
-                 samples: Sequence[RequestSample]) -> Fields:
+def server_clock(source: str, before: Snapshot, after: Snapshot, gauges: dict[GaugeKey, list[float]],
+                 samples: Sequence[RequestSample]) -> ServerClock:
     """The point's server figures, the client's beside them, their differences and the verdict."""
-    figures = {key: after.histograms[key].minus(before.histograms.get(key)).summary() for key in after.histograms}
-    counters = {key: int(round(v - before.counters.get(key, 0.0))) for key, v in after.counters.items()}
+    figures = {key: h.minus(before.histograms.get(key)).summary() for key, h in after.histograms.items()}
+
+    def mean(key: HistogramKey) -> float | None:
+        summary = figures.get(key)
+        return summary["mean_s"] if summary else None
+
+    def minus(c: float | None, s: float | None) -> float | None:
+        return _r(c - s) if c is not None and s is not None else None
+
     client = client_figures(samples)
     key = _finished_key(after)
-    server_n = (figures.get(key) or {}).get("count") if key else None
-    out: Fields = {"source": source, "names": after.names, "requests": server_n, **figures,
-                           **{k: _mean_max(v) for k, v in gauges.items() if v}, "gauge_samples": max(map(len, gauges.values()), default=0),
-                           **{k: v for k, v in counters.items() if not k.startswith("prefix_")}, "client": client}
-    diff = {}
-    for key in ("ttft", "e2e", "itl"):
-        c, s = client.get(f"{key}_mean_s"), (figures.get(key) or {}).get("mean_s")
-        diff[f"{key}_s"] = _r(c - s) if c is not None and s is not None else None
-    out["client_minus_server"] = diff
-    out["verdict"] = reconcile(client["requests"], server_n, client.get("ttft_mean_s"), (figures.get("ttft") or {}).get("mean_s"))
+    summary = figures.get(key) if key else None
+    server_n = summary["count"] if summary else None
+    out: ServerClock = {"source": source, "names": after.names, "requests": server_n}
+    for hkey, fig in figures.items():
+        out[hkey] = fig
+    for gkey, values in gauges.items():
+        if values:
+            out[gkey] = _mean_max(values)
+    out["gauge_samples"] = max(map(len, gauges.values()), default=0)
+    for ckey in RECORDED_COUNTERS:
+        if ckey in after.counters:
+            out[ckey] = int(round(after.counters[ckey] - before.counters.get(ckey, 0.0)))
+    out["client"] = client
+    out["client_minus_server"] = {"ttft_s": minus(client["ttft_mean_s"], mean("ttft")),
+                                  "e2e_s": minus(client["e2e_mean_s"], mean("e2e")),
+                                  "itl_s": minus(client["itl_mean_s"], mean("itl"))}
+    out["verdict"] = reconcile(client["requests"], server_n, client["ttft_mean_s"], mean("ttft"))
     return out
 
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from pydantic import Field
 
 from llmopt_bench.analysis import metrics as M
 from llmopt_bench.analysis.slo import Verdict, judge, meets
-from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import CacheRecord, RequestSample, SLOPoint, StrictModel, TurnRow
 from llmopt_bench.core.slo import SLO
 from llmopt_bench.load.point import PointResult
@@ -55,7 +54,8 @@ class PointRow(StrictModel):
     steady: bool | None = None  # open loop: the steady-state judgement (load/steady.py); None: not judged
     steady_reason: str | None = None  # "not steady: completions 43.1/s for 59.4/s arriving"
     completion_rps: float | None = None  # open loop: answers a second over the window's later half
-    energy: Fields | None = None  # J per output token over this point's timed window
+    # J per output token over this point's timed window: measure/energy.Meter.per_key's figures, as typed there
+    energy: dict[str, float | int | None] | None = None
     error: str | None = None  # the point itself could not run
     cache: CacheRecord | None = None  # the engine's prefix cache and KV use over the point (load/turns.with_requests)
     turns: list[TurnRow] | None = None  # a multi-turn point's requests by turn (load/turns.turn_rows)
@@ -80,12 +80,47 @@ def _p(dist: Any, attr: str) -> float | None:
     return getattr(dist, attr) if dist is not None else None
 
 
-def figures(res: PointResult, slo: SLO | None) -> Fields:
+class PointFigures(TypedDict):
+    """The PointRow fields a result gives (figures); the open-loop ones only for an open loop, the
+    turns only for a multi-turn point."""
+
+    requests: int
+    completed: int
+    failed: int
+    failure_rate: float | None
+    errors: dict[str, int]
+    repeats: int
+    warmup_excluded: int
+    window_s: float | None
+    output_tok_s: float | None
+    qps: float | None
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    tpot_p50_s: float | None
+    tpot_p99_s: float | None
+    itl_p50_s: float | None
+    itl_p99_s: float | None
+    e2e_p50_s: float | None
+    e2e_p99_s: float | None
+    goodput_rps: float | None
+    turns: NotRequired[list[TurnRow]]
+    achieved_rate: NotRequired[float | None]
+    in_flight_at_end: NotRequired[int | None]
+    queued_at_end: NotRequired[int | None]
+    drain_s: NotRequired[float | None]
+    send_delay_p50_s: NotRequired[float | None]
+    send_delay_p99_s: NotRequired[float | None]
+    steady: NotRequired[bool | None]
+    steady_reason: NotRequired[str | None]
+    completion_rps: NotRequired[float | None]
+
+
+def figures(res: PointResult, slo: SLO | None) -> PointFigures:
     """The PointRow fields of a result; an open loop's arrival figures stay empty for a closed
     loop, where they mean nothing."""
     m, open_loop, st = res.metrics, res.point.rate is not None, res.steady
     repeats = max(1, len({s.repeat for s in res.samples}))
-    out: Fields = dict(
+    out = PointFigures(
         requests=res.sent // repeats, completed=res.completed, failed=res.failed, failure_rate=res.failure_rate,
         errors=res.errors, repeats=repeats, warmup_excluded=res.warmup_excluded, window_s=res.window_s,
         output_tok_s=res.output_tok_s, qps=res.qps,
@@ -98,10 +133,10 @@ def figures(res: PointResult, slo: SLO | None) -> Fields:
     if turns is not None:  # a multi-turn point only: the other rows keep the keys they always had
         out["turns"] = turns
     if open_loop:
-        out.update(achieved_rate=res.achieved_rate, in_flight_at_end=res.in_flight_at_end, queued_at_end=res.queued_at_end,
-                   drain_s=res.drain_s, send_delay_p50_s=_p(res.send_delay_s, "p50"),
-                   send_delay_p99_s=_p(res.send_delay_s, "p99"), steady=st.ok if st else None,
-                   steady_reason=st.reason if st else None, completion_rps=st.completion_rps if st else None)
+        out.update({"achieved_rate": res.achieved_rate, "in_flight_at_end": res.in_flight_at_end,
+                    "queued_at_end": res.queued_at_end, "drain_s": res.drain_s, "send_delay_p50_s": _p(res.send_delay_s, "p50"),
+                    "send_delay_p99_s": _p(res.send_delay_s, "p99"), "steady": st.ok if st else None,
+                    "steady_reason": st.reason if st else None, "completion_rps": st.completion_rps if st else None})
     return out
 
 

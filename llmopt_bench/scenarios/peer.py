@@ -15,12 +15,11 @@ generator, so the two clients send the same rate and distribution, not the same 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from llmopt_bench.core.errors import UsageError
-from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Request, Sampling
 from llmopt_bench.load.dispatchers import Timeline
@@ -214,9 +213,20 @@ def bench_samples(result: dict) -> list[RequestSample]:
     return out
 
 
-def compare(ours: dict, theirs: dict, tolerance: float = 0.05) -> list[Fields]:
+class FigureComparison(TypedDict):
+    """One figure of llmopt's beside vLLM's (compare)."""
+
+    figure: str  # one of FIGURES
+    llmopt: float | None
+    vllm_bench_serve: float | None
+    difference: float | None  # llmopt / vLLM - 1
+    within: bool  # |difference| <= the tolerance
+
+
+def compare(ours: Mapping[str, float | None], theirs: Mapping[str, float | None],
+            tolerance: float = 0.05) -> list[FigureComparison]:
     """Each figure side by side, llmopt / vLLM - 1, and whether it lies within the tolerance."""
-    rows = []
+    rows: list[FigureComparison] = []
     for key in FIGURES:
         a, b = ours.get(key), theirs.get(key)
         diff = a / b - 1 if a is not None and b else None

@@ -10,9 +10,9 @@ rung's points count in the precise one, and the hold starts from the precise run
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from llmopt_bench.core.contract import StageContext
-from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import RequestSample, StageFacts
 from llmopt_bench.load.budget import LoadBudget
 from llmopt_bench.load.engine import LoadEngine
@@ -20,7 +20,6 @@ from llmopt_bench.load.find import hold, narrow
 from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.load.search import Capacity, Search
 from llmopt_bench.scenarios.serving.record import LoadRow, ServingExtra, ServingParams
-from llmopt_bench.scenarios.serving.rows import facts_of, main_key
 from llmopt_bench.scenarios.serving.run import ServingRun, closed_point
 from llmopt_bench.tune.record import Rung, RungName
 
@@ -36,7 +35,7 @@ class ServerCapacity:
         self.start_rps: float | None = None  # where the search starts when no ceiling was measured
 
     @classmethod
-    def serving(cls, engine: LoadEngine, target: Fields, params: ServingParams, load: PlanLoad, ctx: StageContext,
+    def serving(cls, engine: LoadEngine, target: Mapping[str, str | None], params: ServingParams, load: PlanLoad, ctx: StageContext,
                 seed: int) -> ServerCapacity:
         """The serving scenario's points on `engine` (an HTTP client of the trial's server)."""
         return cls(ServingRun(engine, target, params, load, None, ctx, seed))
@@ -89,15 +88,5 @@ class ServerCapacity:
         return next((r for r in reversed(rows) if r.phase == "hold"), rows[-1] if rows else None)
 
     def result(self) -> tuple[list[RequestSample], ServingExtra, StageFacts]:
-        """The samples, extra and facts a vllm-serve result would keep (scenarios/serving/run.ServingRun.run's)."""
-        run = self.run
-        main = main_key(run.samples, self.capacity, run.p, run.untimed)
-        errors: dict[str, int] = {}
-        for r in run.rows:
-            for kind, n in r.errors.items():
-                errors[kind] = errors.get(kind, 0) + n
-        extra = ServingExtra(target=run.target, settings=run.settings(), curve=run.rows, capacity=self.capacity, main_point=main,
-                             main_untimed=main in run.untimed if main else None, errors=errors,
-                             error_examples=run.examples, tally=run.tally)
-        facts = facts_of(run.rows, self.capacity, run.slo_points, run.slo, run.p.max_failure_rate, main)
-        return run.samples.get(main, []) if main else [], extra, facts
+        """The samples, extra and facts a vllm-serve result would keep (scenarios/serving/run.ServingRun.result)."""
+        return self.run.result(self.capacity)

@@ -10,18 +10,18 @@ import os
 import shlex
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from llmopt_bench.core.freeform import Fields, Json
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.slo import SLO
 from llmopt_bench.tune.record import Confirmation
 
 VLLM_METRIC = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2e": "e2el"}  # llmopt's name -> vllm bench serve's
 
 
-def judge(result: Json, slo: SLO, requests: int, max_failure_rate: float) -> tuple[str, str, Fields]:
+def judge(result: Json, slo: SLO, requests: int, max_failure_rate: float) -> tuple[Literal["held", "missed"], str, Json]:
     """vLLM's client's figures against the SLO: (verdict, why, the figures)."""
-    figures: Fields = {k: result.get(k) for k in ("completed", "failed", "request_throughput", "duration")}
+    figures: Json = {k: result.get(k) for k in ("completed", "failed", "request_throughput", "duration")}
     misses = []
     for t in slo.targets:
         key = f"p{t.percentile}_{VLLM_METRIC[t.metric]}_ms"
@@ -65,5 +65,5 @@ def confirm(server: Any, shared: Any, rate: float, trial_dir: Path, lengths: tup
         return Confirmation(rate_rps=rate, seconds=shared.hold_s, num_prompts=n, command=command, verdict="failed",
                             why=f"vllm bench serve exited {proc.returncode}: see {out / 'stdout.log'}")
     verdict, why, figures = judge(json.loads(saved[-1].read_text()), shared.load.slo, n, shared.load.max_failure_rate)
-    return Confirmation(rate_rps=rate, seconds=shared.hold_s, num_prompts=n, command=command, verdict=verdict, why=why,  # type: ignore[arg-type]
+    return Confirmation(rate_rps=rate, seconds=shared.hold_s, num_prompts=n, command=command, verdict=verdict, why=why,
                         figures=figures)

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from llmopt_bench.core.freeform import Fields
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.records import QualityRecord, StrictModel
 from llmopt_bench.core.slo import SLO
 from llmopt_bench.core.workload import WorkloadConfig
@@ -61,7 +61,9 @@ class Confirmation(StrictModel):
     command: str
     verdict: Literal["held", "missed", "failed"]
     why: str = ""
-    figures: Fields = Field(default_factory=dict)  # p99s against the SLO (ms), completed, failed, req/s
+    # free-form: vLLM's own figures as its result JSON names them (completed, failed, request_throughput,
+    # duration, and p99_ttft_ms ... for each of the SLO's targets; tune/confirm.judge)
+    figures: Json = Field(default_factory=dict)
 
 
 class Memory(StrictModel):

@@ -30,7 +30,7 @@ import tomllib
 from pydantic import Field, ValidationError
 
 from llmopt_bench.core.errors import UsageError
-from llmopt_bench.core.freeform import Fields
+from llmopt_bench.core.freeform import Table
 from llmopt_bench.core.records import StrictModel
 from llmopt_bench.engines.awq_weights import AWQCheckpointParams
 from llmopt_bench.engines.vllm.params import VLLMEngineParams
@@ -73,7 +73,7 @@ class Space(StrictModel):
     path: str
     fixed: Config = Field(default_factory=dict)  # the vllm-serve params every trial sets alike
     knobs: dict[str, list[Any]]  # each knob's values, DEFAULT first
-    load: Fields = Field(default_factory=dict)  # free-form here: ServingParams validates it (tune/command.py)
+    load: Table = Field(default_factory=dict)  # free-form here: the space file's [load] table, ServingParams validates it (tune/command.py)
     search: SearchSettings = Field(default_factory=SearchSettings)
     awq: AWQCheckpointParams = Field(default_factory=AWQCheckpointParams)
     removed: dict[str, str] = Field(default_factory=dict)  # "knob=value" -> why this device cannot run it

@@ -79,13 +79,13 @@ def test_every_point_keeps_the_clients_health_and_the_late_ones_are_marked(run):
     curve = extra.curve
     assert len(curve) == len(sim.late) and any(sim.late) and not all(sim.late)
     assert [r.client_untimed is not None for r in curve] == sim.late
-    assert all(r.client["requests"] == r.completed for r in curve)  # the measured requests, warm-up left out
+    assert all(r.client.requests == r.completed for r in curve)  # the measured requests, warm-up left out
     for r in curve:
         if r.client_untimed:
             assert r.client_untimed.startswith("the client could not time this point: 100% of its requests' first or last")
-            assert r.client["edge_lost_share"] == 1.0
+            assert r.client.edge_lost_share == 1.0
         else:
-            assert r.client["edge_lost_share"] == 0.0 and r.client["kernel_timed_share"] == 1.0
+            assert r.client.edge_lost_share == 0.0 and r.client.kernel_timed_share == 1.0
     cells = {row[0] + str(row[1] or row[2]): row[12] for row in curve_block(curve).rows}
     assert cells["sweep1"].startswith("not judged: the client could not time this point")
 

@@ -3,13 +3,17 @@ per load point, and the stage's extra. docs/serving.md defines every field."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import asdict
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import Field
+from pydantic import Field, PlainSerializer, SkipValidation
+from typing_extensions import TypedDict
 
-from llmopt_bench.core.freeform import Fields
+from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.records import StrictModel
 from llmopt_bench.core.workload import Sampling
+from llmopt_bench.engines.client_health import ClientHealth
+from llmopt_bench.engines.server_metrics import ServerClock
 from llmopt_bench.load.capacity import SearchParams
 from llmopt_bench.load.record import PointRow
 from llmopt_bench.load.search import Capacity
@@ -33,6 +37,40 @@ class ServingParams(SearchParams, Sampling):
 
     def sampling(self) -> Sampling:
         return Sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+
+
+T = TypeVar("T")
+# A record part kept exactly as it was built (or read back): a TypedDict names its keys for mypy,
+# but pydantic would reorder them, turn an int into a float, drop the keys it does not know, and,
+# as the stages dump their extra with exclude_none, drop its None values ("prompts": null says
+# something): so it is neither validated nor reshaped, as the dict it replaced was not
+AsBuilt = Annotated[T, SkipValidation, PlainSerializer(lambda part: part, return_type=Any)]
+# the client's punctuality, read back as the dataclass; written whole, its None figures too
+# (pydantic's own dump would drop them under the stages' exclude_none)
+ClientHealthField = Annotated[ClientHealth, PlainSerializer(asdict, return_type=Any)]
+
+
+class ServingSettings(TypedDict, total=False):
+    """The load as run (ServingRun.settings), in the order it is written; runs from before a key
+    existed lack it."""
+
+    slo: str  # as the SLO reads (core/slo.SLO's str)
+    max_failure_rate: float
+    arrival: str
+    burstiness: float
+    seed: int
+    requests_per_point: int
+    warmup_s: float
+    hold_s: float | None
+    output_len: int | None
+    prompt_format: str
+    sampling: dict[str, float | int | None]  # core/workload.Sampling's fields, dumped
+    server_metrics: bool | None  # read the server's /metrics around each point (None: the engine has no such switch)
+    workload: str  # the canonical spec (workloads/spec.py)
+    prompts: int | None  # distinct prompts sent
+    input_tokens: list[int] | None  # [shortest, longest]
+    closed_loop_warmup: str
+    open_loop_warmup: str
 
 
 class PromptCount(StrictModel):
@@ -63,10 +101,10 @@ class LoadRow(PointRow):
     burstiness: float | None = None
     slo_ok: bool | None = None
     slo_reason: str | None = None
-    client: Fields | None = None  # the client's own punctuality (engines/client_health.ClientHealth)
+    client: ClientHealthField | None = None  # the client's own punctuality (engines/client_health.py)
     client_untimed: str | None = None  # why the client could not time this point (its latencies are not the server's)
     prompt_count: PromptCount | None = None  # the prompts' lengths as asked and as the server counted them
-    server_clock: Fields | None = None  # the server's own figures beside the client's (engines/server_metrics.server_clock)
+    server_clock: AsBuilt[ServerClock] | None = None  # the server's own figures beside the client's (engines/server_metrics.server_clock)
 
 
 class ClientTally(StrictModel):
@@ -103,8 +141,10 @@ class PrefixCachingRecord(StrictModel):
 
 
 class ServingExtra(StrictModel):
-    target: Fields = Field(default_factory=dict)  # the server: kind, URL, model name, command (never a key)
-    settings: Fields = Field(default_factory=dict)  # the load as run: SLO, arrival process, seeds, lengths
+    # the server as the stage that started or found it names it (stages/vllm_serve.py, openai_endpoint.py,
+    # tune/trial.py): kind, url, model, then its own (command and entry, or api_key_env: a name, never a key)
+    target: dict[str, str | None] = Field(default_factory=dict)
+    settings: AsBuilt[ServingSettings] = Field(default_factory=ServingSettings)  # the load as run: SLO, arrival process, seeds, lengths
     curve: list[LoadRow] = Field(default_factory=list)
     capacity: Capacity | None = None  # the search: trials in order, verdicts, the interval, the knee, the hold
     main_point: str | None = None  # which row's requests are the stage's samples
@@ -113,6 +153,8 @@ class ServingExtra(StrictModel):
     error_examples: list[str] = Field(default_factory=list)
     tally: ClientTally = Field(default_factory=ClientTally)
     prefix_caching: PrefixCachingRecord | None = None  # the prefix-caching stage: both arms (the rest is the "on" arm's)
-    server: Fields = Field(default_factory=dict)  # how it stopped: exit, processes left, memory freed
+    # how it stopped: exit, processes left, memory freed: the record engines/vllm/server.VLLMServer.stop
+    # returns (its type is that module's), kept as it came
+    server: Json = Field(default_factory=dict)
     owns_device: bool = True  # False: a server llmopt did not start; no GPU or engine figures are its
 

@@ -7,14 +7,14 @@ and the chart."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from llmopt_bench.analysis.claims import claim_verdict, holds
 from llmopt_bench.analysis.selectors import reference
 from llmopt_bench.core.fmt import ms, num, pct, times
-from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import Block, Claim
 from llmopt_bench.core.workload import Sampling
+from llmopt_bench.engines.server_metrics import HistogramSummary, ServerClock
 from llmopt_bench.load.search import Capacity
 from llmopt_bench.scenarios.caching_report import workload_blocks
 from llmopt_bench.scenarios.serving.record import LoadRow, ServingExtra
@@ -137,11 +137,11 @@ def client_block(x: ServingExtra) -> Block:
 
 def _punctuality(rows: list[LoadRow]) -> str:
     """The client's own clock over the points (engines/client_health.py), and the points it could not time."""
-    seen = [r.client for r in rows if r.client and r.client.get("chunks")]
+    seen = [r.client for r in rows if r.client and r.client.chunks]
     if not seen:
         return ""
-    kernel = min(c.get("kernel_timed_share") or 0 for c in seen)
-    late = max((c.get("read_delay_p99_s") or 0 for c in seen), default=0)
+    kernel = min(c.kernel_timed_share or 0 for c in seen)
+    late = max((c.read_delay_p99_s or 0 for c in seen), default=0)
     untimed = [f"{r.phase} at " + (f"concurrency {r.concurrency}" if r.mode == "closed" else f"{num(r.rate_rps)} req/s")
                for r in rows if r.client_untimed]
     return (f" Tokens timed by the kernel's receive clock: {pct(kernel)} at the worst point; the client read them at worst "
@@ -149,11 +149,11 @@ def _punctuality(rows: list[LoadRow]) -> str:
                                                         f"judged): {', '.join(untimed)}." if untimed else ""))
 
 
-def _sampling(s: Fields | None) -> str:
+def _sampling(s: dict[str, float | int | None] | None) -> str:
     """The requests' sampling as stated (runs from before it was recorded: greedy, temperature 0, as sent then)."""
     if not s:
         return "greedy (temperature 0; the run predates the sampling record)"
-    return Sampling(**s).describe()
+    return Sampling.model_validate(s).describe()
 
 
 def _point(r: LoadRow) -> str:
@@ -183,8 +183,8 @@ def prompt_count_blocks(rows: list[LoadRow]) -> list[Block]:
                         for r in off if r.prompt_count])]
 
 
-def _fig(c: Fields, key: str, stat: str = "mean_s") -> Any:
-    return ms((c.get(key) or {}).get(stat))
+def _fig(summary: HistogramSummary | None, stat: Literal["mean_s", "p50_s", "p99_s"] = "mean_s") -> Any:
+    return ms(summary.get(stat) if summary else None)
 
 
 def server_clock_blocks(rows: list[LoadRow], watched: bool | None) -> list[Block]:
@@ -198,13 +198,15 @@ def server_clock_blocks(rows: list[LoadRow], watched: bool | None) -> list[Block
     source = clocked[0].server_clock.get("source") if clocked[0].server_clock else "?"
     table = []
     for r in clocked:
-        c = r.server_clock or {}
-        mine, diff = c.get("client") or {}, c.get("client_minus_server") or {}
-        table.append([_point(r), f"{c.get('requests')}/{mine.get('requests')}", ms(mine.get("ttft_mean_s")), _fig(c, "ttft"),
-                      ms(diff.get("ttft_s")), _fig(c, "ttft", "p50_s"), _fig(c, "ttft", "p99_s"), ms(mine.get("itl_mean_s")),
-                      _fig(c, "itl"), ms(diff.get("e2e_s")), _fig(c, "queue"), _fig(c, "prefill"),
-                      (c.get("running") or {}).get("mean"), (c.get("waiting") or {}).get("max"),
-                      pct((c.get("kv_usage") or {}).get("max")), c.get("preemptions"), c.get("verdict") or "agree"])
+        c: ServerClock = r.server_clock or {}
+        mine, diff = c.get("client"), c.get("client_minus_server")
+        running, waiting, kv = c.get("running"), c.get("waiting"), c.get("kv_usage")
+        table.append([_point(r), f"{c.get('requests')}/{mine.get('requests') if mine else None}",
+                      ms(mine.get("ttft_mean_s") if mine else None), _fig(c.get("ttft")), ms(diff.get("ttft_s") if diff else None),
+                      _fig(c.get("ttft"), "p50_s"), _fig(c.get("ttft"), "p99_s"), ms(mine.get("itl_mean_s") if mine else None),
+                      _fig(c.get("itl")), ms(diff.get("e2e_s") if diff else None), _fig(c.get("queue")), _fig(c.get("prefill")),
+                      running.get("mean") if running else None, waiting.get("max") if waiting else None,
+                      pct(kv.get("max") if kv else None), c.get("preemptions"), c.get("verdict") or "agree"])
     flagged = [f"{_point(r)}: {(r.server_clock or {}).get('verdict')}" for r in clocked
                if (r.server_clock or {}).get("verdict") and not str((r.server_clock or {}).get("verdict")).startswith("not compared")]
     text = (f"Server clock ({source}, read before and after each point; gauges sampled during it) beside the client's, over "

@@ -25,13 +25,12 @@ made before the point, not while it sends)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from llmopt_bench.analysis.slo import Verdict, client_late
 from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.errors import LlmoptError, UsageError
-from llmopt_bench.core.freeform import Fields
 from llmopt_bench.core.records import RequestSample, SLOPoint, StageFacts
 from llmopt_bench.core.slo import SLO
 from llmopt_bench.core.workload import WorkloadConfig
@@ -44,7 +43,7 @@ from llmopt_bench.load.point import LoadPoint, PointResult
 from llmopt_bench.load.record import figures, slo_point, slo_verdict
 from llmopt_bench.load.search import Capacity, Trial
 from llmopt_bench.load.turns import with_requests
-from llmopt_bench.scenarios.serving.record import ClientTally, LoadRow, Phase, ServingExtra, ServingParams
+from llmopt_bench.scenarios.serving.record import ClientTally, LoadRow, Phase, ServingExtra, ServingParams, ServingSettings
 from llmopt_bench.scenarios.serving.rows import count_tally, facts_of, main_key, prompt_count, sent_by
 from llmopt_bench.workloads.build import make_plan
 from llmopt_bench.workloads.plan import Plan, TokenSpace
@@ -78,12 +77,12 @@ class ServingRun:
     (the length is forced and the tokens counted exactly: token ids in the stream); else any
     answer counts, and the client's tally keeps the short ones."""
 
-    def __init__(self, engine: LoadEngine, target: Fields, params: ServingParams, load: PlanLoad,
+    def __init__(self, engine: LoadEngine, target: Mapping[str, str | None], params: ServingParams, load: PlanLoad,
                  throughput: PlanLoad | None, ctx: StageContext, run_seed: int = 0, expected_tokens: bool = True):
         if params.arrival == "poisson" and params.burstiness != 1.0:
             raise UsageError(f"arrival poisson has burstiness 1 (got {params.burstiness:g})",
                              'set arrival = "gamma" for another burstiness, or drop burstiness')
-        self.engine, self.target, self.p, self.ctx, self.seed = engine, target, params, ctx, run_seed
+        self.engine, self.target, self.p, self.ctx, self.seed = engine, dict(target), params, ctx, run_seed
         self.load, self.tp_load = load, throughput
         self.forced = expected_tokens
         self.slo: SLO = params.slo
@@ -140,7 +139,7 @@ class ServingRun:
         health_of = getattr(self.engine, "health", None)  # an HTTP engine's client watches itself
         health = health_of({s.request_id for s in res.samples}) if health_of else None
         if health is not None:
-            row.client, row.client_untimed = health.as_dict(), could_not_time(health, row.ttft_p50_s)
+            row.client, row.client_untimed = health, could_not_time(health, row.ttft_p50_s)
 
     def _keep(self, phase: Phase, key: str, res: PointResult, v: Verdict, row: LoadRow) -> None:
         self.rows.append(row)
@@ -212,9 +211,15 @@ class ServingRun:
         capacity = self.search() if self.p.capacity_search else None
         if self.p.throughput_point and self.tp_load is not None:
             self.throughput()
+        samples, extra, facts = self.result(capacity)
+        if extra.main_point is not None and self.ctx.meter is not None:  # the headline's energy is the main point's
+            self.ctx.meter.copy(extra.main_point)
+        return samples, extra, facts
+
+    def result(self, capacity: Capacity | None) -> tuple[list[RequestSample], ServingExtra, StageFacts]:
+        """What the points measured, as a result keeps it: the headline point's samples (main_key),
+        the extra and the facts; tune's ServerCapacity keeps its server's so too."""
         main = main_key(self.samples, capacity, self.p, self.untimed)
-        if main is not None and self.ctx.meter is not None:
-            self.ctx.meter.copy(main)
         errors: dict[str, int] = {}
         for r in self.rows:
             for kind, n in r.errors.items():
@@ -225,7 +230,7 @@ class ServingRun:
         facts = facts_of(self.rows, capacity, self.slo_points, self.slo, self.p.max_failure_rate, main)
         return self.samples.get(main, []) if main else [], extra, facts
 
-    def settings(self) -> Fields:
+    def settings(self) -> ServingSettings:
         lengths = self.load.prompt_lengths()
         return {"slo": str(self.slo), "max_failure_rate": self.p.max_failure_rate, "arrival": self.p.arrival,
                 "burstiness": self.p.burstiness if self.p.arrival == "gamma" else 1.0, "seed": self.seed,
