@@ -12,13 +12,6 @@ from typing import Any
 # of any schema version, a probe's answer)
 Json = dict[str, Any]
 
-# NOT truly free-form: a part of a record (a stage's extra or params, a row, a trial's figures) on
-# its way into the pydantic model that stores it, which checks the keys it names there, once, and
-# keeps its open parts (what NVML, an engine or a probe could say) as they came. Each use is a
-# place still to type (issue 36): a model of its own for the part, checked against every committed
-# run.json, instead of keyword bundles built by hand.
-Fields = dict[str, Any]
-
 # free-form: keyword arguments handed through as they are to a library (transformers' from_pretrained,
 # a model config, vLLM's engine arguments); the library checks them
 Kwargs = dict[str, Any]

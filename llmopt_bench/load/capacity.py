@@ -15,7 +15,7 @@ ceiling starts 5% wide) and the hold (60 s) is the long look at the one rate tha
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypedDict
 
 from pydantic import Field
 
@@ -76,6 +76,20 @@ def open_point(rate: float, p: SearchParams, run_seed: int, in_system_s: float |
                      seed=seed_for(run_seed, rate))
 
 
+class TrialDetail(TypedDict):
+    """What a serving trial keeps beside its verdict (the report's trial table reads it)."""
+
+    reason: str | None  # why it missed (None: it held)
+    goodput_rps: float | None
+    failure_rate: float | None
+    backlog_at_end: int | None  # requests queued or in flight when the window closed
+    achieved_rate: float | None
+    completion_rps: float | None
+    send_delay_p99_s: float | None  # the client's own punctuality
+    steady: bool | None
+    time_in_system_p50_s: float | None
+
+
 def trial_of(res: PointResult | None, v: Verdict | None, slo: SLO, rate: float, *, kind: Literal["probe", "hold"] = "probe",
              invalid: str | None = None, error: str | None = None) -> Trial:
     """A measured point as the search sees it: the verdict (steady state included), the latency
@@ -83,7 +97,7 @@ def trial_of(res: PointResult | None, v: Verdict | None, slo: SLO, rate: float, 
     first = slo.targets[0].name
     latency = next((t.value_s for t in v.targets if t.target == first), None) if v else None
     st = res.steady if res else None
-    detail = {"reason": v.reason if v else error, "goodput_rps": v.goodput_rps if v else None,
+    detail: TrialDetail = {"reason": v.reason if v else error, "goodput_rps": v.goodput_rps if v else None,
               "failure_rate": res.failure_rate if res else None,
               "backlog_at_end": res.queued_at_end + res.in_flight_at_end if res else None,
               "achieved_rate": res.achieved_rate if res else None, "completion_rps": res.completion_rps if res else None,

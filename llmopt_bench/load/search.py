@@ -47,13 +47,12 @@ load. It needs three rates, and a curve that bends (else None)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
 
 from pydantic import AliasChoices, Field
 
 from llmopt_bench.core.errors import UsageError
-from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.records import StrictModel
 
 KNEE_METHOD = ("Kneedle on the tried points: the rate farthest below the chord from the lowest to the highest "
@@ -71,9 +70,9 @@ class Trial(StrictModel):
     rate: float
     ok: bool
     latency_s: float | None = None
-    # free-form here: built by the caller (the serving scenario's load/capacity.trial_of: the verdict's reason,
-    # goodput, backlog, steady state), which types it; runs of every schema version keep what theirs wrote
-    detail: Json = Field(default_factory=dict)
+    # the caller's own record of the trial (the search here is generic; the serving scenario's is
+    # load/capacity.TrialDetail), kept as it came: runs of every schema version keep what theirs wrote
+    detail: Mapping[str, Any] = Field(default_factory=dict)
     # why this trial measured something other than the server (the client fell behind): neither a
     # pass nor a fail; the search treats its rate as a ceiling it cannot test above
     invalid: str | None = None

@@ -22,7 +22,7 @@ from llmopt_bench.engines.awq_weights import AWQCheckpointParams, awq_engine
 from llmopt_bench.engines.http_load import HTTPLoad
 from llmopt_bench.engines.openai_http import Endpoint
 from llmopt_bench.engines.vllm.params import VLLMEngineParams, engine_config, prepare_engine_env, weights_estimate, worker_ranks
-from llmopt_bench.engines.vllm.server import VLLMServer
+from llmopt_bench.engines.vllm.server import ServerStop, VLLMServer
 from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.scenarios.caching_report import caching_claim, comparison_blocks
 from llmopt_bench.scenarios.serving import report as R
@@ -164,7 +164,7 @@ class VLLMServeStage(Stage):
         except Exception as e:  # noqa: BLE001 - the load points are worth keeping whatever broke here
             return QualityRecord(reference=ctx.reference_name, error=describe(e, 300))
 
-    def stop(self) -> dict:
+    def stop(self) -> ServerStop:
         from llmopt_bench.core.models import portable_text
 
         server, self.server = self.server, None

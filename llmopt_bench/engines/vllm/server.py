@@ -15,10 +15,10 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Required, TypedDict
+
+from typing_extensions import TypedDict  # pydantic reads ServerStop (ServingExtra.server): typing.TypedDict only from 3.12
 
 from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
-from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.records import LoadInfo
 from llmopt_bench.engines import lifecycle
 from llmopt_bench.engines.vllm import offline as V
@@ -231,15 +231,13 @@ class VLLMServer:
         return LoadInfo(phases_s={"server_ready_s": round(ready_s, 3), **start.phases_s}, implementation=impl,
                         weights_bytes=start.model_memory_bytes, notes=notes)
 
-    def stop(self, grace_s: float = 30.0, freed_limit_s: float = 60.0) -> Json:
+    def stop(self, grace_s: float = 30.0, freed_limit_s: float = 60.0) -> ServerStop:
         """SIGTERM the server's session, SIGKILL what is left after grace_s, then wait until no
         process of it lives and the device memory is back. Idempotent. Returns the stop's record,
-        kept whole in the stage's extra (`server`), with the device memory's part: a ServerStop,
-        handed out as a plain dict while its readers (stages/vllm_serve.stop, ServingExtra.server)
-        still take one."""
+        kept whole in the stage's extra (`server`), with the device memory's part."""
         proc, self.proc = self.proc, None
         if proc is None:
-            return {"stopped": False}  # a ServerStop with its one required key
+            return {"stopped": False}
         sid = proc.pid
         t0 = time.perf_counter()
         rss = sum(peak_rss(pid) for pid in self.members(sid))  # before they go: each process's own peak
@@ -261,7 +259,7 @@ class VLLMServer:
         record: ServerStop = {"stopped": True, "exit_code": proc.returncode, "killed": killed, "processes_left": len(left),
                               "host_peak_rss_bytes": rss or None,
                               "left": [cmdline(p)[:120] for p in left], "stop_s": round(time.perf_counter() - t0, 3), **memory}
-        return dict(record)
+        return record
 
     def __enter__(self) -> VLLMServer:
         self.start()
@@ -280,9 +278,10 @@ class MemoryWait(TypedDict):
 
 
 class ServerStop(TypedDict, total=False):
-    """VLLMServer.stop's record; only `stopped` when there was no server to stop."""
+    """VLLMServer.stop's record: only `stopped` (False) when the server was already stopped; empty
+    where a stage had no server of its own to stop (an endpoint's)."""
 
-    stopped: Required[bool]
+    stopped: bool
     exit_code: int | None
     killed: bool  # SIGKILL was needed after the grace time
     processes_left: int

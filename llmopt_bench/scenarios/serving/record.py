@@ -9,11 +9,11 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import Field, PlainSerializer, SkipValidation
 from typing_extensions import TypedDict
 
-from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.records import StrictModel
 from llmopt_bench.core.workload import Sampling
 from llmopt_bench.engines.client_health import ClientHealth
 from llmopt_bench.engines.server_metrics import ServerClock
+from llmopt_bench.engines.vllm.server import ServerStop
 from llmopt_bench.load.capacity import SearchParams
 from llmopt_bench.load.record import PointRow
 from llmopt_bench.load.search import Capacity
@@ -153,8 +153,6 @@ class ServingExtra(StrictModel):
     error_examples: list[str] = Field(default_factory=list)
     tally: ClientTally = Field(default_factory=ClientTally)
     prefix_caching: PrefixCachingRecord | None = None  # the prefix-caching stage: both arms (the rest is the "on" arm's)
-    # how it stopped: exit, processes left, memory freed: the record engines/vllm/server.VLLMServer.stop
-    # returns (its type is that module's), kept as it came
-    server: Json = Field(default_factory=dict)
+    server: AsBuilt[ServerStop] = Field(default_factory=ServerStop)  # how it stopped: exit, processes left, memory freed
     owns_device: bool = True  # False: a server llmopt did not start; no GPU or engine figures are its
 
