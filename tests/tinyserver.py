@@ -1,0 +1,44 @@
+"""One real vLLM-CPU `vllm serve` of synthetic:tiny for the whole test session (conftest.py's
+`tiny_server`), shared by the modules that test serving against a server they do not configure
+(test_serving_vllm.py, test_endpoint_stage.py): each start costs ~1 minute on two cores. FP32,
+eager (no inductor compile: what these modules check does not depend on it), 2048 tokens, prefix
+caching off (no request finds another's tokens cached), an API key read from KEY_ENV. A module
+that stops it (the stop test) leaves the next user a fresh start, never a dead server."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+NAME = "tiny"  # --served-model-name
+KEY_ENV = "LLMOPT_TEST_SERVE_KEY"
+
+
+class TinyServer:
+    def __init__(self, model_path: str, python: str, log_dir: Path):
+        self.model_path, self.python, self.log_dir = model_path, python, log_dir
+        self.server = None
+        self.info = None
+        self.starts = 0
+
+    def running(self):
+        """The server and its start's LoadInfo, started now if none is up."""
+        from llmopt_bench.engines.vllm import offline as V
+        from llmopt_bench.engines.vllm.server import VLLMServer
+
+        if self.server is not None and self.server.proc is not None and self.server.proc.poll() is None:
+            return self.server, self.info
+        os.environ.setdefault(KEY_ENV, secrets.token_hex(16))
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        cfg = V.EngineConfig(dtype="float32", max_model_len=2048, enforce_eager=True, extra={"enable_prefix_caching": False})
+        self.starts += 1
+        self.server = VLLMServer(self.model_path, cfg, log_path=self.log_dir / f"server-{self.starts}.log", python=self.python,
+                                 served_model_name=NAME, api_key_env=KEY_ENV)
+        self.info = self.server.start(timeout_s=900)
+        return self.server, self.info
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        os.environ.pop(KEY_ENV, None)
