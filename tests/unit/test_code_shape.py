@@ -116,3 +116,19 @@ def test_render_and_analysis_name_no_stage():
     found = [f"{p.relative_to(PACKAGE)}: {n!r}" for d in ("render", "analysis") for p in (PACKAGE / d).rglob("*.py")
              for n in names if f'"{n}"' in p.read_text() or f"'{n}'" in p.read_text()]
     assert not found, found
+
+
+def test_a_free_form_dict_says_why():
+    """Issue 36: a dict whose keys the code knows is a model or a TypedDict; `dict[str, Any]`
+    stays only where the data is free-form, and says why on its line, or through one of
+    core/freeform.py's names, each of which is commented as free-form."""
+    import re
+
+    names = re.findall(r"^(\w+) = dict\[str, Any\]$", (PACKAGE / "core" / "freeform.py").read_text(), re.M)
+    assert sorted(names) == ["Json", "Kwargs", "Table"]
+    lines = (PACKAGE / "core" / "freeform.py").read_text().splitlines()
+    assert all(lines[i - 1].startswith("# ") and "free-form" in "".join(lines[max(0, i - 4):i])
+               for i, line in enumerate(lines) if line.endswith("= dict[str, Any]"))
+    bare = [f"{p.relative_to(ROOT)}:{i}" for p in modules() if p.name != "freeform.py"
+            for i, line in enumerate(p.read_text().splitlines(), 1) if "dict[str, Any]" in line and "#" not in line]
+    assert not bare, f"say why these dicts are free-form (a comment), or type them: {bare}"
