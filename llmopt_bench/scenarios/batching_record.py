@@ -5,7 +5,7 @@ defines every field."""
 from __future__ import annotations
 
 from pydantic import ConfigDict, Field, with_config
-from typing_extensions import NotRequired, TypedDict
+from typing_extensions import TypedDict
 
 from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.records import StrictModel
@@ -14,10 +14,13 @@ from llmopt_bench.engines.vllm.kv import KVCacheRecord
 from llmopt_bench.load.record import PointRow
 
 # A record part below read back (validated) comes out with its keys in the order declared here,
-# the order run.json has always had; pydantic drops a TypedDict's undeclared keys unless it allows extras.
+# the order run.json has always had. Each is read leniently: every key optional (a run from
+# before a key existed, a record a test or a plugin wrote in part) and a key it does not declare
+# kept (pydantic would drop it otherwise); mypy still checks every key the code writes.
 
 
-class SweepSettings(TypedDict):
+@with_config(ConfigDict(extra="allow"))
+class SweepSettings(TypedDict, total=False):
     """The sweep's settings (scenarios/batching.sweep_settings)."""
 
     mode: str
@@ -29,10 +32,11 @@ class SweepSettings(TypedDict):
     input_len: int | None
     static_timeout_s: float
     static_attn_implementation: str
-    closed_loop_warmup: NotRequired[str | None]  # not in the runs recorded before it was added
+    closed_loop_warmup: str | None  # not in the runs recorded before it was added
 
 
-class EngineLimits(TypedDict):
+@with_config(ConfigDict(extra="allow"))
+class EngineLimits(TypedDict, total=False):
     """The continuous engine's scheduler limits."""
 
     max_num_seqs: int | None
@@ -41,7 +45,8 @@ class EngineLimits(TypedDict):
     dtype: str
 
 
-class H200Reference(TypedDict):
+@with_config(ConfigDict(extra="allow"))
+class H200Reference(TypedDict, total=False):
     """The story's own H200 numbers (scenarios/batching.H200_REFERENCE)."""
 
     vllm_fp16_batch1_ms_per_token: float
@@ -76,14 +81,16 @@ class EngineLifecycle(TypedDict, total=False):
     transformers_unloaded: DeviceMemory
 
 
-class RuledOut(TypedDict):
+@with_config(ConfigDict(extra="allow"))
+class RuledOut(TypedDict, total=False):
     """Batches a capacity search did not probe at a context: they ran out at a shorter one."""
 
     batches: list[int]
     because: str
 
 
-class MixedSetup(TypedDict):
+@with_config(ConfigDict(extra="allow"))
+class MixedSetup(TypedDict, total=False):
     """The mixed-length set as it ran (scenarios/mixed.setup)."""
 
     requests: int
