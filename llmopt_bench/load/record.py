@@ -17,6 +17,7 @@ from llmopt_bench.core.records import CacheRecord, RequestSample, SLOPoint, Stri
 from llmopt_bench.core.slo import SLO
 from llmopt_bench.load.point import PointResult
 from llmopt_bench.load.turns import turn_rows
+from llmopt_bench.measure.energy import EnergyFigures
 
 
 class PointRow(StrictModel):
@@ -55,7 +56,7 @@ class PointRow(StrictModel):
     steady_reason: str | None = None  # "not steady: completions 43.1/s for 59.4/s arriving"
     completion_rps: float | None = None  # open loop: answers a second over the window's later half
     # J per output token over this point's timed window: measure/energy.Meter.per_key's figures, as typed there
-    energy: dict[str, float | int | None] | None = None
+    energy: EnergyFigures | None = None
     error: str | None = None  # the point itself could not run
     cache: CacheRecord | None = None  # the engine's prefix cache and KV use over the point (load/turns.with_requests)
     turns: list[TurnRow] | None = None  # a multi-turn point's requests by turn (load/turns.turn_rows)

@@ -14,6 +14,10 @@ from typing import Callable, Iterator
 
 from llmopt_bench.measure import nvml
 
+# a window's totals as a record keeps them (core/results.EnergyRecord's fields; Total.as_dict):
+# joules, seconds, output_tokens, windows, avg_watts, joules_per_output_token (None: not counted)
+EnergyFigures = dict[str, float | int | None]
+
 
 def device_energy_mj() -> int | None:
     """The sum of every visible GPU's counter; None where any GPU has none (or no NVML)."""
@@ -33,7 +37,7 @@ class Total:
     tokens: int = 0
     windows: int = 0
 
-    def as_dict(self) -> dict[str, float | int | None]:
+    def as_dict(self) -> EnergyFigures:
         return {"joules": self.joules, "seconds": self.seconds, "output_tokens": self.tokens, "windows": self.windows,
                 "avg_watts": self.joules / self.seconds if self.seconds > 0 else None,
                 "joules_per_output_token": self.joules / self.tokens if self.tokens else None}
@@ -66,7 +70,7 @@ class TimedMeter:
         total.windows += 1
         self.window_seconds += t1 - t0
 
-    def record(self, key: str = "main") -> dict[str, float | int | None] | None:
+    def record(self, key: str = "main") -> EnergyFigures | None:
         """The key's totals as results.EnergyRecord fields; None without a counter or a window."""
         total = self.totals.get(key)
         if not self.has_counter or total is None or total.windows == 0:
@@ -79,5 +83,5 @@ class TimedMeter:
         if key in self.totals:
             self.totals[to] = replace(self.totals[key])
 
-    def per_key(self) -> dict[str, dict[str, float | int | None]]:
+    def per_key(self) -> dict[str, EnergyFigures]:
         return {k: t.as_dict() for k, t in self.totals.items()} if self.has_counter else {}

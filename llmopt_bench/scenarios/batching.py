@@ -19,6 +19,7 @@ from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests
 from llmopt_bench.load.dispatchers import RequestSource, cycled
 from llmopt_bench.load.point import LoadPoint, PointResult
 from llmopt_bench.load.record import figures
+from llmopt_bench.measure.energy import EnergyFigures
 from llmopt_bench.scenarios.batching_record import BatchingExtra, CurveRow, H200Reference, SweepSettings
 
 Attn = Literal["eager", "sdpa", "flash_attention_2"]
@@ -212,7 +213,7 @@ def sweep_settings(p: CurveParams, workload: WorkloadConfig, output_len: int) ->
 
 
 def point_row(point: CurvePoint, mode: str, res: PointResult | None, p: CurveParams, *,
-              energy: dict[str, float | int | None] | None = None, oom: bool = False, **more: Any) -> CurveRow:
+              energy: EnergyFigures | None = None, oom: bool = False, **more: Any) -> CurveRow:
     """The point's row: its figures (load/record.figures) under its name; an OOM (res None) is a
     row with every request failed and no figure."""
     if res is None:

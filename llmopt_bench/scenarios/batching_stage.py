@@ -34,6 +34,7 @@ from llmopt_bench.engines.vllm.kv import KVCacheRecord
 from llmopt_bench.load.dispatchers import cycled
 from llmopt_bench.load.engine import LoadEngine, run_point
 from llmopt_bench.load.point import LoadPoint, PointResult, combine
+from llmopt_bench.measure.energy import EnergyFigures
 from llmopt_bench.procs.tree import cmdline, descendants
 from llmopt_bench.scenarios import mixed
 from llmopt_bench.scenarios.batching import (
@@ -153,7 +154,7 @@ class BatchingStage(Stage):
             got.append(res)
         return combine(got)
 
-    def energy(self, point: CurvePoint, mode: str) -> dict[str, float | int | None] | None:
+    def energy(self, point: CurvePoint, mode: str) -> EnergyFigures | None:
         """The point's joules per output token over its timed windows; None without a counter."""
         return self.ctx.meter.per_key().get(point.meter_key(mode))
 

@@ -15,6 +15,7 @@ from typing_extensions import NotRequired, TypedDict
 from llmopt_bench.core.contract import StageSkipped
 from llmopt_bench.core.distribution import Distribution
 from llmopt_bench.core.records import StrictModel
+from llmopt_bench.measure.energy import EnergyFigures
 
 CLAIMS = [("2x at 2K", 2048, 2.0), ("4x at 8K", 8192, 4.0)]
 CPU_CAP_NOTE = ("context {c} capped to {cap} on CPU (cpu_max_context={cap}): eager attention at long context "
@@ -42,7 +43,7 @@ class SweepRow(StrictModel):
     peak_bytes: int | None = None
     status: str
     reason: str | None = None
-    energy: dict[str, float | int | None] | None = None  # the cell's timed window (TimedMeter.record): joules per output token, where counted
+    energy: EnergyFigures | None = None  # the cell's timed window (TimedMeter.record): joules per output token, where counted
 
 
 class SweepSpeedup(StrictModel):
@@ -95,7 +96,7 @@ class SweepCell(TypedDict):
     peak_bytes: int | None
     status: str
     reason: str | None
-    energy: NotRequired[dict[str, float | int | None]]  # where the device counts energy
+    energy: NotRequired[EnergyFigures]  # where the device counts energy
 
 
 class Speedup(TypedDict):
