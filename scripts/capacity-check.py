@@ -228,9 +228,18 @@ def run_vllm(args: argparse.Namespace, server: VLLMServer, tokenizer: str, label
     if proc.returncode != 0:
         watch.stop([], settle_s=0)
         return {"error": f"vllm bench serve exited {proc.returncode}: see {out / 'stdout.log'}"}
-    result = json.loads(max(out.glob("*.json"), key=lambda p: p.stat().st_mtime).read_text())
+    result = saved_result(out)
+    if result is None:
+        watch.stop([], settle_s=0)
+        return {"error": f"vllm bench serve saved no result in {out}: see {out / 'stdout.log'}"}
     result["server"], _ = watch.stop(peer.bench_samples(result))
     return result
+
+
+def saved_result(run_dir: Path) -> dict | None:
+    """The result `vllm bench serve --save-result` wrote last in run_dir (None: none)."""
+    saved = max(run_dir.glob("*.json"), key=lambda p: p.stat().st_mtime, default=None)
+    return json.loads(saved.read_text()) if saved else None
 
 
 def verdict(result: dict, slo, max_failure_rate: float, rate: float | None, warmup_s: float) -> dict:
@@ -259,16 +268,20 @@ def verdict(result: dict, slo, max_failure_rate: float, rate: float | None, warm
     return {**out, "verdict": "held" if ok else "missed", "why": "; ".join(misses), "judged_by": "vLLM's p99s"}
 
 
+def vllm_runs(args: argparse.Namespace, cap: float) -> list[tuple[str, float | None, int | None, int]]:
+    """vLLM's client runs at capacity C, in order: (label, rate, max concurrency, prompts)."""
+    above = cap * args.above
+    return [(f"at-capacity-{cap:.4g}rps", cap, None, math.ceil(cap * args.bench_s)),
+            (f"above-capacity-{above:.4g}rps", above, None, math.ceil(above * args.bench_s)),
+            ("concurrency-1", None, 1, args.batch1_prompts),
+            ("rate-inf", None, None, args.saturation_requests)]
+
+
 def vllm_phases(args: argparse.Namespace, server: VLLMServer, tokenizer: str, cap: float, budget: Budget, summary: dict) -> None:
     """vLLM's client at C, at --above x C, at concurrency 1, and all at once (those --vllm-runs
     names); each written as it ends."""
     slo = parse_slo(args.slo)
-    above = cap * args.above
-    runs = [(f"at-capacity-{cap:.4g}rps", cap, None, math.ceil(cap * args.bench_s)),
-            (f"above-capacity-{above:.4g}rps", above, None, math.ceil(above * args.bench_s)),
-            ("concurrency-1", None, 1, args.batch1_prompts),
-            ("rate-inf", None, None, args.saturation_requests)]
-    for (label, rate, conc, n), (kind, estimate) in zip(runs, run_estimates(args), strict=True):
+    for (label, rate, conc, n), (kind, estimate) in zip(vllm_runs(args, cap), run_estimates(args), strict=True):
         if kind not in args.vllm_runs:
             continue
         if not budget.fits(f"vllm bench serve {label} ({n} prompts)", estimate):
@@ -294,16 +307,19 @@ def rejudge(args: argparse.Namespace) -> dict:
     server's clock is kept where the summary already had it (it is read live, not saved)."""
     summary = json.loads((args.out / "summary.json").read_text())
     cap, slo = summary["llmopt"]["capacity_rps"], parse_slo(args.slo)
-    rates = {"at-capacity": cap, "above-capacity": cap * args.above}
+    planned = {label: (rate, conc) for label, rate, conc, _ in vllm_runs(args, cap)}
     for run_dir in sorted(args.out.glob("vllm-*")):
-        saved = sorted(run_dir.glob("*.json"), key=lambda p: p.stat().st_mtime)
-        if not saved:
+        result = saved_result(run_dir)
+        if result is None:
             continue
         label = run_dir.name.removeprefix("vllm-")
-        result = json.loads(saved[-1].read_text())
+        if label not in planned:
+            print(f"capacity-check.py: error: {run_dir} is not a run of this check at C = {cap:.4g} req/s "
+                  f"(its runs: {', '.join(planned)}): give the run's own --above", file=sys.stderr)
+            raise SystemExit(2)
+        rate, conc = planned[label]
         result["server"] = None
-        rate = next((r for k, r in rates.items() if label.startswith(k)), None)
-        row = vllm_row(result, slo, summary, rate, 1 if label == "concurrency-1" else None, result["num_prompts"])
+        row = vllm_row(result, slo, summary, rate, conc, result["num_prompts"])
         row["server"] = (summary["vllm"].get(label) or {}).get("server")
         summary["vllm"][label] = row
     summary["against_vllm"] = against_vllm(cap, summary["vllm"])

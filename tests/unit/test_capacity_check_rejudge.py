@@ -47,3 +47,15 @@ def test_rejudge_without_a_saved_check_is_a_usage_error(tmp_path, capsys):
         cc.main(["--rejudge", "--out", str(tmp_path)])
     assert stop.value.code == 2
     assert "summary.json is missing (give that run's --out)" in capsys.readouterr().err
+
+
+def test_a_saved_run_the_check_would_not_have_made_names_the_option_to_give(tmp_path, capsys):
+    cc = script()
+    (tmp_path / "summary.json").write_text(json.dumps({"llmopt": {"capacity_rps": 20.0}, "vllm": {},
+                                                       "max_failure_rate": 0.01, "warmup_s": 2.0}))
+    (tmp_path / "vllm-above-capacity-22rps").mkdir()
+    (tmp_path / "vllm-above-capacity-22rps" / "openai-x.json").write_text(json.dumps(vllm_client_run(22.0, 5.0, 20.5, latencies=False)))
+    with pytest.raises(SystemExit) as stop:
+        cc.main(["--rejudge", "--above", "1.2", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "is not a run of this check at C = 20 req/s" in err and "give the run's own --above" in err
