@@ -256,10 +256,9 @@ class VLLMServer:
             time.sleep(0.1)
         left = self.members(sid)
         memory = wait_device_memory(self._memory_before, freed_limit_s)
-        record: ServerStop = {"stopped": True, "exit_code": proc.returncode, "killed": killed, "processes_left": len(left),
-                              "host_peak_rss_bytes": rss or None,
-                              "left": [cmdline(p)[:120] for p in left], "stop_s": round(time.perf_counter() - t0, 3), **memory}
-        return record
+        return {"stopped": True, "exit_code": proc.returncode, "killed": killed, "processes_left": len(left),
+                "host_peak_rss_bytes": rss or None,
+                "left": [cmdline(p)[:120] for p in left], "stop_s": round(time.perf_counter() - t0, 3), **memory}
 
     def __enter__(self) -> VLLMServer:
         self.start()
