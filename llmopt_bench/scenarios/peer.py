@@ -146,10 +146,11 @@ def vllm_figures(result: dict) -> dict[str, float | None]:
 
 def latency(result: dict, i: int) -> float:
     """Request i's end-to-end latency in vLLM's result: its own `latencies` where the release
-    writes them (0.32), else its first token plus its inter-token gaps (0.26 keeps only those)."""
+    writes them (0.32), else its first token plus its inter-token gaps (0.26 keeps only those);
+    0 where a failed request has none."""
     if "latencies" in result:
-        return float(result["latencies"][i])
-    return float(result["ttfts"][i] + sum(result["itls"][i]))
+        return float(result["latencies"][i] or 0.0)
+    return float((result["ttfts"][i] or 0.0) + sum(result["itls"][i] or []))
 
 
 def vllm_samples(result: dict) -> list[RequestSample]:
@@ -205,10 +206,9 @@ def bench_samples(result: dict) -> list[RequestSample]:
     (engines/server_metrics.server_clock) of vLLM's client as of llmopt's."""
     out = []
     for i, (ttft, n) in enumerate(zip(result.get("ttfts") or [], result.get("output_lens") or [])):
-        e2e = latency(result, i)
         failed = bool((result.get("errors") or [""] * (i + 1))[i])
         out.append(RequestSample(request_id=f"vllm{i}", prompt_id=f"vllm{i}", prompt_tokens=(result.get("input_lens") or [0] * (i + 1))[i],
-                                 output_tokens=int(n), t_submit=0.0, t_first=float(ttft or 0.0), t_done=float(e2e or 0.0),
+                                 output_tokens=int(n), t_submit=0.0, t_first=float(ttft or 0.0), t_done=latency(result, i),
                                  ok=not failed))
     return out
 
