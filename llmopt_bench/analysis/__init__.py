@@ -1,1 +1,2 @@
-"""Statistics, metrics, roofline and quality: computed from raw samples, in one place."""
+"""Statistics, metrics, roofline and quality: computed from raw samples, in one place; the
+regression gate (gate/), the report's narrative (narrative/) and what to deploy (recommend/)."""

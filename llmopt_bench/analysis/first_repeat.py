@@ -2,7 +2,7 @@
 
 A warm-up that leaves something cold (kernels not loaded, an allocator that still has to grow,
 caches not filled) shows as a first repeat slower than the rest. The fixed workload's warm-up is
-short for transformers engines (one generation of a few tokens: scenarios/fixed.py), so the
+short for transformers engines (one generation of a few tokens: scenarios/fixed/run.py), so the
 report checks every run: repeat 0's time per output token (its requests' E2E over their tokens)
 against the median of the other repeats'. Pure functions, from run.json's compact samples."""
 

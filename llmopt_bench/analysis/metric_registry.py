@@ -30,7 +30,7 @@ class Metric:
     aliases: tuple[str, ...] = ()  # other names users type for it (--metric, --max-regression, --gate)
     csv: str | None = None  # its column in stages.csv and report.json's stage rows (documented names)
     column: str | None = None  # its head in the report's stage table where label and unit are too wide
-    judged: bool = False  # compare judges it stage by stage (analysis/judge.py)
+    judged: bool = False  # compare judges it stage by stage (analysis/gate/judge.py)
     gated: bool = False  # an inconclusive verdict of it fails a comparison by default (compare --gate)
     # a value that moves between runs of the same code (load: 4.2-11.7 s over 12 CPU runs, 79 vs
     # 110 s in two H200 sessions; a latency by whole-run shifts) is judged only with an interval

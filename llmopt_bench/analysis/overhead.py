@@ -1,6 +1,6 @@
 """What the per-token clock costs, and what the measurement can honestly say about it.
 
-The clock is a generate() streamer (engines/hf.py TokenClock). Its cost is measured two ways:
+The clock is a generate() streamer (engines/hf/generate.py TokenClock). Its cost is measured two ways:
 
 - end to end: interleaved pairs of the same generation with and without the streamer; each
   pair gives a ratio (with / without - 1, in % of a token's time). The overhead is the median

@@ -1,5 +1,5 @@
 """Speedups against the baseline with their uncertainty (issue 25): the ratio of two stages'
-figures with the interval of the regression gate (analysis/noise.py: each stage's repeats drawn,
+figures with the interval of the regression gate (analysis/gate/noise.py: each stage's repeats drawn,
 a t quantile on Welch's degrees of freedom), so that "4.81x" reads with the spread two runs of
 the same stacks would show. Where the baseline is host-bound the ratio also depends on this
 host's CPU: `host_caveat` says so, with the host-speed index the baseline's repeats recorded.
@@ -30,8 +30,8 @@ class Speedup:
 
 def speedup_interval(stage: StageResult, ref: StageResult, what: str = "tpot", confidence: float = 0.95) -> Speedup | None:
     """How many times better `stage` is than `ref` on `what` (tpot, e2e, output_tok_s), with its interval."""
-    from llmopt_bench.analysis.compare import metric_value, noise_groups
-    from llmopt_bench.analysis.judge import METRICS, judge
+    from llmopt_bench.analysis.gate.compare import metric_value, noise_groups
+    from llmopt_bench.analysis.gate.judge import METRICS, judge
 
     key = KEYS[what]
     (r_groups, statistic), (s_groups, _) = noise_groups(ref, key), noise_groups(stage, key)

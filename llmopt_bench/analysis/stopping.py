@@ -2,7 +2,7 @@
 
 A stage measures `repeats` times, the minimum; where `max_repeats` is higher it goes on, one
 repeat at a time, until every figure the regression gate is settled against (its gated decode
-figures: TPOT p50, E2E p50 and output tok/s, analysis/judge.GATED) has a between-repeat interval
+figures: TPOT p50, E2E p50 and output tok/s, analysis/gate/judge.GATED) has a between-repeat interval
 within `target_pct`, or the maximum is reached, or the repeats have taken `max_seconds` (the
 time a nightly job has: no repeat starts that would end past it). The unit is the repeat, not
 the request, because that is the noise the regression gate must see (docs/regression.md: a
@@ -10,11 +10,11 @@ host-bound stage's repeats differ by 22% where its own requests scatter by 4%): 
 stopped when the requests of one repeat agreed would leave the gate one repeat and no way to
 tell a slower build from a slower hour.
 
-The interval is the gate's own (analysis/noise.py): each repeat's figure in log space, their
+The interval is the gate's own (analysis/gate/noise.py): each repeat's figure in log space, their
 mean's Student-t interval at 95%, its half-width as a percentage of the value (exp(t x sd /
 sqrt(n)) - 1). A stage whose repeats agree to 0.1% (every vLLM stage on the H200) stops at 2
 or 3; a noisy one runs on. A repeat the host disturbed (its CPU share, preemptions or steal
-beyond its run's typical repeat: analysis/host_signals.disturbed, judged again after every
+beyond its run's typical repeat: analysis/gate/host_signals.disturbed, judged again after every
 repeat) is not counted, as compare sets it aside: the rule measures another in its place."""
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Literal, Sequence
 
 from pydantic import Field
 
-from llmopt_bench.analysis.host_signals import disturbed
+from llmopt_bench.analysis.gate.host_signals import disturbed
+from llmopt_bench.analysis.gate.noise import t_quantile
 from llmopt_bench.analysis.metrics import e2e, tpot
-from llmopt_bench.analysis.noise import t_quantile
 from llmopt_bench.core.records import RequestSample, StrictModel
 from llmopt_bench.measure.conditions import RepeatConditions
 

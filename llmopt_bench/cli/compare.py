@@ -100,9 +100,9 @@ def compare_cmd(
     across the threshold), 0 when every gated metric is settled and none regressed."""
     import json
 
-    from llmopt_bench.analysis.baseline_drift import declared_for, load_drift
-    from llmopt_bench.analysis.compare import compare_runs, parse_allowed, parse_gate, parse_thresholds, parse_watch
-    from llmopt_bench.analysis.completeness import check_allowed
+    from llmopt_bench.analysis.gate.baseline_drift import declared_for, load_drift
+    from llmopt_bench.analysis.gate.compare import compare_runs, parse_allowed, parse_gate, parse_thresholds, parse_watch
+    from llmopt_bench.analysis.gate.completeness import check_allowed
     from llmopt_bench.core.results import load_run
     from llmopt_bench.render.compare_text import print_terminal, to_markdown
     from llmopt_bench.run.history import default_db, fingerprint_runs
@@ -134,7 +134,7 @@ def compare_cmd(
 def exit_status(cmp, baseline: Path, new: Path) -> None:
     """One exit path, the strongest finding first: a regression (5), an incomplete comparison
     (6), a change the hosts explain (8), a gated metric left unsettled (9)."""
-    from llmopt_bench.analysis.completeness import gap_fix
+    from llmopt_bench.analysis.gate.completeness import gap_fix
     from llmopt_bench.render.compare_text import inconclusive_fix, inconclusive_text
 
     if cmp.regressions:

@@ -53,7 +53,7 @@ def show_cmd(
     db: Optional[Path] = typer.Option(None, "--db", envvar="LLMOPT_HISTORY_DB", help=DB_HELP),
 ) -> None:
     """Show a metric per stage across runs, oldest first, each run judged against the stage's previous run."""
-    from llmopt_bench.analysis.compare import parse_thresholds
+    from llmopt_bench.analysis.gate.compare import parse_thresholds
     from llmopt_bench.cli.paths import output_file, writing
     from llmopt_bench.core.errors import MissingDependency, extra_fix
     from llmopt_bench.render.history_text import print_trend
@@ -94,7 +94,7 @@ def check_cmd(
     import json
     from dataclasses import asdict
 
-    from llmopt_bench.analysis.compare import parse_thresholds
+    from llmopt_bench.analysis.gate.compare import parse_thresholds
     from llmopt_bench.core.errors import ExitCode, LlmoptError
     from llmopt_bench.core.fmt import change
     from llmopt_bench.render.history_text import print_shifts

@@ -1,5 +1,5 @@
 """`llmopt recommend RUN_DIR [--slo ...] [--priority ...] [--json]`: what to deploy, from a run's
-run.json alone (analysis/recommend.py)."""
+run.json alone (analysis/recommend/choose.py)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ def recommend_cmd(
 ) -> None:
     """Which configuration to deploy: the best result for the priority that passes the quality gate and meets
     the SLO, the runner-up, the trade-off, and the `vllm serve` line."""
-    from llmopt_bench.analysis.recommend import recommend
-    from llmopt_bench.analysis.recommend_text import lines
+    from llmopt_bench.analysis.recommend.choose import recommend
+    from llmopt_bench.analysis.recommend.text import lines
     from llmopt_bench.core.results import load_run
     from llmopt_bench.core.slo import parse_slo
 

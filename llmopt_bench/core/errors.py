@@ -16,7 +16,7 @@ class ExitCode(IntEnum):
     REGRESSION = 5  # compare or history check found a regression, or a stage failed its quality gate
     INCOMPLETE = 6  # compare: the new run lacks, or did not finish, a stage of the baseline, or did not complete
     DISK_FULL = 7  # no space left writing the run directory: run.json still holds what finished
-    HOST_INCONCLUSIVE = 8  # compare: a change the hosts explain, their speed or their other recorded signals (analysis/host_verdict.py)
+    HOST_INCONCLUSIVE = 8  # compare: a change the hosts explain, their speed or their other recorded signals (analysis/gate/host_verdict.py)
     INCONCLUSIVE = 9  # compare: a gated metric's interval reaches across its threshold: neither a pass nor a regression
     INTERRUPTED = 130  # Ctrl-C: run.json holds what finished
 

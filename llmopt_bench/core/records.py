@@ -91,7 +91,7 @@ class LoadInfo(StrictModel):
 
 class SLOPoint(StrictModel):
     """One open-loop load point a serving stage measured, kept so that another SLO can judge it
-    again (analysis/recommend.py): each successful request's TTFT, TPOT and E2E in seconds (TPOT
+    again (analysis/recommend/choose.py): each successful request's TTFT, TPOT and E2E in seconds (TPOT
     None for a one-token answer), the pooled inter-token gaps' percentiles, and what failed."""
 
     rate_rps: float  # the arrival rate asked for
@@ -109,7 +109,7 @@ class SLOPoint(StrictModel):
     queued_at_end: int | None = None  # due, not yet sent, when the window closed: a client that fell behind (analysis/slo.client_late)
     steady: bool | None = None  # the steady-state judgement (load/steady.py): False misses any SLO; None: not judged (older runs)
     steady_reason: str | None = None
-    hold: bool = False  # the hold of a capacity (load/hold.py), not a search's short trial
+    hold: bool = False  # the hold of a capacity (load/capacity/hold.py), not a search's short trial
 
 
 @with_config(ConfigDict(extra="allow"))  # a key a later version adds is kept as it came
@@ -150,7 +150,7 @@ class PlanRecord(StrictModel):
 
 
 class CacheRecord(StrictModel):
-    """The engine's prefix cache and KV-cache use over one load point (engines/vllm/cache.py):
+    """The engine's prefix cache and KV-cache use over one load point (client/prefix_cache.py):
     lookups and hits in tokens from its counters, KV-cache usage sampled during the point."""
 
     source: str  # "llm.get_metrics()", "vllm /metrics", or "per request" (num_cached_tokens, usage.cached_tokens)
@@ -198,7 +198,7 @@ class StageFacts(StrictModel):
     slo_capacity_interval: list[float | None] | None = None
     slo_capacity_converged: bool | None = None
     slo_capacity_known_within: float | None = None  # the precision reached: first failing / capacity - 1 (None: no upper bound, older runs)
-    slo_capacity_held: bool | None = None  # the capacity held for slo_hold_s (load/hold.py); None: not held (no hold, older runs)
+    slo_capacity_held: bool | None = None  # the capacity held for slo_hold_s (load/capacity/hold.py); None: not held (no hold, older runs)
     slo_hold_s: float | None = None
     saturation_rps: float | None = None  # the highest completion rate the stage measured: the capacity never exceeds it
     goodput_rps: float | None = None

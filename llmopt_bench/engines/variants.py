@@ -1,6 +1,6 @@
 """One variant of an engine (an attention implementation of transformers, an attention backend
 of vLLM) as a sweep opens and measures it: what opening it gave, why it could not open, and
-what one measured cell gave. The context sweep (scenarios/context_sweep_run.py) drives any
+what one measured cell gave. The context sweep (scenarios/context_sweep/run.py) drives any
 adapter that speaks these types; the adapters live beside their engines (hf_attention.py,
 vllm/attention.py), so the types sit here, below the scenario that uses them."""
 

@@ -7,12 +7,12 @@
 - steady.py: whether the server kept up (the steady-state judgement of an open-loop point);
 - engine.py: the engine interface (LoadEngine: drive(dispatcher)) and run_point();
 - record.py: the row every load stage keeps (PointRow), goodput, the SLO verdict, SLOPoint;
-- find.py (the entry point: find_capacity), search.py, budget.py, hold.py, capacity.py: the
-  capacity under an SLO, searched from the highest completion rate measured down to a precision
-  within a budget of seconds of load, held for longer, with the knee of the latency curve.
+- capacity/ (find.py the entry point: find_capacity; search.py, budget.py, hold.py, params.py):
+  the capacity under an SLO, searched from the highest completion rate measured down to a
+  precision within a budget of seconds of load, held for longer, with the knee of the latency curve.
 
-The engines' adapters live in engines/ (vllm/engine.VLLMEngine, static_engine.StaticBatcher,
-http_load.HTTPLoad) and satisfy LoadEngine without importing this package; the scenarios above
-(scenarios/batching*.py, scenarios/serving/) declare the points and keep the records.
+The engines' adapters live in engines/ (vllm/engine.VLLMEngine, hf/static_engine.StaticBatcher)
+and client/ (http_load.HTTPLoad) and satisfy LoadEngine without importing this package; the
+scenarios above (scenarios/batching/, scenarios/serving/) declare the points and keep the records.
 
-May import: analysis, measure, core (never engines: an engine is handed in)."""
+May import: analysis, measure, core (never engines nor client: an engine is handed in)."""

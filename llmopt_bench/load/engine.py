@@ -1,6 +1,6 @@
 """The one engine interface the load machine drives, and the function that runs a load point on
-it. An engine's adapter (engines/vllm/engine.VLLMEngine, engines/static_engine.StaticBatcher,
-engines/http_load.HTTPLoad) satisfies LoadEngine without importing this package: it speaks
+it. An engine's adapter (engines/vllm/engine.VLLMEngine, engines/hf/static_engine.StaticBatcher,
+client/http_load.HTTPLoad) satisfies LoadEngine without importing this package: it speaks
 core/dispatch.py's Dispatcher, and the load machine knows nothing of the engine behind it."""
 
 from __future__ import annotations

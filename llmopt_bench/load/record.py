@@ -152,7 +152,7 @@ def slo_verdict(slo: SLO, res: PointResult, max_failure_rate: float) -> Verdict:
 
 
 def slo_point(res: PointResult, v: Verdict, hold: bool = False) -> SLOPoint:
-    """An open-loop point's per-request figures, enough for analysis/recommend.py to judge it
+    """An open-loop point's per-request figures, enough for analysis/recommend/choose.py to judge it
     under any SLO on TTFT, TPOT and E2E (and ITL at p50, p90, p99), its steady state with them."""
     ok = [s for s in res.samples if s.ok]
     itl = res.metrics.itl_s if res.metrics else None

@@ -13,7 +13,7 @@ A figure the machine cannot give is None; the clock comes from NVML.
 What those figures could not show on the H200, the host's speed for one thread, the host-speed
 index measures directly (measure/hostspeed.py): small PyTorch ops dispatched a second, right
 before and right after the repeat, outside its timed window. It is the one figure here that
-the gate uses (analysis/host_verdict.py): a host-bound stage's change that the index explains
+the gate uses (analysis/gate/host_verdict.py): a host-bound stage's change that the index explains
 is "inconclusive (host)", not a regression and not a pass."""
 
 from __future__ import annotations

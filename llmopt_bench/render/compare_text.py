@@ -1,12 +1,12 @@
 """compare's text: the comparison as markdown (`--format md`, `--output`), at the terminal's
 width (`--format table`), and the sentences of its exit error; the shared figure formatting that
-`llmopt history` prints too. Reads analysis/compare.Comparison; writes nothing."""
+`llmopt history` prints too. Reads analysis/gate/compare.Comparison; writes nothing."""
 
 from __future__ import annotations
 
 import re
 
-from llmopt_bench.analysis.compare import Comparison, MetricDelta, StageDelta
+from llmopt_bench.analysis.gate.compare import Comparison, MetricDelta, StageDelta
 from llmopt_bench.analysis.metric_registry import REGISTRY
 from llmopt_bench.core.fmt import change, quantity
 
@@ -122,7 +122,7 @@ def host_lines(cmp: Comparison) -> list[str]:
 
 
 def moved_lines(cmp: Comparison) -> list[str]:
-    """Per stage, the repeats set aside and the signals that moved between the runs (analysis/host_signals.py)."""
+    """Per stage, the repeats set aside and the signals that moved between the runs (analysis/gate/host_signals.py)."""
     out = []
     for s in cmp.stages:
         if s.set_aside:

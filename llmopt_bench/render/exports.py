@@ -7,7 +7,7 @@ import csv
 import json
 from pathlib import Path
 
-from llmopt_bench.analysis.conclusions import conclusions
+from llmopt_bench.analysis.narrative.conclusions import conclusions
 from llmopt_bench.analysis.roofline import roofline
 from llmopt_bench.analysis.selectors import STAGE_COLUMNS, speedup_rows, stage_table_rows
 from llmopt_bench.core.freeform import Json

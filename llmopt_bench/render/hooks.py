@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from llmopt_bench.analysis.claims import claim_overall
+from llmopt_bench.analysis.narrative.claims import claim_overall
 from llmopt_bench.core.contract import Stage
 from llmopt_bench.core.records import Block, Claim
 from llmopt_bench.core.results import RunResult, StageResult

@@ -9,12 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from llmopt_bench.analysis.conclusions import conclusions
 from llmopt_bench.analysis.metric_registry import REGISTRY
-from llmopt_bench.analysis.recommend import recommend
-from llmopt_bench.analysis.recommend_text import lines
+from llmopt_bench.analysis.narrative.conclusions import conclusions
+from llmopt_bench.analysis.narrative.roofline_text import TABLE_HEADERS, ceilings_line, table_cells
+from llmopt_bench.analysis.recommend.choose import recommend
+from llmopt_bench.analysis.recommend.text import lines
 from llmopt_bench.analysis.roofline import roofline
-from llmopt_bench.analysis.roofline_text import TABLE_HEADERS, ceilings_line, table_cells
 from llmopt_bench.analysis.scaling import scaling_rows
 from llmopt_bench.analysis.selectors import GB, ok_stages, peak_memory, speedup_rows, stage_table_rows
 from llmopt_bench.core.fmt import num, pct, table, tail, times
@@ -147,7 +147,7 @@ def time_section(run: RunResult) -> list[str]:
 
 
 def deploy_section(run: RunResult) -> list[str]:
-    """What to deploy (analysis/recommend.py) at the default priority and the run's own SLO."""
+    """What to deploy (analysis/recommend/choose.py) at the default priority and the run's own SLO."""
 
     try:
         return lines(recommend(run))

@@ -144,7 +144,7 @@ def cpu_matmul_kinds() -> tuple[list[str], dict[str, str]]:
     (AVX-512, where bitsandbytes uses it too; elsewhere both fall back to slow paths)."""
     import torch
 
-    from llmopt_bench.engines.hf import best_cpu_dtype
+    from llmopt_bench.engines.hf.generate import best_cpu_dtype
 
     kinds, skipped = list(dict.fromkeys(("float32", best_cpu_dtype()))), {}
     if torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
@@ -161,7 +161,7 @@ def ceilings(device: str) -> Ceilings:
     CPU stages' default dtype on CPU), kept for runs read by older code."""
     import torch
 
-    from llmopt_bench.engines.hf import best_cpu_dtype
+    from llmopt_bench.engines.hf.generate import best_cpu_dtype
 
     if device == "cuda":
         n = 2 * 1024**3

@@ -8,7 +8,7 @@ Runs are comparable when their fingerprint matches: device, model, workload and 
 params. Between consecutive comparable runs a judged metric (analysis/metric_registry.py) is
 judged with compare's method, the earlier comparable runs giving the baseline's noise; other
 metrics with a relative-change rule (|new/old - 1| > threshold). `check` runs E-divisive means
-(analysis/changepoint.py) over each stage's series of the current fingerprint."""
+(analysis/gate/changepoint.py) over each stage's series of the current fingerprint."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmopt_bench.analysis import changepoint, compare, hostbound
+from llmopt_bench.analysis import hostbound
+from llmopt_bench.analysis.gate import changepoint, compare
 from llmopt_bench.analysis.metric_registry import REGISTRY, lookup
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.models import cache_dir

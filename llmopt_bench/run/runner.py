@@ -36,7 +36,7 @@ from llmopt_bench.run.registry import StagePlan, journey_order, load_stage, plan
 from llmopt_bench.run.rundir import RunDir
 from llmopt_bench.run.session import ReadyStage, Reference, Reporter, RunSession
 from llmopt_bench.run.supervisor import launch, supervise, supervise_group
-from llmopt_bench.scenarios.fixed_requests import multi_turn_refusal
+from llmopt_bench.scenarios.fixed.requests import multi_turn_refusal
 from llmopt_bench.workloads.spec import parse_spec
 
 # Multi-GPU hosts here forbid NVLink multicast; engines' own processes inherit this.

@@ -203,7 +203,7 @@ def llmopt_figures(point: Any) -> dict[str, float | None]:
 def bench_samples(result: dict) -> list[RequestSample]:
     """`vllm bench serve --save-result --save-detailed`'s requests as samples (each on its own
     clock from 0: TTFT, latency, output tokens), for the server clock's reconciliation
-    (engines/server_metrics.server_clock) of vLLM's client as of llmopt's."""
+    (client/server_clock.server_clock) of vLLM's client as of llmopt's."""
     out = []
     for i, (ttft, n) in enumerate(zip(result.get("ttfts") or [], result.get("output_lens") or [])):
         failed = bool((result.get("errors") or [""] * (i + 1))[i])

@@ -5,14 +5,14 @@ same way (llmopt_bench/awq.py makes the checkpoint; docs/awq.md)."""
 
 from __future__ import annotations
 
-from llmopt_bench.analysis.claims import claim_verdict
+from llmopt_bench.analysis.narrative.claims import claim_verdict
 from llmopt_bench.analysis.selectors import of_stage, perplexity, reference
 from llmopt_bench.core.contract import Requirements, StageContext
 from llmopt_bench.core.records import Claim
-from llmopt_bench.engines.awq_weights import AWQCheckpointParams, awq_engine
+from llmopt_bench.engines.awq.weights import AWQCheckpointParams, awq_engine
 from llmopt_bench.engines.vllm.engine import PREFETCH, VLLMEngine
 from llmopt_bench.engines.vllm.params import VLLMEngineParams
-from llmopt_bench.scenarios.fixed import FixedParams, FixedWorkloadStage
+from llmopt_bench.scenarios.fixed.run import FixedParams, FixedWorkloadStage
 
 NF4_STAGE = "bnb-nf4"  # the global INT4 this stage's quality is weighed against
 

@@ -1,6 +1,6 @@
 """Continuous batching: requests arrive over time and join vLLM's running batch; the same
 arrivals replayed against transformers with static batching show what it buys. The stage is
-the load scenario (scenarios/batching_stage.py: the sweep, the throughput point, the mixed-
+the load scenario (scenarios/batching/run.py: the sweep, the throughput point, the mixed-
 length set, KV capacity, the static replay, the transformers probes) on the vLLM engine, its
 load points run by the load machine (load/) as the serving stages' are.
 docs/batching.md defines the figures and extra's keys."""
@@ -8,12 +8,12 @@ docs/batching.md defines the figures and extra's keys."""
 from __future__ import annotations
 
 from llmopt_bench.core.contract import Requirements
-from llmopt_bench.engines import transformers as T
+from llmopt_bench.engines.hf import engine as T
 from llmopt_bench.engines.vllm.engine import PREFETCH, VLLMEngine
 from llmopt_bench.engines.vllm.params import VLLMEngineParams, share_key
-from llmopt_bench.scenarios.batching import CurveParams
-from llmopt_bench.scenarios.batching_record import BatchingExtra
-from llmopt_bench.scenarios.batching_stage import BatchingStage
+from llmopt_bench.scenarios.batching.curve import CurveParams
+from llmopt_bench.scenarios.batching.record import BatchingExtra
+from llmopt_bench.scenarios.batching.run import BatchingStage
 
 
 class BatchingParams(VLLMEngineParams, CurveParams):
@@ -42,19 +42,19 @@ class ContinuousBatchingStage(BatchingStage):
 
     @classmethod
     def claims(cls, result, run):
-        from llmopt_bench.scenarios.batching_report import batching_claim
+        from llmopt_bench.scenarios.batching.report import batching_claim
 
         return [batching_claim(result.extra_as(BatchingExtra), run)]
 
     @classmethod
     def report_blocks(cls, result, run):
-        from llmopt_bench.scenarios.batching_report import batching_blocks
+        from llmopt_bench.scenarios.batching.report import batching_blocks
 
         return batching_blocks(result.extra_as(BatchingExtra))
 
     @classmethod
     def charts(cls, result, run, out_dir):
-        from llmopt_bench.scenarios.batching_report import curve_chart
+        from llmopt_bench.scenarios.batching.report import curve_chart
 
         path = curve_chart(result.name, result.extra_as(BatchingExtra).curve, out_dir / f"{result.name}-curve.png")
         return [path] if path else []

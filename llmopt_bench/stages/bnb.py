@@ -6,14 +6,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from llmopt_bench.analysis.claims import claim_verdict
+from llmopt_bench.analysis.narrative.claims import claim_verdict
 from llmopt_bench.analysis.selectors import GB, reference
 from llmopt_bench.core.contract import Requirements, StageContext
 from llmopt_bench.core.fmt import num
 from llmopt_bench.core.records import Claim
-from llmopt_bench.engines.hf import resolve_dtype
-from llmopt_bench.engines.transformers import PREFETCH, HFEngineParams, TransformersEngine
-from llmopt_bench.scenarios.fixed import FixedParams, FixedWorkloadStage
+from llmopt_bench.engines.hf.engine import PREFETCH, HFEngineParams, TransformersEngine
+from llmopt_bench.engines.hf.generate import resolve_dtype
+from llmopt_bench.scenarios.fixed.run import FixedParams, FixedWorkloadStage
 
 BNB = Requirements(imports={"transformers": "test", "torch": "test", "bitsandbytes": "bnb"})
 INT8_HALVES_AT = 0.55  # INT8 weights / FP16 weights at most this

@@ -2,8 +2,8 @@
 with the kernel that really ran checked by the profiler.
 
 The story claims FlashAttention gave 2x at 2K context and 4x at 8K. This stage is the context
-sweep (scenarios/context_sweep_run.py) on transformers' attention implementations
-(engines/hf_attention.py: eager, SDPA with one backend forced, flash_attention_2), each loaded
+sweep (scenarios/context_sweep/run.py) on transformers' attention implementations
+(engines/hf/attention.py: eager, SDPA with one backend forced, flash_attention_2), each loaded
 once and verified by the profiler; every (context, batch) cell is a prompt of exactly `context`
 tokens plus `decode_tokens`, `repeats` times after `warmup` untimed generations.
 
@@ -20,12 +20,12 @@ from pydantic import Field
 
 from llmopt_bench.core.contract import Requirements, StageContext
 from llmopt_bench.core.records import LoadInfo
-from llmopt_bench.engines import hf
-from llmopt_bench.engines.hf_attention import DEFAULT_IMPLS, HFAttention, Impl, flash_attn_version
-from llmopt_bench.engines.transformers import PREFETCH
-from llmopt_bench.scenarios.context_sweep import ContextSweepExtra, ContextSweepParams, sweep_claims, sweep_contexts
-from llmopt_bench.scenarios.context_sweep_report import flash_claim
-from llmopt_bench.scenarios.context_sweep_run import ContextSweepStage, SweepPlan
+from llmopt_bench.engines.hf import generate as hf
+from llmopt_bench.engines.hf.attention import DEFAULT_IMPLS, HFAttention, Impl, flash_attn_version
+from llmopt_bench.engines.hf.engine import PREFETCH
+from llmopt_bench.scenarios.context_sweep.plan import ContextSweepExtra, ContextSweepParams, sweep_claims, sweep_contexts
+from llmopt_bench.scenarios.context_sweep.report import flash_claim
+from llmopt_bench.scenarios.context_sweep.run import ContextSweepStage, SweepPlan
 
 
 class FlashAttnParams(ContextSweepParams):

@@ -1,5 +1,5 @@
 """The baseline's compiled twin: the same model, dtype, attention and generate() as hf-fp16, with a
-static KV cache and torch.compile of the decode step (engines/hf_compiled.py). Beside hf-fp16 it
+static KV cache and torch.compile of the decode step (engines/hf/compiled.py). Beside hf-fp16 it
 says how much of the story's first step is the host (Python, dispatch, launches) rather than the
 GPU; it is also the cheap fix a transformers user tries before changing engines. Optional: its
 journey is journeys/host-bound.toml (hf-fp16, then this), not the default one (docs/architecture.md,
@@ -11,9 +11,9 @@ from llmopt_bench.core.contract import Requirements
 from llmopt_bench.core.fmt import num, pct
 from llmopt_bench.core.records import Block
 from llmopt_bench.core.workload import build_requests
-from llmopt_bench.engines.hf_compiled import CompiledEngineParams, CompiledTransformersEngine, CompileRecord
-from llmopt_bench.engines.transformers import PREFETCH
-from llmopt_bench.scenarios.fixed import FixedExtra, FixedParams, FixedWorkloadStage
+from llmopt_bench.engines.hf.compiled import CompiledEngineParams, CompiledTransformersEngine, CompileRecord
+from llmopt_bench.engines.hf.engine import PREFETCH
+from llmopt_bench.scenarios.fixed.run import FixedExtra, FixedParams, FixedWorkloadStage
 
 
 class HFCompiledParams(CompiledEngineParams, FixedParams):

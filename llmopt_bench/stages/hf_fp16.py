@@ -4,8 +4,8 @@ generate() one request at a time. Its outputs are the run's quality reference.""
 from __future__ import annotations
 
 from llmopt_bench.core.contract import Requirements
-from llmopt_bench.engines.transformers import PREFETCH, HFEngineParams, TransformersEngine
-from llmopt_bench.scenarios.fixed import FixedParams, FixedWorkloadStage
+from llmopt_bench.engines.hf.engine import PREFETCH, HFEngineParams, TransformersEngine
+from llmopt_bench.scenarios.fixed.run import FixedParams, FixedWorkloadStage
 
 TRANSFORMERS = Requirements(imports={"transformers": "test", "torch": "test"})
 

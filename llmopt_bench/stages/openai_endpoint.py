@@ -16,13 +16,13 @@ from typing import Literal
 
 from pydantic import Field
 
+from llmopt_bench.client.errors import error_kind, fix_for
+from llmopt_bench.client.http_load import HTTPLoad
+from llmopt_bench.client.openai_http import Endpoint, OpenAIClient
 from llmopt_bench.core.contract import Stage, StageContext, StageSkipped
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.records import Block, LoadInfo, QualityRecord, StageRun
 from llmopt_bench.core.workload import WorkloadConfig
-from llmopt_bench.engines.http_load import HTTPLoad
-from llmopt_bench.engines.openai_errors import error_kind, fix_for
-from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient
 from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.scenarios.serving import report as R
 from llmopt_bench.scenarios.serving.record import ServingExtra, ServingParams

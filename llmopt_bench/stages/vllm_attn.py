@@ -1,7 +1,7 @@
 """vllm-attn: vLLM's attention backends by context length, prefill and decode apart.
 
 The flash-attn stage compares attention implementations inside transformers; this stage is the
-same context sweep (scenarios/context_sweep_run.py) inside vLLM (engines/vllm/attention.py):
+same context sweep (scenarios/context_sweep/run.py) inside vLLM (engines/vllm/attention.py):
 one engine per backend (FLASH_ATTN, TRITON_ATTN, FLASHINFER), forced and verified from the
 backend vLLM reports, shut down and gone before the next; one request at a time, a different
 prompt each repeat, prefix caching off. Speedups are against the first backend that ran; a
@@ -18,8 +18,8 @@ from llmopt_bench.core.records import LoadInfo
 from llmopt_bench.engines.vllm.attention import CUDA_BACKENDS, VLLMAttention, plan_backends, within_positions
 from llmopt_bench.engines.vllm.engine import PREFETCH
 from llmopt_bench.engines.vllm.params import VLLMEngineParams, prepare_engine_env
-from llmopt_bench.scenarios.context_sweep import ContextSweepParams, sweep_contexts
-from llmopt_bench.scenarios.context_sweep_run import ContextSweepStage, SweepPlan
+from llmopt_bench.scenarios.context_sweep.plan import ContextSweepParams, sweep_contexts
+from llmopt_bench.scenarios.context_sweep.run import ContextSweepStage, SweepPlan
 
 
 class VLLMAttnParams(ContextSweepParams, VLLMEngineParams):

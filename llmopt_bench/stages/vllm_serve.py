@@ -1,7 +1,7 @@
 """vllm-serve: vLLM's OpenAI-compatible server (`vllm serve`) with the engine params of the
 offline vLLM stages, under load over HTTP (scenarios/serving/run.py): a concurrency sweep, open-loop
 points, the capacity under an SLO, the throughput point; then the quality through the server's
-prompt log-probs, the same measures as the offline stage (engines/served_quality.py).
+prompt log-probs, the same measures as the offline stage (engines/vllm/served_quality.py).
 
 The stage's process runs in llmopt's interpreter (httpx); the server runs in vLLM's
 (LLMOPT_VLLM_PYTHON), in the stage's session so that its GPU memory is sampled and a stage
@@ -15,17 +15,17 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
+from llmopt_bench.client.http_load import HTTPLoad
+from llmopt_bench.client.openai_http import Endpoint
 from llmopt_bench.core.contract import Requirements, Stage, StageContext, StageSkipped
 from llmopt_bench.core.records import Block, Claim, LoadInfo, QualityRecord, StageRun
 from llmopt_bench.core.workload import WorkloadConfig
-from llmopt_bench.engines.awq_weights import AWQCheckpointParams, awq_engine
-from llmopt_bench.engines.http_load import HTTPLoad
-from llmopt_bench.engines.openai_http import Endpoint
+from llmopt_bench.engines.awq.weights import AWQCheckpointParams, awq_engine
 from llmopt_bench.engines.vllm.params import VLLMEngineParams, engine_config, prepare_engine_env, weights_estimate, worker_ranks
 from llmopt_bench.engines.vllm.server import ServerStop, VLLMServer
 from llmopt_bench.load.plans import PlanLoad
-from llmopt_bench.scenarios.caching_report import caching_claim, comparison_blocks
 from llmopt_bench.scenarios.serving import report as R
+from llmopt_bench.scenarios.serving.caching_report import caching_claim, comparison_blocks
 from llmopt_bench.scenarios.serving.record import CachingArm, PrefixCachingRecord, ServingExtra, ServingParams
 from llmopt_bench.scenarios.serving.run import ServingRun, serving_plans
 from llmopt_bench.workloads.text import PromptTexts
@@ -124,7 +124,7 @@ class VLLMServeStage(Stage):
         """A few requests one at a time, untimed: the server's first answers pay for lazy set-up."""
         import asyncio
 
-        from llmopt_bench.engines.openai_http import OpenAIClient
+        from llmopt_bench.client.openai_http import OpenAIClient
 
         texts = self.texts(workload)
 
@@ -155,7 +155,7 @@ class VLLMServeStage(Stage):
 
     def quality(self, ctx: StageContext) -> QualityRecord:
         from llmopt_bench.core.errors import describe
-        from llmopt_bench.engines.served_quality import served_quality
+        from llmopt_bench.engines.vllm.served_quality import served_quality
 
         dummy = self.engine_params.load_format == "dummy"
         try:
@@ -226,7 +226,7 @@ class PrefixCachingParams(VLLMServeParams):
 class PrefixCachingStage(VLLMServeStage):
     """vllm-serve twice on one workload with shared prefixes: the server with prefix caching off,
     then on, every other setting equal; the stage's figures are the "on" arm's, the "off" arm's
-    beside them in extra.prefix_caching (scenarios/caching_report.py)."""
+    beside them in extra.prefix_caching (scenarios/serving/caching_report.py)."""
 
     name = "prefix-caching"
     description = "vLLM's server with prefix caching off, then on, on prompts that share a prefix: TTFT and capacity"

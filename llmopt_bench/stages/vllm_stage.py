@@ -4,14 +4,14 @@ vllm-fp8 is the same engine with dynamic FP8 weights (Hopper and Ada)."""
 
 from __future__ import annotations
 
-from llmopt_bench.analysis.claims import claim_verdict, with_interval
+from llmopt_bench.analysis.narrative.claims import claim_verdict, with_interval
 from llmopt_bench.analysis.selectors import p50_of, ratio, reference
 from llmopt_bench.core.contract import Requirements
 from llmopt_bench.core.fmt import num, times
 from llmopt_bench.core.records import Claim
 from llmopt_bench.engines.vllm.engine import PREFETCH, VLLMEngine
 from llmopt_bench.engines.vllm.params import VLLMEngineParams, share_key
-from llmopt_bench.scenarios.fixed import FixedParams, FixedWorkloadStage
+from llmopt_bench.scenarios.fixed.run import FixedParams, FixedWorkloadStage
 
 VLLM = Requirements(imports={"vllm": "vllm"}, engine="vllm")
 VLLM_AT_LEAST = 2.0  # vLLM TPOT at least this many times lower than transformers FP16

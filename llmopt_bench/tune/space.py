@@ -32,7 +32,7 @@ from pydantic import Field, ValidationError
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.freeform import Table
 from llmopt_bench.core.records import StrictModel
-from llmopt_bench.engines.awq_weights import AWQCheckpointParams
+from llmopt_bench.engines.awq.weights import AWQCheckpointParams
 from llmopt_bench.engines.vllm.params import VLLMEngineParams
 from llmopt_bench.scenarios.serving.record import ServingParams
 
@@ -182,10 +182,10 @@ def fp8_weights_problem(device: str) -> str | None:
 
 def awq_problem(model: Any, params: AWQCheckpointParams, device: str) -> str | None:
     """Why no AWQ checkpoint is at hand: tune never calibrates one (minutes to an hour, more
-    than a trial), it serves one that exists (engines/awq_weights.py's order)."""
+    than a trial), it serves one that exists (engines/awq/weights.py's order)."""
     import json
 
-    from llmopt_bench.engines import awq
+    from llmopt_bench.engines.awq import checkpoint as awq
 
     src = Path(model.path)
     if awq.quant_method(src) in ("awq", "compressed-tensors") or params.checkpoint:

@@ -118,7 +118,7 @@ def run_trial(shared: Shared, rec: TrialRecord, steer: Steer) -> Measured | None
 def _start(shared: Shared, rec: TrialRecord, trial_dir: Path, steer: Steer) -> tuple[Any, LoadInfo | None]:
     """The configuration's server, healthy; (None, None) with the outcome written when it did not start."""
     from llmopt_bench.engines import lifecycle
-    from llmopt_bench.engines.awq_weights import awq_engine
+    from llmopt_bench.engines.awq.weights import awq_engine
     from llmopt_bench.engines.vllm.params import engine_config, prepare_engine_env, weights_estimate
     from llmopt_bench.engines.vllm.server import ServerError, VLLMServer
     from llmopt_bench.stages.vllm_serve import served_name
@@ -168,12 +168,12 @@ def context(shared: Shared, trial_dir: Path, steer: Steer) -> StageContext:
 
 def _measure(shared: Shared, rec: TrialRecord, server: Any, info: LoadInfo, trial_dir: Path, steer: Steer) -> Measured | None:
     """Quality first (a configuration that fails the gate is no answer, whatever its speed), then the rungs."""
-    from llmopt_bench.engines.http_load import HTTPLoad
-    from llmopt_bench.engines.openai_http import Endpoint
+    from llmopt_bench.client.http_load import HTTPLoad
+    from llmopt_bench.client.openai_http import Endpoint
     from llmopt_bench.load.plans import PlanLoad
     from llmopt_bench.scenarios.serving.run import serving_plans
-    from llmopt_bench.tune.capacity import ServerCapacity
     from llmopt_bench.tune.confirm import confirm
+    from llmopt_bench.tune.server_capacity import ServerCapacity
     from llmopt_bench.workloads.text import PromptTexts
 
     tok = tokenizer(shared.model.path)
@@ -261,7 +261,7 @@ def tokenizer(path: str) -> Any:
 
 def quality(endpoint: Any, encode: Any, shared: Shared, ctx: StageContext, server: Any) -> QualityRecord:
     """Perplexity (real weights) and agreement with the FP16 reference, through the server (as vllm-serve)."""
-    from llmopt_bench.engines.served_quality import served_quality
+    from llmopt_bench.engines.vllm.served_quality import served_quality
 
     dummy = server.cfg.load_format == "dummy"
     try:
@@ -275,7 +275,7 @@ def warm_up(endpoint: Any, load: Any, workload: WorkloadConfig, texts: Any) -> N
     """A few requests one at a time, untimed, sent as the load sends them: a server's first answers pay for lazy set-up."""
     import asyncio
 
-    from llmopt_bench.engines.openai_http import OpenAIClient
+    from llmopt_bench.client.openai_http import OpenAIClient
 
     async def go() -> None:
         async with OpenAIClient(endpoint) as client:

@@ -181,7 +181,7 @@ def test_quick_runs_for_real_on_cpu(tmp_path):
 def test_a_full_run_compares_with_a_standard_one_on_cpu(cpu):
     """More repeats is the same measurement (compare.SAME_MEASUREMENT): the CPU note, which names
     only the defaults it chose, must not make a full run incomparable with a standard one."""
-    from llmopt_bench.analysis.compare import mismatches
+    from llmopt_bench.analysis.gate.compare import mismatches
     from llmopt_bench.core.results import RunResult
 
     def run(preset: str) -> RunResult:

@@ -115,7 +115,7 @@ def test_a_configuration_becomes_vllm_serve_flags():
               "quantization": "awq"}
     params, awq = engine_params(space, config)
     args = engine_args(engine_config(params, "cuda", None))
-    assert awq and "--quantization" not in args  # AWQ weights come as a checkpoint (engines/awq_weights.py)
+    assert awq and "--quantization" not in args  # AWQ weights come as a checkpoint (engines/awq/weights.py)
     assert args[args.index("--max-num-seqs") + 1] == "512" and "--no-enable-chunked-prefill" in args
     assert args[args.index("--kv-cache-dtype") + 1] == "fp8" and "--max-num-batched-tokens" not in args
     defaults = engine_args(engine_config(engine_params(space, space.defaults())[0], "cuda", None))

@@ -279,7 +279,7 @@ def _reqs(n):
 
 def _static(calls, dispatcher, **kw):
     """The static batcher under a dispatcher, its samples in the order they were answered."""
-    from llmopt_bench.engines.static_batching import static_drive
+    from llmopt_bench.engines.hf.static_batching import static_drive
 
     static_drive(_fake_gen(calls), dispatcher, **kw)
     return [t.sample for t in sorted(dispatcher.timelines, key=lambda t: (t.answered, t.index))]
@@ -311,7 +311,7 @@ def test_static_poisson_batch_forms_on_size_or_timeout():
 
 
 def test_bucketed_plan_keeps_long_documents_in_small_batches():
-    from llmopt_bench.engines.static_batching import plan_batches
+    from llmopt_bench.engines.hf.static_batching import plan_batches
 
     lengths = [30] * 24 + [600] * 8
     assert plan_batches(lengths, "static-mixed", 32, 100, 3200) == [list(range(32))]

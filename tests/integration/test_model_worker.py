@@ -1,5 +1,5 @@
 """The continuous-batching stage's transformers probes through one worker process
-(engines/model_worker.ModelWorker), for real on CPU with synthetic:tiny: the model is loaded
+(engines/hf/model_worker.ModelWorker), for real on CPU with synthetic:tiny: the model is loaded
 once for many probes, the answers are those of a fresh process per probe (run_isolated), a real
 allocation failure is an OOM the worker recovers from, and what it cannot recover from (an
 error, SIGKILL, a timeout) ends that probe only. Loads are counted from the worker's own record."""
@@ -14,12 +14,12 @@ import threading
 import pytest
 
 from llmopt_bench.core.workload import Request
-from llmopt_bench.engines.model_worker import ModelWorker
-from llmopt_bench.engines.static_batching import PEAK_SINCE_RESET, run_isolated
+from llmopt_bench.engines.hf.model_worker import ModelWorker
+from llmopt_bench.engines.hf.static_batching import PEAK_SINCE_RESET, run_isolated
 from llmopt_bench.load.point import LoadPoint
-from llmopt_bench.scenarios.batching import CurveParams, CurvePoint
-from llmopt_bench.scenarios.capacity import hf_capacity
-from llmopt_bench.scenarios.mixed import static_probes
+from llmopt_bench.scenarios.batching.curve import CurveParams, CurvePoint
+from llmopt_bench.scenarios.batching.kv_capacity import hf_capacity
+from llmopt_bench.scenarios.batching.mixed import static_probes
 
 SLOW = {"batch": 16, "context": 2048}  # ~20 s on 2 cores: killed long before its end
 

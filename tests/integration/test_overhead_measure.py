@@ -10,7 +10,7 @@ import time
 import pytest
 
 from llmopt_bench.core.workload import Request
-from llmopt_bench.engines import hf
+from llmopt_bench.engines.hf import generate as hf
 from llmopt_bench.engines.lifecycle import release_cached_memory
 
 SLEEP_S = 0.25
@@ -80,7 +80,7 @@ def test_per_token_is_a_decode_step_not_a_share_of_the_prefill(model, monkeypatc
 def test_the_engine_checks_its_clock_on_16_token_generations(model):
     from llmopt_bench.core.contract import StageContext
     from llmopt_bench.core.workload import WorkloadConfig
-    from llmopt_bench.engines.transformers import HFEngineParams, TransformersEngine
+    from llmopt_bench.engines.hf.engine import HFEngineParams, TransformersEngine
 
     m, pad = model
 

@@ -15,8 +15,8 @@ PLUGIN = textwrap.dedent('''
     """A stage a third party writes: the fixed workload on transformers, sdpa attention."""
     from pathlib import Path
 
-    from llmopt_bench.engines.transformers import HFEngineParams, TransformersEngine
-    from llmopt_bench.scenarios.fixed import FixedExtra, FixedParams, FixedWorkloadStage
+    from llmopt_bench.engines.hf.engine import HFEngineParams, TransformersEngine
+    from llmopt_bench.scenarios.fixed.run import FixedExtra, FixedParams, FixedWorkloadStage
     from llmopt_bench.stage import Block, Claim, Requirements, StageRun
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from testkit import read_run, run_cli
 
-from llmopt_bench.analysis.conclusions import conclusions as _conclusions
+from llmopt_bench.analysis.narrative.conclusions import conclusions as _conclusions
 from llmopt_bench.core.distribution import Distribution
 from llmopt_bench.core.models import ModelInfo
 from llmopt_bench.core.records import LoadInfo, QualityRecord, StageFacts

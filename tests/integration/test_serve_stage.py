@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 import pytest
 from testkit import read_run, run_cli, worktree_stages_env
 
-from llmopt_bench.analysis.rejudge import judge_point
+from llmopt_bench.analysis.recommend.rejudge import judge_point
 from llmopt_bench.analysis.slo import client_late
 from llmopt_bench.core.slo import parse_slo
 
@@ -123,7 +123,7 @@ def test_the_capacity_search_went_from_the_ceiling_down_then_held(served_run):
     assert cap["budget_s"] == BUDGET_S and cap["spent_s"] == pytest.approx(sum(t["cost_s"] for t in trials), abs=1e-3)
     assert cap["spent_s"] <= BUDGET_S or len(probes) == 1 or len(holds) <= 1
     # a pass whose client fell behind is not judged (its server saw less load than asked), nor a
-    # point the client could not time (engines/client_health.py)
+    # point the client could not time (client/health.py)
     late = [bool(r.get("client_untimed") or (r["slo_ok"] and client_late(r["queued_at_end"], r["requests"])))
             for r in rows["search"]]
     assert [bool(p.get("invalid")) for p in probes] == late

@@ -15,26 +15,26 @@ import pytest
 from tinyserver import KEY_ENV, NAME
 
 from llmopt_bench.analysis.slo import judge
+from llmopt_bench.client.errors import error_kind
+from llmopt_bench.client.http_load import HTTPLoad, auth
+from llmopt_bench.client.openai_http import Endpoint, OpenAIClient
+from llmopt_bench.client.server_clock import MetricsPage, ServerWatch
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.slo import parse_slo
 from llmopt_bench.core.workload import Sampling, WorkloadConfig, build_requests
-from llmopt_bench.engines.http_load import HTTPLoad, auth
-from llmopt_bench.engines.openai_errors import error_kind
-from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient
-from llmopt_bench.engines.server_metrics import MetricsPage, ServerWatch
 from llmopt_bench.engines.vllm.server import (
     free_port,
     vllm_cli_works,
 )
 from llmopt_bench.load.arrivals import arrival_offsets as arrival_times
-from llmopt_bench.load.capacity import trial_of
+from llmopt_bench.load.capacity.find import find_capacity
+from llmopt_bench.load.capacity.params import trial_of
+from llmopt_bench.load.capacity.search import Trial
 from llmopt_bench.load.dispatchers import cycled
 from llmopt_bench.load.engine import run_plan, run_point
-from llmopt_bench.load.find import find_capacity
 from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.load.point import LoadPoint
 from llmopt_bench.load.record import slo_verdict
-from llmopt_bench.load.search import Trial
 from llmopt_bench.load.steady import TREND_RATIO
 from llmopt_bench.measure.timing import now
 from llmopt_bench.procs.tree import members
@@ -177,7 +177,7 @@ def test_a_request_that_times_out_fails_alone(served, requests):
 
 def test_every_token_carries_the_kernels_receive_time_and_the_client_its_health(served, requests):
     """vLLM's server ends each event with a blank line, one event a write: the client matches
-    every one to the kernel's receive time of its segment (engines/rx_clock.py), never after it
+    every one to the kernel's receive time of its segment (client/rx_clock.py), never after it
     read it nor before it sent the request, its own unless it was read with others that had piled
     up. How often that happens depends on the host (a busy one keeps the client off the CPU), so
     only the record's shape is asserted; then the same through the load machine's HTTP engine,
@@ -325,7 +325,7 @@ def test_a_window_shorter_than_five_times_in_system_is_not_a_verdict_of_steady(s
 
 
 def test_the_capacity_search_starts_under_the_measured_ceiling_and_converges_within_its_budget(served, requests):
-    """The search from the ceiling down (load/find.py) on the real server: what it completes with
+    """The search from the ceiling down (load/capacity/find.py) on the real server: what it completes with
     24 requests at once measured first, the first trial just under that, the answer known to the
     precision asked within the budget of seconds of load. Whether the SLO binds before
     saturation depends on the host (two busy cores), so the verdicts are not asserted: the

@@ -17,8 +17,8 @@ from llmopt_bench.core.workload import Request, WorkloadConfig
 from llmopt_bench.load.dispatchers import Timeline
 from llmopt_bench.load.point import LoadPoint, point_result
 from llmopt_bench.measure.energy import TimedMeter
-from llmopt_bench.scenarios.batching import CurveParams, CurvePoint, EngineRequests, fit_requests, plan_points, point_row
-from llmopt_bench.scenarios.batching_record import BatchingExtra
+from llmopt_bench.scenarios.batching.curve import CurveParams, CurvePoint, EngineRequests, fit_requests, plan_points, point_row
+from llmopt_bench.scenarios.batching.record import BatchingExtra
 
 
 def source(max_model_len: int = 100_000, notes: list[str] | None = None) -> EngineRequests:
@@ -185,7 +185,7 @@ def counting_meter() -> TimedMeter:
 def run_scenario(tiny_model, tmp_path, **params):
     from transformers import AutoTokenizer
 
-    from llmopt_bench.scenarios.batching_stage import BatchingStage
+    from llmopt_bench.scenarios.batching.run import BatchingStage
 
     events: list[str] = []
 
@@ -257,7 +257,7 @@ def test_phases_record_every_point_with_its_energy(tiny_model, tmp_path):
 
 @pytest.mark.slow
 def test_a_static_oom_is_a_row_without_energy(tiny_model, tmp_path, monkeypatch):
-    from llmopt_bench.engines.static_engine import StaticEngine
+    from llmopt_bench.engines.hf.static_engine import StaticEngine
 
     generate = StaticEngine.generate
 

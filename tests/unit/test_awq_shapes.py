@@ -1,8 +1,8 @@
-"""AWQ group size and shape checks (llmopt_bench/engines/awq.py), on the configs of real models."""
+"""AWQ group size and shape checks (llmopt_bench/engines/awq/checkpoint.py), on the configs of real models."""
 
 from __future__ import annotations
 
-from llmopt_bench.engines.awq import input_sizes, pick_group_size, shape_problem, write_dummy
+from llmopt_bench.engines.awq.checkpoint import input_sizes, pick_group_size, shape_problem, write_dummy
 
 LLAMA2_7B = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 32, "intermediate_size": 11008}
 SMOLLM2_135M = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536, "head_dim": 64}

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from testkit import ROOT, run_cli
 
-from llmopt_bench.analysis.baseline_drift import load_drift
-from llmopt_bench.analysis.compare import mismatches
+from llmopt_bench.analysis.gate.baseline_drift import load_drift
+from llmopt_bench.analysis.gate.compare import mismatches
 from llmopt_bench.core.results import RunResult
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.run.registry import journey_path, load_stage, parse_journey, resolve_preset, validate_params

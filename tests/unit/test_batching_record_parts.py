@@ -1,11 +1,11 @@
-"""The continuous-batching stage's typed record parts (scenarios/batching_record.py) are read
+"""The continuous-batching stage's typed record parts (scenarios/batching/record.py) are read
 leniently: a record written in part (a run from before a key existed, a test's or a plugin's)
 validates, and a key the type does not declare is kept, so the report's hooks never lose a
 stage's charts and claims over a missing or a newer key."""
 
 from __future__ import annotations
 
-from llmopt_bench.scenarios.batching_record import BatchingExtra
+from llmopt_bench.scenarios.batching.record import BatchingExtra
 
 
 def test_a_partial_record_validates_and_keeps_what_it_does_not_declare():

@@ -110,7 +110,7 @@ def test_an_open_loop_point_counts_toward_the_ceiling_for_at_most_the_rate_it_of
     """A trial at 42.9 req/s whose later half happened to answer 47.9 a second (the arrivals'
     own noise) would raise the ceiling above what the server completes, and the search would
     chase it up; a point that fell behind answers what the server could, and counts whole."""
-    from llmopt_bench.load.capacity import Ceiling
+    from llmopt_bench.load.capacity.params import Ceiling
 
     c = Ceiling()
     c.see(45.0, "ceiling: concurrency 256")

@@ -1,4 +1,4 @@
-"""The capacity a deployment is sized by (load/find.py, load/hold.py): the search's answer,
+"""The capacity a deployment is sized by (load/capacity/find.py, load/capacity/hold.py): the search's answer,
 never above the highest completion rate measured, then held; a failed hold sends the holds on
 below it, a precision's step at a time.
 
@@ -16,9 +16,9 @@ from simserver import SimServer
 from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.fmt import num
 from llmopt_bench.core.workload import Request
-from llmopt_bench.load.find import find_capacity
+from llmopt_bench.load.capacity.find import find_capacity
+from llmopt_bench.load.capacity.search import Trial
 from llmopt_bench.load.plans import PlanLoad
-from llmopt_bench.load.search import Trial
 from llmopt_bench.measure.energy import TimedMeter
 from llmopt_bench.scenarios.serving.record import ServingExtra, ServingParams
 from llmopt_bench.scenarios.serving.report import capacity_line

@@ -1,4 +1,4 @@
-"""The transformers capacity search (scenarios/capacity.hf_capacity) against a card whose
+"""The transformers capacity search (scenarios/batching/kv_capacity.hf_capacity) against a card whose
 memory holds a fixed number of batch x context tokens: the probe here stands in for the
 process that would load the model, so the search itself is what is tested."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmopt_bench.scenarios.capacity import hf_capacity
+from llmopt_bench.scenarios.batching.kv_capacity import hf_capacity
 
 GB = 1024**3
 
@@ -41,8 +41,8 @@ def test_cuda_search_goes_top_down_and_finds_the_largest_power_of_two_that_fits(
     assert at4k["ruled_out"] == {"batches": [64], "because": "batch 64 ran out of memory at 2048 tokens"}
     assert calls == [(64, 2048), (32, 2048), (32, 4096), (16, 4096)]
     assert len(probes) == 4
-    from llmopt_bench.scenarios.batching_record import CapacityRow
-    from llmopt_bench.scenarios.batching_report import capacity_how
+    from llmopt_bench.scenarios.batching.record import CapacityRow
+    from llmopt_bench.scenarios.batching.report import capacity_how
 
     assert capacity_how(CapacityRow(**at4k)) == "probed [32, 16]; not probed [64]: batch 64 ran out of memory at 2048 tokens"
 

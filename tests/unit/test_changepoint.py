@@ -1,4 +1,4 @@
-"""analysis/changepoint.py: E-divisive means over nightly series built from the committed H200
+"""analysis/gate/changepoint.py: E-divisive means over nightly series built from the committed H200
 run's real repeats (each night: three repeats drawn from the stage's own, tests/gatekit.py),
 with a sustained whole-run shift from one night on, or one noisy night."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gatekit import H200, load, restage
 
-from llmopt_bench.analysis.changepoint import best_split, e_divisive, level_shifts
+from llmopt_bench.analysis.gate.changepoint import best_split, e_divisive, level_shifts
 
 
 def nightly(stage: str, nights: int, factor_of, seed: int = 0) -> list[float]:

@@ -1,4 +1,4 @@
-"""The client's own clock (engines/rx_clock.py, engines/client_health.py) against a stand-in
+"""The client's own clock (client/rx_clock.py, client/health.py) against a stand-in
 server on loopback that streams at known instants and notes when it wrote each event, while the
 client's event loop is held off the CPU the way a busy host holds a client process: blocked
 (time.sleep) in the middle of a stream. Seen on 2 shared cores beside vLLM-CPU's server: the
@@ -15,10 +15,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from llmopt_bench.engines import client_health as H
-from llmopt_bench.engines import rx_clock
-from llmopt_bench.engines.client_health import RequestClock, could_not_time, health_of
-from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient
+from llmopt_bench.client import health as H
+from llmopt_bench.client import rx_clock
+from llmopt_bench.client.health import RequestClock, could_not_time, health_of
+from llmopt_bench.client.openai_http import Endpoint, OpenAIClient
 from llmopt_bench.measure.timing import now
 
 kernel_clock = pytest.mark.skipif(not rx_clock.supported(), reason="kernel receive times need Linux (SO_TIMESTAMPNS)")

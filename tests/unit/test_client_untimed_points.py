@@ -1,4 +1,4 @@
-"""A load point the client could not time (engines/client_health.py) in the serving scenario
+"""A load point the client could not time (client/health.py) in the serving scenario
 (scenarios/serving/run.py): marked in its row, shown as "not judged" in the report's curve, never
 judged by the capacity search (a ceiling, as a client that falls behind), no batch-1 fact taken
 from it, and no SLO point that `llmopt recommend` would judge as the server's.
@@ -16,12 +16,12 @@ from types import SimpleNamespace
 import pytest
 from simserver import SimServer
 
+from llmopt_bench.client.health import RequestClock, health_of
 from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.workload import Request
-from llmopt_bench.engines.client_health import RequestClock, health_of
+from llmopt_bench.load.capacity.search import Capacity
 from llmopt_bench.load.dispatchers import ClosedLoop, OpenLoop
 from llmopt_bench.load.plans import PlanLoad
-from llmopt_bench.load.search import Capacity
 from llmopt_bench.measure.energy import TimedMeter
 from llmopt_bench.scenarios.serving.record import ServingExtra, ServingParams
 from llmopt_bench.scenarios.serving.report import client_block, curve_block, serving_blocks

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llmopt_bench.analysis.conclusions import conclusions as _conclusions
+from llmopt_bench.analysis.narrative.conclusions import conclusions as _conclusions
 from llmopt_bench.analysis.selectors import speedup_rows
 from llmopt_bench.core.fmt import num
 from llmopt_bench.core.results import load_run

@@ -1,4 +1,4 @@
-"""analysis/compare.py on real runs only: the committed H200 journey (and runs holding one of its
+"""analysis/gate/compare.py on real runs only: the committed H200 journey (and runs holding one of its
 repeats), the H200 continuous-batching run of another session, and 12 independent CPU runs
 (results/cpu/gate-calibration). A slowdown is a shift of a whole run (tests/gatekit.py)."""
 
@@ -18,7 +18,7 @@ from gatekit import (
     repeats_run,
 )
 
-from llmopt_bench.analysis import compare as C
+from llmopt_bench.analysis.gate import compare as C
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.results import RunResult
 

@@ -1,4 +1,4 @@
-"""The compiled twin's decode agreement (engines/hf_compiled.compare_decode), on constructed
+"""The compiled twin's decode agreement (engines/hf/compiled.compare_decode), on constructed
 logits: a flip between two tokens the reference rates as a near tie is rounding's and counted
 apart; a flip against a clear reference choice, or wrong logits, is a disagreement."""
 
@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from llmopt_bench.engines.hf_compiled import TIE_NATS, compare_decode  # noqa: E402
+from llmopt_bench.engines.hf.compiled import TIE_NATS, compare_decode  # noqa: E402
 
 VOCAB = 8
 

@@ -9,7 +9,7 @@ import time
 
 from gatekit import BASELINE, load, only_stages, repeats_run
 
-from llmopt_bench.analysis.compare import SidesConditions, compare_runs
+from llmopt_bench.analysis.gate.compare import SidesConditions, compare_runs
 from llmopt_bench.core.results import RunResult
 from llmopt_bench.measure.conditions import (
     ConditionsRecorder,

@@ -1,4 +1,4 @@
-"""The context sweep's loop (scenarios/context_sweep_run.py) for real, on a simulated engine
+"""The context sweep's loop (scenarios/context_sweep/run.py) for real, on a simulated engine
 written here: each variant prefills at a known cost per prompt token and decodes at a known
 cost per token on a virtual clock, so the loop's rows, speedups, picks and energy windows are
 checked to the digit. The loop under test is the one flash-attn and vllm-attn run; only the
@@ -15,8 +15,8 @@ from llmopt_bench.core.records import LoadInfo, RequestSample
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.engines.variants import Measured, Opened, VariantUnavailable
 from llmopt_bench.measure.energy import TimedMeter
-from llmopt_bench.scenarios.context_sweep import ContextSweepExtra, sweep_claims
-from llmopt_bench.scenarios.context_sweep_run import ContextSweepStage, SweepPlan, run_sweep
+from llmopt_bench.scenarios.context_sweep.plan import ContextSweepExtra, sweep_claims
+from llmopt_bench.scenarios.context_sweep.run import ContextSweepStage, SweepPlan, run_sweep
 
 DECODE, REPEATS = 4, 3
 STEP_S = 0.01  # a decode step on the virtual clock, every variant alike
@@ -209,7 +209,7 @@ def test_a_sweep_stage_records_only_what_it_wrote():
 
 
 def test_the_sweep_table_shows_joules_per_token_only_where_measured():
-    from llmopt_bench.scenarios.context_sweep_report import sweep_blocks
+    from llmopt_bench.scenarios.context_sweep.report import sweep_blocks
 
     with_counter = run_sweep(SimEngine({"A": 1e-5}), plan(["A"], contexts=[512]), WorkloadConfig(),
                              context(TimedMeter(read_mj=joule_counter()))).extra

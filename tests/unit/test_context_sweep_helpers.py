@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from llmopt_bench.engines.hf_attention import effective_from_ops, torch_says
+from llmopt_bench.engines.hf.attention import effective_from_ops, torch_says
 from llmopt_bench.engines.vllm.attention import plan_backends, within_positions
-from llmopt_bench.scenarios.context_sweep import plan_contexts, speedups, sweep_claims
+from llmopt_bench.scenarios.context_sweep.plan import plan_contexts, speedups, sweep_claims
 
 
 def _d(p50, lo=None, hi=None):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from llmopt_bench.analysis.first_repeat import first_repeat_excess_pct, first_repeat_warning, per_repeat_s_per_token
 from llmopt_bench.core.results import Samples, StageResult
 from llmopt_bench.core.workload import WorkloadConfig
-from llmopt_bench.scenarios.fixed import FixedWorkloadStage, warmup_plan
+from llmopt_bench.scenarios.fixed.run import FixedWorkloadStage, warmup_plan
 
 
 def repeats(*per_token_ms: float, requests: int = 4, tokens: int = 100) -> Samples:

@@ -1,4 +1,4 @@
-"""The host seen where it is (analysis/host_signals.py, issue 33): each signal the repeats record
+"""The host seen where it is (analysis/gate/host_signals.py, issue 33): each signal the repeats record
 against its range in the other run, in the direction of a busier host, and what compare does
 with a moved host: a verdict the host explains is "inconclusive (host)", exit 8, whichever run's
 host was the busier; what the host cannot explain stands. The conditions are the issue's own
@@ -11,9 +11,9 @@ import copy
 
 from gatekit import BASELINE, load, only_stages, repeats_run
 
-from llmopt_bench.analysis import host_signals as HS
-from llmopt_bench.analysis import host_verdict as HV
-from llmopt_bench.analysis.compare import compare_runs
+from llmopt_bench.analysis.gate import host_signals as HS
+from llmopt_bench.analysis.gate import host_verdict as HV
+from llmopt_bench.analysis.gate.compare import compare_runs
 from llmopt_bench.core.results import RunResult
 from llmopt_bench.render.compare_text import to_markdown
 

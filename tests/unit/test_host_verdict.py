@@ -1,4 +1,4 @@
-"""The host's part in compare (analysis/host_verdict.py, analysis/hostbound.py): on the committed
+"""The host's part in compare (analysis/gate/host_verdict.py, analysis/hostbound.py): on the committed
 H200 journey's real repeats, a new run on a host half as fast (every latency of the run twice as
 long, tests/gatekit.py, and its host-speed index halved) is "inconclusive (host)" for the
 host-bound stage, exit 8, never a pass and never a regression; a real slowdown on the same host
@@ -15,8 +15,8 @@ import pytest
 from gatekit import BASELINE, load, only_stages, repeats_run, write
 from testkit import run_cli
 
-from llmopt_bench.analysis import host_verdict as HV
-from llmopt_bench.analysis.compare import compare_runs
+from llmopt_bench.analysis.gate import host_verdict as HV
+from llmopt_bench.analysis.gate.compare import compare_runs
 from llmopt_bench.analysis.hostbound import host_bound
 from llmopt_bench.core.results import RunResult
 from llmopt_bench.render.compare_text import to_markdown

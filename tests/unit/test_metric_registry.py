@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from llmopt_bench.analysis import compare as C
+from llmopt_bench.analysis.gate import compare as C
 from llmopt_bench.analysis.metric_registry import REGISTRY, lookup
 from llmopt_bench.analysis.selectors import DESCRIPTIVE_COLUMNS
 from llmopt_bench.core.results import load_run

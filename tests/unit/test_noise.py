@@ -1,4 +1,4 @@
-"""analysis/noise.py: the t quantile against the published tables, the cluster bootstrap's
+"""analysis/gate/noise.py: the t quantile against the published tables, the cluster bootstrap's
 variance against its closed form, and where a side's noise comes from."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from llmopt_bench.analysis import noise
+from llmopt_bench.analysis.gate import noise
 
 
 @pytest.mark.parametrize("p, df, table", [

@@ -91,7 +91,7 @@ def test_summarize_refuses_unpaired_times():
 
 
 def test_per_decode_step_takes_out_the_median_one_token_generation():
-    from llmopt_bench.engines.hf import decode_per_token
+    from llmopt_bench.engines.hf.generate import decode_per_token
 
     # 16-token generations of 1.0 and 1.3 s, one-token generations of 0.2, 0.25 and 0.9 s (one
     # stalled): the median 0.25 s is the prefill and first token, 15 steps share the rest

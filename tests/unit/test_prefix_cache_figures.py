@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import pytest
 
+from llmopt_bench.client.prefix_cache import cache_record, server_counters
+from llmopt_bench.client.server_clock import parse
 from llmopt_bench.core.records import CacheRecord, RequestSample
 from llmopt_bench.core.results import StageResult
 from llmopt_bench.core.workload import WorkloadConfig
-from llmopt_bench.engines.server_metrics import parse
-from llmopt_bench.engines.vllm.cache import cache_record, server_counters
 from llmopt_bench.load.turns import turn_rows, with_requests
 from llmopt_bench.run.registry import load_stage
 from llmopt_bench.run.runner import prompt_file_only
-from llmopt_bench.scenarios.caching_report import caching_claim, comparison_blocks, paired
+from llmopt_bench.scenarios.serving.caching_report import caching_claim, comparison_blocks, paired
 from llmopt_bench.scenarios.serving.record import CachingArm, LoadRow, PrefixCachingRecord, ServingExtra
 
 METRICS = """# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
@@ -108,7 +108,7 @@ def test_a_generated_workload_skips_only_the_stages_that_cannot_send_it():
 
 def test_a_serving_report_shows_the_cache_and_the_turns_of_its_points():
     from llmopt_bench.core.records import TurnRow
-    from llmopt_bench.scenarios.caching_report import workload_blocks
+    from llmopt_bench.scenarios.serving.caching_report import workload_blocks
 
     rows = [_row("sweep", 1, 0.05, 0.5), _row("sweep", 2, 0.07)]
     rows[0].cache = CacheRecord(source="vllm /metrics", queries=1000, hits=500, hit_rate=0.5, cached_tokens=500, kv_usage_peak=0.2)

@@ -48,7 +48,7 @@ def test_an_op_that_cannot_run_is_left_out_with_its_reason():
 
 @pytest.mark.slow
 def test_cpu_ceilings_per_dtype():
-    from llmopt_bench.engines.hf import best_cpu_dtype
+    from llmopt_bench.engines.hf.generate import best_cpu_dtype
 
     c = probe.ceilings("cpu")
     by = c.matmul_flops_by_dtype

@@ -1,4 +1,4 @@
-"""What to deploy (analysis/recommend.py, analysis/rejudge.py) on constructed runs whose answer
+"""What to deploy (analysis/recommend/choose.py, analysis/recommend/rejudge.py) on constructed runs whose answer
 is known by construction, and on the committed H200 run: nothing meets the SLO (and by how
 much the nearest misses), the quality gate rules out the fastest, another SLO re-judges the
 measured points, each priority picks by its own figure; and re-judging under a run's own SLO
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from llmopt_bench.analysis import metrics as M
-from llmopt_bench.analysis.recommend import recommend
-from llmopt_bench.analysis.recommend_text import lines
-from llmopt_bench.analysis.rejudge import judge_point, rejudge
+from llmopt_bench.analysis.recommend.choose import recommend
+from llmopt_bench.analysis.recommend.rejudge import judge_point, rejudge
+from llmopt_bench.analysis.recommend.text import lines
 from llmopt_bench.analysis.slo import judge
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.records import QualityRecord, RequestSample, SLOPoint, StageFacts

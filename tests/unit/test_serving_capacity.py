@@ -1,4 +1,4 @@
-"""The capacity search (load/find.py, load/search.py, load/budget.py) against an M/M/1 queue,
+"""The capacity search (load/capacity/find.py, load/capacity/search.py, load/capacity/budget.py) against an M/M/1 queue,
 whose answer is known in closed form: a server that completes mu requests/s on average, fed
 Poisson arrivals at lambda < mu, keeps each request for an exponential time of rate
 mu - lambda, so the p99 time in system is ln(100) / (mu - lambda). With the SLO p99 <= L, the
@@ -12,8 +12,8 @@ import math
 import pytest
 
 from llmopt_bench.core.errors import UsageError
-from llmopt_bench.load.find import find_capacity
-from llmopt_bench.load.search import Search, Trial, bisections, knee
+from llmopt_bench.load.capacity.find import find_capacity
+from llmopt_bench.load.capacity.search import Search, Trial, bisections, knee
 from llmopt_bench.scenarios.serving.record import ServingExtra
 
 TRIAL_S = 12.0  # a trial's warm-up, window and drain (the H200's 450/100 trials took ~12 s: issue 34)

@@ -1,4 +1,4 @@
-"""The HTTP client (engines/openai_http.py) against small real HTTP servers (the standard
+"""The HTTP client (client/openai_http.py) against small real HTTP servers (the standard
 library's, on loopback) that behave as some OpenAI-compatible servers do and vLLM does not: one
 that answers JSON to a streaming request, one whose usage field disagrees with what it
 streamed, one that streams text chunks with neither token ids nor usage, one that closes the
@@ -13,9 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from llmopt_bench.client.errors import error_kind
+from llmopt_bench.client.openai_http import Endpoint, OpenAIClient
 from llmopt_bench.core.errors import UsageError
-from llmopt_bench.engines.openai_errors import error_kind
-from llmopt_bench.engines.openai_http import Endpoint, OpenAIClient
 
 
 def chunk(text: str = "a", finish: str | None = None, **extra) -> dict:

@@ -1,5 +1,5 @@
 """The load machine (load/) through the asyncio loop every HTTP client runs
-(engines/http_load.drive_async) against a small asyncio service: one worker that serves requests
+(client/http_load.drive_async) against a small asyncio service: one worker that serves requests
 first come, first served, a fixed time each, streaming a token at a time. It is the driver's
 bookkeeping that is tested here (who counts, who is excluded, what was left in flight), with
 margins that no scheduling jitter can cross; the driver against vLLM's real server is in
@@ -11,10 +11,10 @@ import asyncio
 
 import pytest
 
+from llmopt_bench.client.http_load import drive_async
 from llmopt_bench.core.dispatch import Send
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import Request
-from llmopt_bench.engines.http_load import drive_async
 from llmopt_bench.load.arrivals import arrival_offsets
 from llmopt_bench.load.dispatchers import cycled
 from llmopt_bench.load.engine import run_point

@@ -4,9 +4,9 @@ their None values through the dump the stages write (exclude_none), and read bac
 
 from __future__ import annotations
 
+from llmopt_bench.client import server_clock as M
+from llmopt_bench.client.health import ClientHealth
 from llmopt_bench.core.records import RequestSample
-from llmopt_bench.engines import server_metrics as M
-from llmopt_bench.engines.client_health import ClientHealth
 from llmopt_bench.scenarios.serving.record import LoadRow, ServingExtra
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from gatekit import BASELINE, load, repeats_run
 
-from llmopt_bench.analysis.conclusions import conclusions
+from llmopt_bench.analysis.narrative.conclusions import conclusions
 from llmopt_bench.analysis.selectors import speedup_rows
 from llmopt_bench.analysis.speedup_interval import speedup_interval
 from llmopt_bench.core.results import RunResult, load_run

@@ -14,7 +14,7 @@ import pytest
 from llmopt_bench.analysis.stopping import StoppingRule, halfwidth_pct, repeat_value, stopping_sentence
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.core.workload import WorkloadConfig
-from llmopt_bench.scenarios.fixed import measure, stopping_rule
+from llmopt_bench.scenarios.fixed.run import measure, stopping_rule
 
 
 class ComputedEngine:

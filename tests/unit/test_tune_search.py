@@ -3,7 +3,7 @@ a known number (a load point at rate r meets the SLO exactly when r <= it), so t
 known and the search can be judged against it. Everything above the server is the real code:
 the Tuner (budget, stop rules, resume, winner, ratio), the Optuna study (sampler, successive
 halving), the rungs (tune/trial.climb), the capacity adapter and the search from the server's ceiling
-down with its hold (tune/capacity.ServerCapacity over load/find.py). The time is a
+down with its hold (tune/server_capacity.ServerCapacity over load/capacity/find.py). The time is a
 constructed clock: a server start costs START_S, a load point its length, so the budget is exact."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import pytest
 
 from llmopt_bench.core.records import QualityRecord
 from llmopt_bench.core.workload import WorkloadConfig
-from llmopt_bench.load.search import Trial
+from llmopt_bench.load.capacity.search import Trial
 from llmopt_bench.scenarios.serving.record import ServingParams
 from llmopt_bench.tune.answer import conclude
-from llmopt_bench.tune.capacity import ServerCapacity
 from llmopt_bench.tune.command import TuneOptions, new_record
 from llmopt_bench.tune.record import TUNE_JSON, Confirmation, TuneRecord
+from llmopt_bench.tune.server_capacity import ServerCapacity
 from llmopt_bench.tune.space import DEFAULT, SearchSettings, Space
 from llmopt_bench.tune.study import key
 from llmopt_bench.tune.trial import Shared, climb, passes

@@ -13,7 +13,7 @@ from llmopt_bench.core.dispatch import Dispatcher
 from llmopt_bench.core.records import CacheRecord, LoadInfo, QualityRecord, RequestSample
 from llmopt_bench.core.workload import Request, WorkloadConfig
 from llmopt_bench.engines.engine_pool import EngineBaseline, EnginePool, Pooled, pool_for, shared_info
-from llmopt_bench.engines.hf import EngineRecords
+from llmopt_bench.engines.hf.generate import EngineRecords
 from llmopt_bench.engines.vllm import offline as V
 from llmopt_bench.engines.vllm.kv import KVCacheRecord, kv_cache_record
 from llmopt_bench.engines.vllm.params import VLLMEngineParams, engine_config, prepare_engine_env, share_key, weights_estimate
@@ -35,7 +35,7 @@ class VLLMEngine:
         self.key = share_key(params)
         self.pool: EnginePool | None = None  # set when a stage group shares this engine
         self.baseline: EngineBaseline = {}  # device memory and processes before it started (pooled engines)
-        # the prefix cache across load points (engines/vllm/cache.py): emptied before each, its
+        # the prefix cache across load points (client/prefix_cache.py): emptied before each, its
         # counters and the KV gauge read around and during each (needs the engine's log stats)
         self.reset_cache_each_point = False
         self.watch_cache = False
@@ -108,7 +108,7 @@ class VLLMEngine:
     def drive(self, dispatcher: Dispatcher) -> None:
         """The load machine's engine (load/engine.LoadEngine): requests join the running batch
         as the dispatcher releases them; with watch_cache, the point's cache figures in last_cache."""
-        from llmopt_bench.engines.vllm.cache import CacheWatch, Watched, offline_reader
+        from llmopt_bench.client.prefix_cache import CacheWatch, Watched, offline_reader
 
         if self.reset_cache_each_point and not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache: requests still running")

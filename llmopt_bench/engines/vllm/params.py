@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from llmopt_bench.core.contract import StageSkipped
 from llmopt_bench.core.records import StrictModel
-from llmopt_bench.engines.hf import resolve_dtype
+from llmopt_bench.engines.hf.generate import resolve_dtype
 from llmopt_bench.engines.vllm.offline import EngineConfig
 
 

@@ -10,7 +10,7 @@ vLLM returns the top-k log-probs only, not whole distributions, so KL is not com
 nll_delta_mean (the stage's NLL of the reference's tokens minus the reference's own) stands in,
 and transformers stages report it too.
 
-The same measures run against vLLM's server (engines/served_quality.py): everything below takes
+The same measures run against vLLM's server (engines/vllm/served_quality.py): everything below takes
 a `prompt_logprobs(prompts, k)` function, the offline engine's or the server's."""
 
 from __future__ import annotations

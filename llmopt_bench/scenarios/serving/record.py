@@ -9,14 +9,14 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import Field, PlainSerializer, SkipValidation
 from typing_extensions import TypedDict
 
+from llmopt_bench.client.health import ClientHealth
+from llmopt_bench.client.server_clock import ServerClock
 from llmopt_bench.core.records import StrictModel
 from llmopt_bench.core.workload import Sampling
-from llmopt_bench.engines.client_health import ClientHealth
-from llmopt_bench.engines.server_metrics import ServerClock
 from llmopt_bench.engines.vllm.server import ServerStop
-from llmopt_bench.load.capacity import SearchParams
+from llmopt_bench.load.capacity.params import SearchParams
+from llmopt_bench.load.capacity.search import Capacity
 from llmopt_bench.load.record import PointRow
-from llmopt_bench.load.search import Capacity
 
 
 class ServingParams(SearchParams, Sampling):
@@ -101,10 +101,10 @@ class LoadRow(PointRow):
     burstiness: float | None = None
     slo_ok: bool | None = None
     slo_reason: str | None = None
-    client: ClientHealthField | None = None  # the client's own punctuality (engines/client_health.py)
+    client: ClientHealthField | None = None  # the client's own punctuality (client/health.py)
     client_untimed: str | None = None  # why the client could not time this point (its latencies are not the server's)
     prompt_count: PromptCount | None = None  # the prompts' lengths as asked and as the server counted them
-    server_clock: AsBuilt[ServerClock] | None = None  # the server's own figures beside the client's (engines/server_metrics.server_clock)
+    server_clock: AsBuilt[ServerClock] | None = None  # the server's own figures beside the client's (client/server_clock.server_clock)
 
 
 class ClientTally(StrictModel):

@@ -9,14 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from llmopt_bench.analysis.claims import claim_verdict, holds
+from llmopt_bench.analysis.narrative.claims import claim_verdict, holds
 from llmopt_bench.analysis.selectors import reference
+from llmopt_bench.client.server_clock import HistogramSummary, ServerClock
 from llmopt_bench.core.fmt import ms, num, pct, times
 from llmopt_bench.core.records import Block, Claim
 from llmopt_bench.core.workload import Sampling
-from llmopt_bench.engines.server_metrics import HistogramSummary, ServerClock
-from llmopt_bench.load.search import Capacity
-from llmopt_bench.scenarios.caching_report import workload_blocks
+from llmopt_bench.load.capacity.search import Capacity
+from llmopt_bench.scenarios.serving.caching_report import workload_blocks
 from llmopt_bench.scenarios.serving.record import LoadRow, ServingExtra
 
 STORY_QPS = (0.03, 0.2)  # the story's customer-service bot: QPS before and after its optimizations
@@ -136,7 +136,7 @@ def client_block(x: ServingExtra) -> Block:
 
 
 def _punctuality(rows: list[LoadRow]) -> str:
-    """The client's own clock over the points (engines/client_health.py), and the points it could not time."""
+    """The client's own clock over the points (client/health.py), and the points it could not time."""
     seen = [r.client for r in rows if r.client and r.client.chunks]
     if not seen:
         return ""

@@ -10,8 +10,8 @@ from typing import Any
 
 from llmopt_bench.core.records import SLOPoint, StageFacts
 from llmopt_bench.core.slo import SLO
+from llmopt_bench.load.capacity.search import Capacity
 from llmopt_bench.load.point import LoadPoint
-from llmopt_bench.load.search import Capacity
 from llmopt_bench.scenarios.serving.record import ClientTally, LoadRow, PromptCount, ServingParams
 
 THROUGHPUT_HOW = "throughput point (all requests at once)"  # as continuous-batching names its own
@@ -19,7 +19,7 @@ KEEP = 50  # usage mismatches and short answers kept by example
 
 
 def count_tally(t: ClientTally, tally: Any) -> None:
-    """Add one point's client tally (engines/openai_http.Tally) to the stage's."""
+    """Add one point's client tally (client/openai_http.Tally) to the stage's."""
     if tally is None:
         return
     for how, n in tally.counted_by.items():
@@ -36,7 +36,7 @@ def count_tally(t: ClientTally, tally: Any) -> None:
 
 
 def prompt_count(tally: Any) -> PromptCount | None:
-    """One point's prompts as asked and as the server counted them (engines/openai_http.Tally)."""
+    """One point's prompts as asked and as the server counted them (client/openai_http.Tally)."""
     if tally is None or not tally.prompt_checked:
         return None
     n = tally.prompt_checked

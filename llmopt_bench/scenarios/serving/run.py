@@ -1,10 +1,10 @@
 """The serving scenario: an engine under load that looks like users, written once for every
 engine the load machine drives (load/): vllm-serve and openai-endpoint hand it an HTTP client
-(engines/http_load.HTTPLoad), and nothing here knows which.
+(client/http_load.HTTPLoad), and nothing here knows which.
 
 In order: a closed-loop concurrency sweep; the open-loop points asked for; the ceiling (the
 workload's requests all at once: what the server can complete a second); the capacity under the
-SLO (load/find.py: from just under the ceiling down to the precision within a budget of seconds
+SLO (load/capacity/find.py: from just under the ceiling down to the precision within a budget of seconds
 of load, each trial an open-loop point judged in steady state; then held); the throughput point
 (N requests at once). Every point is a timed window (energy per point); the headline (the
 stage's samples, its row in the metrics table, the "main" energy) is the hold at the capacity,
@@ -29,19 +29,19 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from llmopt_bench.analysis.slo import Verdict, client_late
+from llmopt_bench.client.health import could_not_time
 from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.errors import LlmoptError, UsageError
 from llmopt_bench.core.records import RequestSample, SLOPoint, StageFacts
 from llmopt_bench.core.slo import SLO
 from llmopt_bench.core.workload import WorkloadConfig
-from llmopt_bench.engines.client_health import could_not_time
-from llmopt_bench.load.capacity import Ceiling, open_point, planned_cost, trial_of
+from llmopt_bench.load.capacity.find import find_capacity
+from llmopt_bench.load.capacity.params import Ceiling, open_point, planned_cost, trial_of
+from llmopt_bench.load.capacity.search import Capacity, Trial
 from llmopt_bench.load.engine import LoadEngine, run_plan
-from llmopt_bench.load.find import find_capacity
 from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.load.point import LoadPoint, PointResult
 from llmopt_bench.load.record import figures, slo_point, slo_verdict
-from llmopt_bench.load.search import Capacity, Trial
 from llmopt_bench.load.turns import with_requests
 from llmopt_bench.scenarios.serving.record import ClientTally, LoadRow, Phase, ServingExtra, ServingParams, ServingSettings
 from llmopt_bench.scenarios.serving.rows import count_tally, facts_of, main_key, prompt_count, sent_by
@@ -134,7 +134,7 @@ class ServingRun:
 
     def _client_check(self, row: LoadRow, res: PointResult) -> None:
         """The client's own punctuality over the point's measured requests, and whether it could
-        time them at all (engines/client_health.py): a point it could not time is not the server's
+        time them at all (client/health.py): a point it could not time is not the server's
         latency (the search does not judge it; no batch-1 fact nor SLO point is taken from it)."""
         health_of = getattr(self.engine, "health", None)  # an HTTP engine's client watches itself
         health = health_of({s.request_id for s in res.samples}) if health_of else None
@@ -187,7 +187,7 @@ class ServingRun:
         return trial_of(res, v, self.slo, rate, kind="hold" if hold_s else "probe", invalid=late, error=row.error)
 
     def search(self) -> Capacity:
-        """The capacity under the SLO (load/find.py): from just under the ceiling down, within the
+        """The capacity under the SLO (load/capacity/find.py): from just under the ceiling down, within the
         budget, then held; from search_start_rps instead where it is set, or where nothing was
         measured to start under."""
         p = self.p

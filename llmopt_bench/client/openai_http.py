@@ -1,0 +1,342 @@
+"""A streaming client for an OpenAI-compatible /v1/completions endpoint, timed on the client.
+
+Each request streams (server-sent events, parsed by httpx-sse, carried by aiohttp); a chunk is
+timed when it reached the host, by the kernel's receive clock (client/rx_clock.py), else when
+the client read it, and a chunk that carries k tokens gives its time to each of them, as the
+in-process vLLM engine does (engines/vllm/offline.py serve()). The client watches its own punctuality
+per client (client/health.py: event-loop lag, read delays, bursts): health(). Tokens are counted from what arrived:
+the chunk's `token_ids` (vLLM's `return_token_ids`), else the growth of the streamed usage
+(`continuous_usage_stats`), else the chunk's text through the tokenizer the caller gives (a
+chunk's own tokens; merges across chunk edges can move a count by one), else one token per chunk. The server's final `usage` is checked
+against that count and every disagreement is kept (Tally), and so is its count of the prompt
+(usage.prompt_tokens) against the length the caller asked for (a text prompt's tokens are the
+server's tokenizer's to count: workloads/text.py makes them exact). Every request states its
+sampling (core/workload.Sampling, the endpoint's).
+
+A request that fails comes back as a sample with ok=False and error "KIND: detail" (openai_errors.KINDS),
+never as an exception: the load point goes on and the caller reports the failure rate. The
+API key is read from an environment variable the caller names; it is sent as a header and
+never stored anywhere else."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmopt_bench.client import rx_clock
+from llmopt_bench.client.errors import RequestFailed, classify_status, error_message, fix_for, transport_error
+from llmopt_bench.client.health import ClientHealth, LoopLag, RequestClock, health_of
+from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.freeform import Json
+from llmopt_bench.core.records import RequestSample
+from llmopt_bench.core.workload import Sampling
+from llmopt_bench.measure.timing import now
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where to send requests. base_url: "http://host:port" or ".../v1"."""
+
+    base_url: str
+    model: str
+    api_key_env: str | None = None  # the NAME of the variable that holds the key, never the key
+    request_timeout_s: float = 600.0  # one request, first byte to last
+    connect_timeout_s: float = 10.0
+    # vLLM's extensions: ignore_eos + min_tokens force the length, return_token_ids counts
+    # tokens exactly; an endpoint that rejects unknown fields wants these off
+    force_length: bool = True
+    return_token_ids: bool = True
+    sampling: Sampling = field(default_factory=Sampling)  # greedy unless the stage says otherwise
+
+    @property
+    def api_root(self) -> str:
+        root = self.base_url.rstrip("/")
+        return root if root.endswith("/v1") else root + "/v1"
+
+    def api_key(self) -> str | None:
+        if not self.api_key_env:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise UsageError(f"the API key variable {self.api_key_env} is not set",
+                             f"export {self.api_key_env}=<the server's key>, or leave the key out for a server without one")
+        return key
+
+
+@dataclass
+class Tally:
+    """What the client saw across requests: how tokens were counted and where the server's
+    usage field disagreed with the count (request id, counted, usage); the prompts' lengths as
+    asked and as the server counted them (usage.prompt_tokens), and those it counted otherwise."""
+
+    counted_by: dict[str, int] = field(default_factory=dict)
+    usage_agreed: int = 0
+    usage_missing: int = 0
+    usage_mismatch: list[tuple[str, int, int]] = field(default_factory=list)
+    short: list[tuple[str, int, int]] = field(default_factory=list)  # (id, tokens, requested)
+    prompt_checked: int = 0  # requests with an asked length whose usage gave the server's count
+    prompt_asked: int = 0  # their asked prompt tokens, summed
+    prompt_counted: int = 0  # the server's count of them, summed
+    prompt_off: list[tuple[str, int, int]] = field(default_factory=list)  # (id, asked, counted) where they differ
+    prompt_off_worst: float = 0.0  # the largest |counted / asked - 1| of one request
+    texts_made_sending: int = 0  # text prompts made while the point ran (not prepared before it)
+
+    def check_prompt(self, request_id: str, asked: int | None, counted: int | None) -> None:
+        if asked is None or counted is None:
+            return
+        self.prompt_checked += 1
+        self.prompt_asked += asked
+        self.prompt_counted += counted
+        if counted != asked:
+            self.prompt_off.append((request_id, asked, counted))
+            self.prompt_off_worst = max(self.prompt_off_worst, abs(counted / asked - 1) if asked else 1.0)
+
+
+@dataclass
+class _Stream:
+    """One request's stream as it arrives."""
+
+    t_submit: float
+    times: list[float] = field(default_factory=list)
+    usage_tokens: int | None = None
+    usage_prompt: int | None = None
+    streamed_usage: int = 0  # completion_tokens of the last chunk that carried usage
+    counted_by: str | None = None
+    finished: bool = False
+    count_text: Callable[[str], int] | None = None  # the tokenizer's count of a chunk's text
+    answer_ids: list[int] = field(default_factory=list)  # the answer's token ids, where the stream carries them
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, where the server reports it
+    clock: RequestClock = field(default_factory=RequestClock)  # its chunks as timed and as read
+
+    def __post_init__(self) -> None:
+        self.clock.sent = self.t_submit
+
+
+def _chunk_tokens(data: Json, state: _Stream) -> int:
+    """How many output tokens this chunk carries, and how they were counted."""
+    choices = data.get("choices") or []
+    usage = data.get("usage")
+    if usage and usage.get("completion_tokens") is not None:
+        state.usage_tokens = int(usage["completion_tokens"])
+        state.usage_prompt = int(usage["prompt_tokens"]) if usage.get("prompt_tokens") is not None else None
+    if not choices:
+        return 0
+    choice = choices[0]
+    if choice.get("finish_reason"):
+        state.finished = True
+    if isinstance(choice.get("token_ids"), list):
+        state.counted_by = "token_ids"
+        return len(choice["token_ids"])
+    if usage and usage.get("completion_tokens") is not None:  # continuous usage: a running total
+        k = int(usage["completion_tokens"]) - state.streamed_usage
+        state.streamed_usage = int(usage["completion_tokens"])
+        state.counted_by = "continuous_usage"
+        return max(k, 0)
+    text = choice.get("text")
+    if state.count_text is not None and isinstance(text, str):
+        state.counted_by = "tokenizer"
+        return state.count_text(text)
+    state.counted_by = "chunks"
+    return 1 if (text or choice.get("finish_reason") is None) else 0
+
+
+def _keep_answer(data: Json, state: _Stream) -> None:
+    """What a multi-turn workload needs of a chunk: the answer's token ids (a next turn carries
+    them) and the prompt tokens the server served from its prefix cache (OpenAI's usage field;
+    vLLM's with --enable-prompt-tokens-details)."""
+    choices = data.get("choices") or []
+    if choices and isinstance(choices[0].get("token_ids"), list):
+        state.answer_ids.extend(int(i) for i in choices[0]["token_ids"])
+    details = (data.get("usage") or {}).get("prompt_tokens_details") or {}
+    if isinstance(details, dict) and details.get("cached_tokens") is not None:
+        state.cached_tokens = int(details["cached_tokens"])
+
+
+class OpenAIClient:
+    """async with OpenAIClient(endpoint) as c: sample = await c.complete(...)."""
+
+    def __init__(self, endpoint: Endpoint, max_connections: int | None = None,
+                 count_text: Callable[[str], int] | None = None):
+        self.endpoint = endpoint
+        self.count_text = count_text  # where the stream carries neither token ids nor usage
+        self.tally = Tally()
+        self._key = endpoint.api_key()
+        self._max_connections = max_connections
+        self._http: Any = None
+        self.clocks: list[RequestClock] = []  # every finished request's, in order
+        self._lag = LoopLag()
+        rx_clock.keep_stamping()
+
+    async def __aenter__(self) -> OpenAIClient:
+        import aiohttp
+        import httpx
+        from httpx_aiohttp import AiohttpTransport
+
+        e = self.endpoint
+        headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
+        # httpx's API over aiohttp's transport: httpx's own transport spent ~2 ms sending each
+        # request on a busy host against ~0.5 ms for aiohttp (scripts/client-overhead.py), and that
+        # showed as TTFT beside vllm bench serve (an aiohttp client). No pool limit by default
+        # (limit=0): a request waiting for a free connection would count the client's queue as
+        # the server's latency. Reads wait up to the request's own timeout.
+        limit = self._max_connections or 0
+        transport = AiohttpTransport(client=lambda: aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=limit, socket_factory=rx_clock.socket_factory)))
+        self._http = httpx.AsyncClient(
+            headers=headers, transport=transport,
+            timeout=httpx.Timeout(e.request_timeout_s, connect=e.connect_timeout_s, pool=None))
+        self._lag.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._lag.stop()
+        await self._http.aclose()
+
+    def health(self, request_ids: Collection[str] | None = None) -> ClientHealth:
+        """The client's punctuality since it opened: its loop's lag, and its requests' clocks
+        (those of `request_ids` only, where given: a load point's measured requests)."""
+        clocks = self.clocks if request_ids is None else [c for c in self.clocks if c.request_id in request_ids]
+        return health_of(clocks, self._lag.samples)
+
+    def payload(self, prompt: str | Sequence[int], max_tokens: int) -> Json:
+        body: Json = {"model": self.endpoint.model, "prompt": prompt if isinstance(prompt, str) else list(prompt),
+                                "max_tokens": max_tokens, **self.endpoint.sampling.body(), "stream": True,
+                                "stream_options": {"include_usage": True}}
+        if self.endpoint.force_length:
+            body.update(ignore_eos=True, min_tokens=max_tokens)
+        if self.endpoint.return_token_ids:
+            body["return_token_ids"] = True
+        return body
+
+    async def complete(self, request_id: str, prompt_id: str, prompt: str | Sequence[int], max_tokens: int,
+                       *, prompt_tokens: int | None = None, repeat: int = 0, answer: list[int] | None = None) -> RequestSample:
+        """Send one streaming completion; returns its sample, failed ones included; `answer`, when
+        given, receives the answer's token ids (where the stream carries them). prompt_tokens:
+        the length asked (checked against the server's count, which the sample keeps where the
+        server gives one; a token-id prompt's is its length)."""
+        state = _Stream(t_submit=now(), count_text=self.count_text)
+        try:
+            await asyncio.wait_for(self._stream(prompt, max_tokens, state), self.endpoint.request_timeout_s)
+            error = None
+        except asyncio.TimeoutError:
+            error = RequestFailed("timeout", f"no complete answer within {self.endpoint.request_timeout_s:g} s "
+                                             f"({len(state.times)} tokens had arrived)")
+        except RequestFailed as e:
+            error = e
+        except Exception as e:  # noqa: BLE001 - any transport failure is this request's, recorded
+            error = transport_error(e, self.endpoint)
+        if error is None and not state.times:
+            error = RequestFailed("no_tokens", "the stream ended without an output token")
+        t_end = state.times[-1] if state.times else now()
+        asked = prompt_tokens if prompt_tokens is not None else (None if isinstance(prompt, str) else len(prompt))
+        n_prompt = state.usage_prompt if state.usage_prompt is not None else (asked or 0)
+        if error is None:
+            self._check(request_id, state, max_tokens)
+            self.tally.check_prompt(request_id, asked, state.usage_prompt)
+            state.clock.request_id = request_id
+            self.clocks.append(state.clock)
+        if answer is not None:
+            answer.extend(state.answer_ids)
+        return RequestSample(request_id=request_id, prompt_id=prompt_id, repeat=repeat, prompt_tokens=n_prompt,
+                             output_tokens=len(state.times), t_submit=state.t_submit,
+                             t_first=state.times[0] if state.times else t_end, t_done=t_end,
+                             token_times=state.times, ok=error is None, error=str(error) if error else None,
+                             cached_tokens=state.cached_tokens)
+
+    async def _stream(self, prompt: str | Sequence[int], max_tokens: int, state: _Stream) -> None:
+        from httpx_sse import SSEError, aconnect_sse
+
+        url = self.endpoint.api_root + "/completions"
+        sending = rx_clock.track()  # this coroutine runs as its own task (wait_for): the mark stays with it
+        async with aconnect_sse(self._http, "POST", url, json=self.payload(prompt, max_tokens)) as source:
+            response = source.response
+            if response.status_code != 200:
+                body = (await response.aread()).decode(errors="replace")
+                raise classify_status(response.status_code, body, self.endpoint.model)
+            sock = sending.sock
+            if sending.sent_at is not None:
+                state.clock.send_s = sending.sent_at - state.t_submit
+            try:
+                last = None  # the end of the last token-carrying event
+                async for event in source.aiter_sse():
+                    t = now()
+                    end = rx_clock.arrival(sock, event.data, state.t_submit, t) if sock is not None else None
+                    done = event.data.strip() == "[DONE]"
+                    if not done and self._on_chunk(event.data, t, state, end):
+                        last = end
+                    elif state.finished and last is not None and end is not None and last.read == end.read:
+                        # the last token read with the answer's tokenless tail (usage, [DONE], after
+                        # the finish_reason): its read's time is the tail's, written right behind it
+                        state.clock.trust_last()
+                    if done:
+                        return
+            except SSEError as e:
+                ctype = response.headers.get("content-type", "?")
+                raise RequestFailed("not_streaming", f"the server answered {ctype}, not an event stream ({e})") from None
+        if not state.finished:
+            raise RequestFailed("protocol", f"the stream ended after {len(state.times)} tokens without a finish_reason")
+
+    def _on_chunk(self, text: str, read: float, state: _Stream, end: rx_clock.End | None) -> int:
+        """One event, read at `read`, whose end reached the host as `end` says (None: not known);
+        how many tokens it carried."""
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise RequestFailed("protocol", f"a chunk is not JSON: {text[:80]!r}") from None
+        if not isinstance(data, dict):
+            raise RequestFailed("protocol", f"a chunk is not a JSON object: {text[:80]!r}")
+        if "error" in data:
+            raise RequestFailed("server", error_message(text) or text[:200])
+        k = _chunk_tokens(data, state)
+        if k:
+            if end is None or end.stamp is None:  # the kernel clock did not time it
+                state.clock.add(read, False)
+            else:
+                state.clock.add(read, True, end.stamp, end.exact, end.segments, end.since)
+            state.times.extend([state.clock.timed[-1]] * k)
+        _keep_answer(data, state)
+        return k
+
+    def _check(self, request_id: str, state: _Stream, requested: int) -> None:
+        t = self.tally
+        n = len(state.times)
+        t.counted_by[state.counted_by or "none"] = t.counted_by.get(state.counted_by or "none", 0) + 1
+        if state.usage_tokens is None:
+            t.usage_missing += 1
+        elif state.usage_tokens == n:
+            t.usage_agreed += 1
+        else:
+            t.usage_mismatch.append((request_id, n, state.usage_tokens))
+        if n < requested:
+            t.short.append((request_id, n, requested))
+
+    async def models(self) -> list[str]:
+        """The model names the endpoint serves (GET /v1/models); a UsageError says what is wrong."""
+        import httpx
+
+        url = self.endpoint.api_root + "/models"
+        try:
+            r = await self._http.get(url)
+        except httpx.HTTPError as e:
+            err = transport_error(e, self.endpoint)
+            raise UsageError(err.detail, fix_for(err.kind, self.endpoint)) from None
+        if r.status_code != 200:
+            err = classify_status(r.status_code, r.text, self.endpoint.model)
+            raise UsageError(f"GET {url}: {err.detail}", fix_for(err.kind, self.endpoint))
+        try:
+            return [m["id"] for m in r.json()["data"]]
+        except (ValueError, KeyError, TypeError):
+            raise UsageError(f"GET {url} did not answer an OpenAI model list: {r.text[:120]!r}",
+                             "point --endpoint at an OpenAI-compatible server (its /v1/models lists the models)") from None
+
+    async def check_model(self) -> list[str]:
+        """The served models, after checking that ours is one of them."""
+        served = await self.models()
+        if self.endpoint.model not in served:
+            raise UsageError(f"{self.endpoint.base_url} does not serve a model named {self.endpoint.model!r}; "
+                             f"it serves: {', '.join(served) or 'none'}", f"pass --model with one of: {', '.join(served)}")
+        return served

@@ -1,0 +1,2 @@
+"""Continuous batching's scenario: the load curve, the mixed-length and KV-capacity probes, what it
+records and how it reports."""

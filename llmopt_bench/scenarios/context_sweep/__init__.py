@@ -1,0 +1,1 @@
+"""The context-length sweep, written once for every engine: the plan, the loop, the report."""
