@@ -134,6 +134,15 @@ def test_reference_points_are_never_deployed():
     text = "\n".join(lines(recommend(run)))
     assert ("Reference points, not configurations to deploy: hf-fp16, bnb-nf4 (transformers generate, not a server); "
             "continuous-batching (a comparison on a workload of its own, not one configuration).") in text
+    # beside a configuration served under the SLO, the offline engine is what the server adds: whether it
+    # meets the SLO is not measured, so it is not ranked against the served one, under any priority
+    run.stages.append(served("vllm-serve", curve(3), weights=1.3e10))
+    for p in PRIORITIES:
+        rec = recommend(run, priority=p)
+        assert [c.name for c in rec.candidates] == ["vllm-serve"] and rec.winner.name == "vllm-serve", p
+        assert ("vllm", "vLLM's offline engine, beside the served configurations: not served under the SLO") in \
+            [(r.name, r.why) for r in rec.references]
+        assert any(m.startswith("Whether vllm meets the SLO: it ran on vLLM's offline engine only") for m in rec.missing)
 
 
 def test_a_served_rate_is_the_output_rate_over_the_mean_output_length():

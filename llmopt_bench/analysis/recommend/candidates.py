@@ -3,11 +3,14 @@
 capacity's standing, and the results that are reference points only.
 
 A candidate is a configuration someone can serve: a result measured through a server under an
-SLO (vllm-serve, tune's results, an OpenAI endpoint), or vLLM's offline engine measured as one
-configuration on the run's fixed workload (vllm, vllm-fp8, awq-int4: their engine settings are
-what `vllm serve` takes). transformers' `generate` (hf-fp16, bitsandbytes, compiled, the
-attention variants) and the comparisons on a workload of their own (continuous batching against
-static batching, vLLM's attention backends) are reference points: shown as such, never deployed.
+SLO (vllm-serve, tune's results, an OpenAI endpoint), or, in a run that served none, vLLM's
+offline engine measured as one configuration on the run's fixed workload (vllm, vllm-fp8,
+awq-int4: their engine settings are what `vllm serve` takes). Where the run served
+configurations under an SLO, the answer rests on those alone: the offline engine beside them is
+what the server adds, and whether it meets the SLO is not measured. transformers' `generate`
+(hf-fp16, bitsandbytes, compiled, the attention variants) and the comparisons on a workload of
+their own (continuous batching against static batching, vLLM's attention backends) are
+reference points: shown as such, never deployed.
 Read from StageFacts, LoadInfo, QualityRecord and the metrics alone (no stage's extra, no name).
 
 A capacity is offered as what a configuration carries only when it was held in steady state
@@ -81,8 +84,12 @@ class Reference:
     why: str
 
 
-def reference_why(s: StageResult) -> str | None:
-    """None where `s` is a configuration someone can serve; else why it is a reference point."""
+OFFLINE_BESIDE_SERVED = "vLLM's offline engine, beside the served configurations: not served under the SLO"
+
+
+def reference_why(s: StageResult, serving: bool) -> str | None:
+    """None where `s` is a configuration someone can serve; else why it is a reference point.
+    `serving`: the run served some configuration under an SLO."""
     f = s.facts
     if f.slo is not None or f.serve_command:
         return None
@@ -90,7 +97,7 @@ def reference_why(s: StageResult) -> str | None:
     if s.own_workload:
         return "a comparison on a workload of its own, not one configuration"
     if engine == "vllm":
-        return None
+        return OFFLINE_BESIDE_SERVED if serving else None
     if engine == "transformers":
         return "transformers generate, not a server"
     return f"{engine or 'an engine'} that is not served"

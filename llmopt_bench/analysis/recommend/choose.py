@@ -102,14 +102,15 @@ def recommend(run: RunResult, priority: str = "throughput", slo: SLO | None = No
     if priority not in PRIORITIES:
         raise UsageError(f"--priority {priority!r}: unknown", f"use one of {', '.join(PRIORITIES)}")
     results = {s.name: s for s in ok_stages(run)}
-    deployable = [s for s in results.values() if reference_why(s) is None]
+    serving = any(s.facts.slo is not None for s in results.values())
+    deployable = [s for s in results.values() if reference_why(s, serving) is None]
     served = [s for s in deployable if s.facts.slo is not None]
     run_slos = sorted({str(s.facts.slo) for s in served})
     rejudging = slo is not None and run_slos != [str(slo)]
     cands = [candidate(s, run.workload.batch_size, slo if rejudging else None) for s in deployable]
     rec = Recommendation(slo=str(slo) if slo else (run_slos[0] if len(run_slos) == 1 else ", ".join(run_slos) or None),
                          slo_note=_slo_note(served, rejudging, run_slos), priority=priority, serving=bool(served), candidates=cands,
-                         references=[Reference(s.name, why) for s in results.values() if (why := reference_why(s))])
+                         references=[Reference(s.name, why) for s in results.values() if (why := reference_why(s, serving))])
     rec.ruled_out = [f"{c.name}: fails the quality gate" for c in cands if c.quality == "regression"] + \
         [f"{c.name}: meets the SLO at no measured rate" for c in cands if c.quality != "regression" and not c.meets]
     eligible = [c for c in cands if c.quality != "regression" and c.meets]
@@ -126,8 +127,8 @@ def recommend(run: RunResult, priority: str = "throughput", slo: SLO | None = No
 
 def rank(eligible: list[Candidate], priority: str) -> tuple[Basis | None, list[Candidate]]:
     """The first figure of the priority's BASES that some candidate has, and the candidates of
-    its largest like-with-like group ranked on it (ties: the lower TTFT at one request, then the
-    run's order)."""
+    its largest like-with-like group (groups of one size: the first in the run's order) ranked on
+    it (ties: the lower TTFT at one request, then the run's order)."""
     for basis in BASES[priority]:
         have = [c for c in eligible if basis.value(c) is not None]
         if not have:

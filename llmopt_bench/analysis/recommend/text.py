@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from llmopt_bench.analysis.recommend.candidates import ABOVE_CEILING, HELD, NOT_HELD
+from llmopt_bench.analysis.recommend.candidates import ABOVE_CEILING, HELD, NOT_HELD, OFFLINE_BESIDE_SERVED
 from llmopt_bench.analysis.scaling import NOT_SATURATED
 from llmopt_bench.core.fmt import gb_text, ms_text, num, pct
 
@@ -164,8 +164,9 @@ def tradeoffs(w: Any, r: Any, serving: bool, distinct: bool = True) -> list[str]
                f"{gb_text(r.weights_bytes)} (peak {gb_text(r.peak_bytes)}){_shares(w, r)}.")
     out.append(f"Quality: {w.name} {quality_text(w)}; {r.name} {quality_text(r)}.")
     if w.j_per_token or r.j_per_token:
+        where = "its headline load point" if w.served else "its timed run"  # the candidates of one answer are all served, or none
         out.append(f"Energy: {w.name} {num(w.j_per_token)} J per output token, {r.name} {num(r.j_per_token)} "
-                   "(whole device; a served result's over its headline load point, an offline one's over its timed run).")
+                   f"(each over {where}, whole device).")
     else:
         out.append("Energy: not measured (no GPU energy counter here, or a server llmopt did not start).")
     return out
@@ -209,19 +210,13 @@ def not_ranked(key: str | None, eligible: list[Any], ranked: list[Any]) -> list[
 
 def _lacks(key: str, c: Any, ranked: list[Any]) -> str:
     if key in ("capacity", "gpu_s"):
-        return f"capacity {capacity_text(c)}" if c.served else "measured offline: no capacity under an SLO"
+        return f"capacity {capacity_text(c)}"
     if key == "saturated":
         if c.saturated_how == NOT_SATURATED or not c.saturated_tok_s:
             return "no saturated figure: the fixed workload only"
         return f"its saturated figure was measured another way ({c.saturated_how}) than {ranked[0].saturated_how}'s"
-    if key == "served":
-        return (f"measured offline only (TPOT p50 {ms_text(c.batch1_tpot_s)} on the engine alone, no server)" if not c.served
-                else "no TPOT at one request in flight")
-    if key == "offline":
-        return "no TPOT at one request in flight on the offline engine"
-    if key == "weights":
-        return "weights not measured"
-    return "no fixed-workload throughput"
+    return {"served": "no TPOT at one request in flight", "offline": "no TPOT at one request in flight",
+            "weights": "weights not measured"}.get(key, "no fixed-workload throughput")
 
 
 def missing(rec: Any) -> list[str]:
@@ -241,6 +236,12 @@ def missing(rec: Any) -> list[str]:
     if lineless:
         out.append(f"The `vllm serve` line of {', '.join(lineless)}: vLLM's offline engine records none (its engine params are "
                    "in run.json); serving it records it (journeys/serving.toml).")
+    offline = [r.name for r in rec.references if r.why == OFFLINE_BESIDE_SERVED]
+    if offline:
+        one = len(offline) == 1
+        out.append(f"Whether {', '.join(offline)} {'meets' if one else 'meet'} the SLO: {'it' if one else 'they'} ran on vLLM's offline "
+                   "engine only; a configuration is ranked here once served under the SLO (a vllm-serve entry with its engine "
+                   "params: journeys/serving.toml serves FP16, FP8 and AWQ).")
     if any(c.quality.startswith("not judged (random weights") for c in cands):
         out.append("Quality: the weights are random, so the quality gate judges no configuration (perplexity means nothing on "
                    "them); the same stages on the real model (`--model` a checkpoint directory or hub id) give its verdict.")
