@@ -181,3 +181,21 @@ def test_the_report_says_what_llmopt_recommend_says(run_dir, capfd, monkeypatch)
     while section and not section[-1]:
         section.pop()
     assert section == said
+
+
+def test_a_simulated_server_s_held_capacity_is_offered_and_its_ceiling_estimate_agrees():
+    """The serving scenario's own facts (tests/simserver.py: at most 45 requests of 20 tokens a
+    second, virtual time), not hand-built ones: the held capacity is offered, under the recorded
+    ceiling, and the estimate older runs get from their points reads what the server completed."""
+    from test_capacity_from_ceiling import LOOSE, SERVER_RPS, serving
+
+    from llmopt_bench.core.results import LoadInfo, StageMetrics, StageResult
+
+    _, _, facts = serving(LOOSE)
+    result = StageResult(name="served", status="ok", own_workload=True, facts=facts, load=LoadInfo(weights_bytes=10**9),
+                         metrics=StageMetrics(requests=1, output_tokens=1, prompt_tokens=1, repeats=1))
+    for p in PRIORITIES:
+        w = recommend(run_of(result), priority=p).winner
+        assert w.capacity_status == HELD and w.deployable_rps == facts.slo_capacity_rps <= facts.saturation_rps <= SERVER_RPS * 1.01
+    estimated = [r for pt in facts.slo_points if (r := served_rps(pt))]
+    assert estimated and max(estimated) <= SERVER_RPS * 1.02 and max(estimated) >= 0.9 * facts.slo_capacity_rps
