@@ -18,12 +18,15 @@ def recommend_cmd(
     run_dir: Path = typer.Argument(..., help="A run directory written by `llmopt bench` (or its run.json)."),
     slo: Optional[str] = typer.Option(None, "--slo", help="Judge the measured load points under this SLO instead of "
                                       "the run's, e.g. ttft_p99=2s,tpot_p99=100ms."),
-    priority: str = typer.Option("throughput", "--priority", help="throughput (capacity under the SLO), latency (TPOT at "
-                                 "one request in flight), memory (weights), cost (GPU-seconds per request)."),
+    priority: str = typer.Option("throughput", "--priority", help="throughput (the held capacity under the SLO; without one, the "
+                                 "saturated, else the fixed-workload, output tok/s), latency (TPOT at one request in flight), memory "
+                                 "(weights), cost (GPU-seconds per request at the held capacity: GPUs / capacity; no held capacity, no "
+                                 "cost). The candidates and their quality verdicts are the same under every priority."),
     as_json: bool = typer.Option(False, "--json", help="Print the recommendation as JSON."),
 ) -> None:
-    """Which configuration to deploy: the best result for the priority that passes the quality gate and meets
-    the SLO, the runner-up, the trade-off, and the `vllm serve` line."""
+    """Which configuration to deploy: among the run's deployable configurations (vLLM served, or vLLM's engine),
+    the best for the priority that passes the quality gate and meets the SLO, what it carries and costs, the
+    runner-up and why it lost, what is missing, and the `vllm serve` line."""
     from llmopt_bench.analysis.recommend.choose import recommend
     from llmopt_bench.analysis.recommend.text import lines
     from llmopt_bench.core.results import load_run

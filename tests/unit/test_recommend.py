@@ -68,22 +68,30 @@ def test_the_highest_capacity_wins_and_the_runner_up_is_next():
     assert "Deploy **b**" in text and "vllm serve m --name b" in text
 
 
-def test_a_held_capacity_outranks_a_higher_one_that_was_not_held():
+def test_a_held_capacity_is_the_only_one_ranked_on_capacity():
     rec = recommend(run_of(served("short", curve(5), held=None), served("held", curve(3)), served("failed", curve(4), held=False)))
-    assert [rec.winner.name, rec.runner_up.name] == ["held", "short"]
-    assert rec.winner.held is True and rec.runner_up.held is None
+    assert rec.winner.name == "held" and rec.runner_up is None and rec.basis == "capacity"
+    assert rec.winner.deployable_rps == 3 and rec.candidates[0].deployable_rps is None
     text = "\n".join(lines(rec))
-    assert "it carries 3.00 req/s, known within 33.3% ([3.00, 4.00])" in text
-    assert ("Capacity: held 3.00 req/s, known within 33.3% ([3.00, 4.00]), short ~5.00 req/s, not held, known within 20.0% "
-            "([5.00, 6.00])") in text
-    assert any(c.startswith("short's capacity was not held (~5.00 req/s from short trials)") for c in rec.caveats)
+    assert "It carries 3.00 req/s, held, known within 33.3% ([3.00, 4.00])" in text
+    assert ("Not ranked on a held capacity: short (capacity ~5.00 req/s, not held, known within 20.0% ([5.00, 6.00])); "
+            "failed (capacity ~4.00 req/s, not held") in text
 
 
-def test_a_run_without_a_held_capacity_says_so():
-    rec = recommend(run_of(served("a", curve(3), held=None), served("b", curve(5), held=False)))
-    assert rec.winner.name == "b" and "it carries ~5.00 req/s, not held" in rec.verdict
-    assert any(c.startswith("No capacity in this run was held") for c in rec.caveats)
-    assert not any("'s capacity was not held" in c for c in rec.caveats)
+def test_a_run_without_a_held_capacity_offers_none():
+    """The unheld capacities are shown as such, never what a configuration carries: throughput
+    ranks on what else was measured alike (here nothing), cost has no figure at all."""
+    run = run_of(served("a", curve(3), held=None), served("b", curve(5), held=False))
+    for priority in ("throughput", "cost"):
+        rec = recommend(run, priority=priority)
+        assert rec.winner is None and "nothing to recommend" in rec.verdict
+        assert any(m.startswith("A held capacity under the SLO") and "a, b were searched" in m for m in rec.missing)
+    for s in run.stages:
+        s.facts.saturated_tok_s, s.facts.saturated_how = {"a": 900.0, "b": 700.0}[s.name], "throughput point (all requests at once)"
+    rec = recommend(run)
+    assert rec.winner.name == "a" and rec.basis == "saturated"  # a's capacity is lower, but neither is offered
+    assert "What it carries under ttft_p99=2s,tpot_p99=100ms is not known: its search's ~3.00 req/s was not held" in rec.verdict
+    assert "It carries" not in rec.verdict
 
 
 def test_a_failed_hold_outweighs_the_short_trials_at_its_rate_and_above():
@@ -104,7 +112,7 @@ def test_the_quality_gate_rules_out_the_fastest():
     rec = recommend(run_of(served("fast", curve(6), regression=True), served("good", curve(3)), served("ok", curve(2))))
     assert rec.winner.name == "good" and rec.runner_up.name == "ok"
     assert rec.ruled_out == ["fast: fails the quality gate"]
-    assert "Ruled out: fast: fails the quality gate." in "\n".join(lines(rec))
+    assert "Ruled out (under every priority): fast: fails the quality gate." in "\n".join(lines(rec))
 
 
 def test_nothing_meets_the_slo_and_the_nearest_miss_is_said():
@@ -122,11 +130,17 @@ def test_another_slo_rejudges_the_measured_points():
     run = run_of(served("a", pts))
     assert recommend(run).winner.capacity_rps == 5
     rec = recommend(run, slo=parse_slo("ttft_p99=1s,tpot_p99=100ms"))
-    assert rec.winner.capacity_rps == 3 and rec.winner.interval == [3, 4]
+    a = rec.candidates[0]
+    assert a.capacity_rps == 3 and a.interval == [3, 4]
+    assert a.capacity_status == "not held" and rec.winner is None  # short trials re-judged: no hold at 3 req/s
     assert "re-judged from the measured open-loop points" in rec.slo_note and "ttft_p99=2s" in rec.slo_note
-    loose = recommend(run, slo=parse_slo("ttft_p99=10s"))
-    assert loose.winner.interval == [6, None] and any("at least that" in n for n in loose.winner.notes)
-    assert recommend(run, slo=parse_slo("ttft_p99=100ms")).winner is None
+    loose = recommend(run, slo=parse_slo("ttft_p99=10s")).candidates[0]
+    assert loose.interval == [6, None] and any("at least that" in n for n in loose.notes)
+    assert recommend(run, slo=parse_slo("ttft_p99=100ms")).candidates[0].capacity_rps is None
+    # a hold that met the re-judged SLO at its rate: held, offered
+    run.stages[0].facts.slo_points.append(point(3, 0.5, 0.05).model_copy(update={"hold": True, "steady": True}))
+    held = recommend(run, slo=parse_slo("ttft_p99=1s,tpot_p99=100ms"))
+    assert held.winner.name == "a" and held.winner.deployable_rps == 3
 
 
 def test_a_point_whose_client_fell_behind_is_not_judged():
@@ -168,7 +182,7 @@ def test_random_weights_are_a_caveat():
     s.quality = QualityRecord(perplexity_meaningful=False, perplexity_note="random weights: perplexity is not meaningful")
     rec = recommend(run_of(s))
     assert rec.winner.quality == "not judged (random weights)"
-    assert any("could not judge a" in c for c in rec.caveats)
+    assert any(m.startswith("Quality: the weights are random, so the quality gate judges no configuration") for m in rec.missing)
 
 
 def _samples(seed: int, n: int = 40) -> list[RequestSample]:
@@ -209,12 +223,13 @@ def test_rejudging_agrees_with_the_stage_s_own_judge(slo):
 def test_the_committed_h200_run_is_ranked_on_what_it_measured():
     run = load_run(ROOT / "results" / "h200")
     rec = recommend(run)
-    assert not rec.serving and "no result in this run measured a capacity under an SLO" in rec.slo_note
-    sat = {s.name: s.facts.saturated_tok_s or (s.metrics.output_tok_s if s.metrics else None) for s in run.stages if s.status == "ok"}
-    assert rec.winner.name == max((n for n in sat if sat[n]), key=lambda n: sat[n])
+    assert not rec.serving and "no configuration in this run measured a capacity under an SLO" in rec.slo_note
+    assert {c.name for c in rec.candidates} == {"awq-int4", "vllm", "vllm-fp8"}  # vLLM's engine on the fixed workload
+    fixed = {c.name: run.stage(c.name).metrics.output_tok_s for c in rec.candidates}
+    assert rec.basis == "fixed" and rec.winner.name == max(fixed, key=fixed.get)
     latency = recommend(run, priority="latency")
     assert latency.winner.batch1_tpot_s == min(c.batch1_tpot_s for c in latency.candidates if c.batch1_tpot_s)
-    assert any("No `vllm serve` line" in c for c in rec.caveats)
+    assert any(m.startswith("The `vllm serve` line of awq-int4, vllm, vllm-fp8") for m in rec.missing)
 
 
 # --- issue 28: what recommend says, and what it weighs -------------------------------------------
@@ -241,7 +256,7 @@ def test_overlapping_capacity_intervals_are_not_a_winner():
 
 def test_the_verdict_says_what_the_quality_gate_judged():
     judged = recommend(run_of(served("a", curve(3)), served("b", curve(2))))
-    assert "among the results that pass the quality gate" in judged.verdict
+    assert "among the deployable configurations that pass the quality gate" in judged.verdict
     unjudged = [served(n, curve(c), regression=None) for n, c in (("a", 3), ("b", 2))]
     for s in unjudged:
         s.quality = QualityRecord(perplexity_meaningful=False, perplexity_note="random weights: perplexity is not meaningful")
@@ -251,52 +266,57 @@ def test_the_verdict_says_what_the_quality_gate_judged():
 
 
 def offline(name: str, weights: float, match: float | None, *, reference: bool = False, share: float | None = None,
-            tok_s: float = 10.0) -> StageResult:
+            tok_s: float = 10.0, engine: str = "vllm") -> StageResult:
     """A fixed-workload result on random weights: no perplexity, a token match with the reference."""
-    return StageResult(name=name, status="ok", quality_reference=reference, load=LoadInfo(weights_bytes=int(weights)),
+    return StageResult(name=name, status="ok", quality_reference=reference,
+                       load=LoadInfo(weights_bytes=int(weights), implementation={"engine": engine}),
                        params={"gpu_memory_utilization": share} if share else {},
                        quality=QualityRecord(perplexity_meaningful=False, perplexity_note="random weights: no perplexity",
                                              token_match_rate=match),
                        metrics=StageMetrics(requests=4, output_tokens=64, prompt_tokens=40, repeats=2, output_tok_s=tok_s))
 
 
-def test_memory_weighs_quality_where_the_gate_cannot_judge():
-    """The issue's CPU run: bnb-nf4 matched 69.5% of the reference's tokens, bnb-int8 96.9%, the
-    reference itself 100%: the smallest weights whose token match is within the gate's margin
-    (1%) of the reference's own, and the smaller ones passed over are named."""
-    run = run_of(offline("hf-fp16", 2.7e8, 1.0, reference=True), offline("bnb-int8", 1.6e8, 0.969),
-                 offline("bnb-nf4", 1.1e8, 0.695))
+def test_memory_ranks_on_weights_and_random_weights_judge_no_quality():
+    """Issue 46: on random weights the quality gate judges nothing, so no configuration is passed
+    over "for quality" on its token match (bnb-nf4 matched 0.78% of the reference's tokens on the
+    H200, on weights nobody serves): the smallest weights win, not judged, under every priority."""
+    run = run_of(offline("hf-fp16", 2.7e8, 1.0, reference=True, engine="transformers"), offline("vllm", 2.7e8, 0.99),
+                 offline("vllm-fp8", 1.6e8, 0.23), offline("awq-int4", 1.1e8, None))
     rec = recommend(run, priority="memory")
-    assert rec.winner.name == "hf-fp16"
-    assert "bnb-nf4 (0.11 GB, token match 69.5%)" in rec.verdict and "bnb-int8 (0.16 GB, token match 96.9%)" in rec.verdict
-    run.stages[1].quality.token_match_rate = 0.995  # within 1% of the reference's own: int8 holds, and is smaller
-    assert recommend(run, priority="memory").winner.name == "bnb-int8"
+    assert rec.winner.name == "awq-int4" and rec.runner_up.name == "vllm-fp8"
+    assert "passed over" not in " ".join(lines(rec)) and "token match" not in " ".join(lines(rec))
+    assert {c.quality for c in rec.candidates} == {"not judged (random weights)"}
+    assert [r.name for r in rec.references] == ["hf-fp16"]
 
 
 def test_the_gpu_memory_utilization_sentence_belongs_to_stages_that_have_it():
-    run = run_of(offline("hf-fp16", 2.7e8, 1.0, reference=True, tok_s=5), offline("bnb-int8", 1.6e8, 0.995, tok_s=4))
+    run = run_of(offline("vllm", 2.7e8, 1.0, tok_s=5), offline("awq-int4", 1.6e8, 0.995, tok_s=4))
     memory = next(t for t in recommend(run, priority="memory").tradeoffs if t.startswith("Memory:"))
-    assert "gpu_memory_utilization" not in memory  # bitsandbytes and transformers take what they use
-    run.stages.append(offline("vllm", 2.7e8, 0.999, share=0.9, tok_s=50))
+    assert "gpu_memory_utilization" not in memory  # neither recorded a share
+    run.stages.append(offline("vllm-fp8", 2.7e8, 0.999, share=0.9, tok_s=50))
     memory = next(t for t in recommend(run).tradeoffs if t.startswith("Memory:"))
-    assert "vllm takes 90% of the card (gpu_memory_utilization)" in memory
+    assert "vllm-fp8 takes 90% of the card (gpu_memory_utilization)" in memory
 
 
 def test_a_fixed_workload_figure_is_not_called_saturated():
-    rec = recommend(run_of(offline("hf-fp16", 2.7e8, 1.0, reference=True, tok_s=7.2)))
+    rec = recommend(run_of(offline("vllm", 2.7e8, 1.0, tok_s=7.2)))
     assert "saturated output throughput" not in rec.verdict
-    assert "the highest output throughput measured, 7.20 tok/s on the fixed workload (not a saturated figure" in rec.verdict
+    assert "the highest output throughput on the fixed workload (not a saturated figure), 7.20 tok/s" in rec.verdict
 
 
 def test_a_saturated_figure_and_a_fixed_workload_one_make_no_ratio():
     """The re-rendered H200 report said continuous-batching's throughput point was +3641% over
     vllm-fp8's fixed workload: two different measurements, no ratio between them."""
-    batching = offline("continuous-batching", 1.3e10, None, tok_s=50.0)
-    batching.facts.saturated_tok_s, batching.facts.saturated_how = 10974.0, "throughput point (all requests at once)"
-    run = run_of(offline("hf-fp16", 1.3e10, 1.0, reference=True, tok_s=38.5), batching, offline("vllm-fp8", 7.4e9, 0.99, tok_s=293))
-    line = next(t for t in recommend(run).tradeoffs if t.startswith("Throughput:"))
-    assert "(one saturated, one not: no ratio)" in line and "%)" not in line
-    both_fixed = recommend(run_of(offline("hf-fp16", 1.3e10, 1.0, reference=True, tok_s=38.5), offline("vllm", 1.3e10, 0.99, tok_s=293)))
+    s, t = served("vllm-serve", curve(3)), served("vllm-serve-fp8", curve(2), weights=5e8)
+    s.facts.saturated_tok_s, s.facts.saturated_how = 10974.0, "throughput point (all requests at once)"
+    t.facts.saturated_tok_s, t.facts.saturated_how = 293.0, "top of the closed-loop sweep (concurrency 16)"
+    rec = recommend(run_of(s, t), priority="memory")
+    line = next(t for t in rec.tradeoffs if t.startswith("Throughput:"))
+    assert "(measured two ways: no ratio)" in line and "%)" not in line
+    # ranked on throughput, only one kind is: the other is named as measured another way
+    assert recommend(run_of(s, t), slo=parse_slo("ttft_p99=10s")).not_ranked[0].startswith(
+        "vllm-serve-fp8 (its saturated figure was measured another way")
+    both_fixed = recommend(run_of(offline("vllm", 1.3e10, 0.99, tok_s=38.5), offline("vllm-fp8", 7.4e9, 0.99, tok_s=293)))
     assert any(t.startswith("Throughput:") and "(+661%)" in t for t in both_fixed.tradeoffs)
 
 

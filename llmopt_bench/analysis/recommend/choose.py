@@ -1,76 +1,76 @@
-"""What to deploy: among a run's results that pass the quality gate, the one that best meets the
-SLO for a priority, the runner-up, the trade-off between them, and the `vllm serve` line that
-reproduces the winner. Read from StageFacts and QualityRecord alone (no stage's extra, no
-stage's name): a serving stage records its capacity under its SLO and every open-loop point it
-measured (facts.slo_points), so another SLO is judged again from those (analysis/recommend/rejudge.py).
+"""What to deploy: among a run's deployable configurations (analysis/recommend/candidates.py),
+the one that best meets the SLO for a priority, the runner-up and why it lost, what is missing
+and which stage measures it, and the `vllm serve` line that reproduces the winner.
 
-Priorities: throughput (the highest capacity under the SLO), latency (the lowest TPOT at one
-request in flight among those that meet the SLO), memory (the smallest weights, else the lowest
-peak, among the results whose quality holds: see below), cost (the fewest GPU-seconds per
-request at capacity; energy per token breaks ties). A run with no serving result is ranked on
-what it has, said so: the saturated throughput, the batch-1 TPOT, the weights, the energy per
-token.
+One answer whatever is asked: the candidates, the reference points, the quality verdicts and
+the results ruled out (failing the quality gate, or meeting the SLO at no measured rate) are the
+same under every priority; only the figure ranked on changes. A priority ranks like with like:
+its figures in order of evidence (BASES), and the first that some candidate has is the one
+ranked on; the candidates without it are named as not ranked, with what would measure it.
 
-Two capacities whose intervals overlap cannot be told apart: the recommendation says so
-(`distinct` False) rather than a winner by a margin the measurement does not support.
+- throughput: the highest held capacity under the SLO (held in steady state, under the server's
+  ceiling); else the highest saturated output throughput measured the same way; else the
+  highest output throughput on the fixed workload (not saturated, said so);
+- latency: the lowest TPOT at one request in flight through the server; else the offline
+  engine's at batch 1 (the server adds its own cost: docs/serving.md);
+- memory: the smallest weights (to 3 significant digits: the same weights counted two ways are
+  one size);
+- cost: the fewest GPU-seconds per request at the held capacity (GPUs / capacity). Energy per
+  token needs a counter not every card has (nor a server llmopt did not start); a held capacity
+  and a GPU count are measured on any card. No held capacity: no cost, and the answer says so.
 
-The memory priority's winner is, by construction, the most compressed result, the one most
-likely to have lost quality; so it ranks first the results whose quality holds: those that pass
-the quality gate and, where the gate cannot judge (random weights: no meaningful perplexity),
-those whose token match with the reference is within the gate's margin (1 - min_quality) of
-the reference's own (its match against its own re-run, the engine's nondeterminism). The
-margin is the gate's, so the agreement bar is as strict as the perplexity one: on the
-committed SmolLM2 runs every quantized stage the perplexity gate failed matched 80-92% of the
-reference's tokens."""
+Two figures that cannot be told apart are not a winner: capacities (and GPU-seconds) whose
+intervals overlap, offline figures whose interval over the repeats (analysis/speedup_interval.py,
+the gate's noise) holds a ratio of 1 (`distinct` False)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from llmopt_bench.analysis.recommend.rejudge import rejudge
-from llmopt_bench.analysis.recommend.text import caveats, choice_sentence, memory_words, no_winner, rounded_size, tradeoffs
-from llmopt_bench.analysis.scaling import batch1_tpot, saturated
-from llmopt_bench.analysis.selectors import ok_stages, reference
+from llmopt_bench.analysis.recommend.candidates import Candidate, Reference, candidate, reference_why
+from llmopt_bench.analysis.recommend.text import caveats, choice_sentence, missing, no_winner, not_ranked, rounded_size, tradeoffs
+from llmopt_bench.analysis.scaling import NOT_SATURATED
+from llmopt_bench.analysis.selectors import ok_stages
+from llmopt_bench.analysis.speedup_interval import speedup_interval
 from llmopt_bench.core.errors import UsageError
-from llmopt_bench.core.fmt import num
 from llmopt_bench.core.freeform import Json
-from llmopt_bench.core.results import RunResult, StageResult, peak_memory
+from llmopt_bench.core.results import RunResult, StageResult
 from llmopt_bench.core.slo import SLO
 
 PRIORITIES = ("throughput", "latency", "memory", "cost")
 
 
-@dataclass
-class Candidate:
-    name: str
-    capacity_rps: float | None = None
-    held: bool | None = None  # the capacity held for a longer window (load/capacity/hold.py); else "~N, not held"
-    interval: list[float | None] | None = None
-    known_within: float | None = None  # the precision reached: the interval's upper end / the capacity - 1
-    goodput_rps: float | None = None
-    meets: bool = False  # some measured rate met the SLO
-    miss: str | None = None  # how the nearest point misses, in words
-    miss_ratio: float | None = None  # its worst value / limit
-    batch1_tpot_s: float | None = None
-    batch1_ttft_s: float | None = None
-    saturated_tok_s: float | None = None
-    saturated_how: str | None = None
-    weights_bytes: float | None = None
-    peak_bytes: float | None = None
-    j_per_token: float | None = None
-    devices: int | None = None
-    quality: str = "not measured"  # passes | regression | not judged (...) | not measured
-    perplexity: float | None = None
-    token_match_rate: float | None = None
-    agreement_holds: bool | None = None  # token match within the gate's margin of the reference's own (None: not known)
-    memory_share: float | None = None  # the card's share an engine takes whatever its weights (vLLM's gpu_memory_utilization)
-    command: str | None = None
-    notes: list[str] = field(default_factory=list)
+@dataclass(frozen=True)
+class Basis:
+    """A figure a priority ranks on, and how: like with like (`group`: only the candidates of
+    one group are ranked together), the better direction, and its interval's source."""
 
-    @property
-    def gpu_s_per_request(self) -> float | None:
-        return (self.devices or 1) / self.capacity_rps if self.capacity_rps else None
+    key: str  # its words: analysis/recommend/text.FIGURE
+    value: Callable[[Candidate], float | None]
+    higher_is_better: bool
+    group: Callable[[Candidate], str] = lambda c: ""
+    repeats: str | None = None  # the figure's key in analysis/speedup_interval (offline figures with repeats)
+
+
+def _fixed(c: Candidate) -> float | None:
+    return c.saturated_tok_s if c.saturated_how == NOT_SATURATED else None
+
+
+def _saturated(c: Candidate) -> float | None:
+    return c.saturated_tok_s if c.saturated_how and c.saturated_how != NOT_SATURATED else None
+
+
+BASES: dict[str, tuple[Basis, ...]] = {
+    "throughput": (Basis("capacity", lambda c: c.deployable_rps, True),
+                   Basis("saturated", _saturated, True, group=lambda c: c.saturated_how or ""),
+                   Basis("fixed", _fixed, True, repeats="output_tok_s")),
+    "latency": (Basis("served", lambda c: c.batch1_tpot_s if c.served else None, False),
+                Basis("offline", lambda c: c.batch1_tpot_s if not c.served else None, False, repeats="tpot")),
+    "memory": (Basis("weights", lambda c: rounded_size(c.weights_bytes) if c.weights_bytes else None, False),),
+    "cost": (Basis("gpu_s", lambda c: c.gpu_s_per_request, False),),
+}
 
 
 @dataclass
@@ -78,12 +78,16 @@ class Recommendation:
     slo: str | None  # the SLO judged, as printed (several, comma-joined, where the run's serving stages differ)
     slo_note: str  # where the SLO and the capacities come from
     priority: str
-    serving: bool  # the run measured capacity under an SLO
+    serving: bool  # some candidate measured a capacity under an SLO
+    basis: str | None = None  # the figure ranked on (a key of BASES' figures: text.FIGURE says it); None: no candidate has one
     winner: Candidate | None = None
     runner_up: Candidate | None = None
-    distinct: bool = True  # False: the winner and the runner-up cannot be told apart (overlapping capacity intervals)
-    candidates: list[Candidate] = field(default_factory=list)
-    ruled_out: list[str] = field(default_factory=list)
+    distinct: bool = True  # False: the winner and the runner-up cannot be told apart
+    candidates: list[Candidate] = field(default_factory=list)  # every deployable configuration, the same under every priority
+    references: list[Reference] = field(default_factory=list)  # results that are not configurations to deploy
+    ruled_out: list[str] = field(default_factory=list)  # the same under every priority
+    not_ranked: list[str] = field(default_factory=list)  # candidates without the figure ranked on, and what measures it
+    missing: list[str] = field(default_factory=list)  # what the run lacks for a sounder answer, and which stage measures it
     verdict: str = ""
     tradeoffs: list[str] = field(default_factory=list)
     caveats: list[str] = field(default_factory=list)
@@ -93,92 +97,64 @@ class Recommendation:
         return asdict(self)
 
 
-def _quality(s: StageResult) -> tuple[str, list[str]]:
-    q = s.quality
-    if q is None:
-        return "not measured", []
-    if q.error:
-        return "not measured", [f"its quality pass failed ({q.error})"]
-    if q.quality_regression:
-        return "regression", []
-    if q.quality_regression is False:
-        return "passes", []
-    if not q.perplexity_meaningful:
-        note = (q.perplexity_note or "no meaningful perplexity").split(":")[0]
-        return f"not judged ({note})", []
-    return f"not judged ({(q.gate or 'no perplexity').removeprefix('not applied: ')})", []
+def recommend(run: RunResult, priority: str = "throughput", slo: SLO | None = None) -> Recommendation:
+    """The recommendation for `priority`; `slo` judges the measured points again under another SLO."""
+    if priority not in PRIORITIES:
+        raise UsageError(f"--priority {priority!r}: unknown", f"use one of {', '.join(PRIORITIES)}")
+    results = {s.name: s for s in ok_stages(run)}
+    serving = any(s.facts.slo is not None for s in results.values())
+    deployable = [s for s in results.values() if reference_why(s, serving) is None]
+    served = [s for s in deployable if s.facts.slo is not None]
+    run_slos = sorted({str(s.facts.slo) for s in served})
+    rejudging = slo is not None and run_slos != [str(slo)]
+    cands = [candidate(s, run.workload.batch_size, slo if rejudging else None) for s in deployable]
+    rec = Recommendation(slo=str(slo) if slo else (run_slos[0] if len(run_slos) == 1 else ", ".join(run_slos) or None),
+                         slo_note=_slo_note(served, rejudging, run_slos), priority=priority, serving=bool(served), candidates=cands,
+                         references=[Reference(s.name, why) for s in results.values() if (why := reference_why(s, serving))])
+    rec.ruled_out = [f"{c.name}: fails the quality gate" for c in cands if c.quality == "regression"] + \
+        [f"{c.name}: meets the SLO at no measured rate" for c in cands if c.quality != "regression" and not c.meets]
+    eligible = [c for c in cands if c.quality != "regression" and c.meets]
+    basis, ranked = rank(eligible, priority)
+    rec.basis = basis.key if basis else None
+    rec.winner, rec.runner_up = (ranked[0] if ranked else None), (ranked[1] if len(ranked) > 1 else None)
+    if basis and rec.winner and rec.runner_up:
+        rec.distinct = distinct(basis, rec.winner, rec.runner_up, results)
+    rec.not_ranked = not_ranked(rec.basis, eligible, ranked)
+    rec.missing = missing(rec)
+    _explain(rec)
+    return rec
 
 
-def candidate(s: StageResult, batch_size: int, rejudge_with: SLO | None = None) -> Candidate:
-    """A result's figures for the ranking; a serving result's capacity under its SLO, or under
-    `rejudge_with`, judged again from its measured points."""
-    f = s.facts
-    quality, notes = _quality(s)
-    weights = s.load.weights_bytes if s.load else None
-    sat, how = saturated(s)
-    peak, source = peak_memory(s)
-    if f.slo is not None and source == "host RSS peak":  # a served stage's own process is the client, not the server
-        peak = None
-    ttft = f.batch1_ttft_s or (s.metrics.ttft_s.p50 if batch_size == 1 and not s.own_workload and s.metrics and s.metrics.ttft_s
-                               else None)
-    c = Candidate(name=s.name, batch1_tpot_s=batch1_tpot(s, batch_size), batch1_ttft_s=ttft, saturated_tok_s=sat, saturated_how=how,
-                  weights_bytes=float(weights) if weights else None, peak_bytes=peak,
-                  j_per_token=s.energy.joules_per_output_token if s.energy else None, devices=f.devices, quality=quality,
-                  perplexity=s.quality.perplexity if s.quality and s.quality.perplexity_meaningful else None,
-                  token_match_rate=s.quality.token_match_rate if s.quality else None, command=f.serve_command, notes=notes,
-                  memory_share=s.params.get("gpu_memory_utilization"))
-    if f.slo is None:
-        return c
-    mfr = f.slo_max_failure_rate if f.slo_max_failure_rate is not None else 0.01
-    judged = rejudge(f.slo_points, rejudge_with or f.slo, mfr)
-    if rejudge_with is None and f.slo_capacity_rps is not None:  # the stage's own search: its interval is the tighter one
-        c.capacity_rps, c.interval, c.goodput_rps = f.slo_capacity_rps, f.slo_capacity_interval, f.goodput_rps
-        c.held = f.slo_capacity_held
-    else:
-        c.capacity_rps, c.interval, c.goodput_rps, c.held = judged.capacity_rps, judged.interval, judged.goodput_rps, judged.held
-        c.notes += judged.notes
-    c.known_within = known_within(c, f.slo_capacity_known_within if rejudge_with is None else None)
-    c.meets = c.capacity_rps is not None
-    near = judged.closest_miss()
-    if not c.meets and near is not None and near.worst is not None:
-        c.miss_ratio, c.miss = near.worst, f"at {num(near.rate_rps)} req/s, {near.reason}"
-    return c
+def rank(eligible: list[Candidate], priority: str) -> tuple[Basis | None, list[Candidate]]:
+    """The first figure of the priority's BASES that some candidate has, and the candidates of
+    its largest like-with-like group (groups of one size: the first in the run's order) ranked on
+    it (ties: the lower TTFT at one request, then the run's order)."""
+    for basis in BASES[priority]:
+        have = [c for c in eligible if basis.value(c) is not None]
+        if not have:
+            continue
+        groups: dict[str, list[Candidate]] = {}
+        for c in have:
+            groups.setdefault(basis.group(c), []).append(c)
+        pool = max(groups.values(), key=len)
+        sign = -1.0 if basis.higher_is_better else 1.0
+        return basis, sorted(pool, key=lambda c: (sign * (basis.value(c) or 0.0), c.batch1_ttft_s or math.inf))
+    return None, []
 
 
-def known_within(c: Candidate, recorded: float | None) -> float | None:
-    """The precision a capacity is known to: the stage's own (its search's untrusted trials
-    taken into account), else the interval's upper end over the capacity, less 1 (runs from
-    before issue 34 and capacities judged again under another SLO)."""
-    if recorded is not None:
-        return recorded
-    hi = c.interval[1] if c.interval and len(c.interval) > 1 else None
-    return hi / c.capacity_rps - 1 if hi and c.capacity_rps else None
-
-
-def _key(c: Candidate, priority: str, serving: bool) -> tuple[float, ...]:
-    inf = math.inf
-    if priority == "throughput":
-        return (-(c.capacity_rps or 0), -(c.goodput_rps or 0)) if serving else (-(c.saturated_tok_s or 0),)
-    if priority == "latency":
-        return (c.batch1_tpot_s or inf, c.batch1_ttft_s or inf)
-    if priority == "memory":  # quality first (the module's doc): holds, then not known to, then known not to
-        tier = 0 if c.quality == "passes" or c.agreement_holds else 2 if c.agreement_holds is False else 1
-        return (rounded_size(c.weights_bytes or c.peak_bytes), c.peak_bytes or inf, tier)
-    return (c.gpu_s_per_request or inf, c.j_per_token or inf) if serving else (c.j_per_token or inf,)
-
-
-def _rank(c: Candidate, priority: str, serving: bool) -> tuple[float, ...]:
-    """The sort order: for memory the quality tier leads, the figures follow."""
-    key = _key(c, priority, serving)
-    return (key[-1], *key[:-1]) if priority == "memory" else key
-
-
-def agreement_holds(c: Candidate, reference_match: float | None, min_quality: float) -> bool | None:
-    """Whether the candidate's token match is within the gate's margin of the reference's own;
-    None where either is not measured."""
-    if c.token_match_rate is None or not reference_match:
-        return None
-    return c.token_match_rate >= min_quality * reference_match
+def distinct(basis: Basis, w: Candidate, r: Candidate, results: dict[str, StageResult]) -> bool:
+    """Whether the winner's figure is told apart from the runner-up's by more than their
+    measurement allows: capacity intervals (and the GPU-seconds they give) that do not overlap, an
+    interval over the repeats that excludes a ratio of 1; a figure measured once, with no interval,
+    is taken as it is (the answer says it has none)."""
+    if basis.key in ("capacity", "gpu_s"):
+        return not overlap(w, r)
+    if basis.key == "weights":
+        return basis.value(w) != basis.value(r)
+    if basis.repeats:
+        iv = speedup_interval(results[w.name], results[r.name], basis.repeats)
+        return iv is None or not (iv.lo <= 1.0 <= iv.hi)
+    return True
 
 
 def overlap(a: Candidate, b: Candidate) -> bool:
@@ -188,70 +164,24 @@ def overlap(a: Candidate, b: Candidate) -> bool:
     if not (a_rps and b_rps):
         return False
     hi_rps, lo = (a_rps, b) if a_rps >= b_rps else (b_rps, a)
-    ceiling = lo.interval[1] if lo.interval and len(lo.interval) > 1 else None
-    return ceiling is None or hi_rps < ceiling
-
-
-def _has_figure(c: Candidate, priority: str, serving: bool) -> bool:
-    return _key(c, priority, serving)[0] not in (math.inf, 0)
-
-
-def recommend(run: RunResult, priority: str = "throughput", slo: SLO | None = None) -> Recommendation:
-    """The recommendation for `priority`; `slo` judges the measured points again under another SLO."""
-    if priority not in PRIORITIES:
-        raise UsageError(f"--priority {priority!r}: unknown", f"use one of {', '.join(PRIORITIES)}")
-    served = [s for s in ok_stages(run) if s.facts.slo is not None]
-    run_slos = sorted({str(s.facts.slo) for s in served})
-    rejudging = slo is not None and run_slos != [str(slo)]
-    pool = served or ok_stages(run)
-    cands = [candidate(s, run.workload.batch_size, slo if rejudging else None) for s in pool]
-    ref = reference(run)
-    ref_match = ref.quality.token_match_rate if ref and ref.quality else None
-    for c in cands:
-        c.agreement_holds = agreement_holds(c, ref_match, run.min_quality)
-    rec = Recommendation(slo=str(slo) if slo else (run_slos[0] if len(run_slos) == 1 else ", ".join(run_slos) or None),
-                         slo_note=_slo_note(served, rejudging, run_slos), priority=priority, serving=bool(served), candidates=cands)
-    rec.ruled_out = [f"{c.name}: fails the quality gate" for c in cands if c.quality == "regression"]
-    ok = [c for c in cands if c.quality != "regression" and (c.meets or not served) and _has_figure(c, priority, bool(served))]
-    ok.sort(key=lambda c: _rank(c, priority, bool(served)))
-    ok = held_first(ok) if served else ok
-    rec.winner, rec.runner_up = (ok[0] if ok else None), (ok[1] if len(ok) > 1 else None)
-    rec.distinct = not (priority == "throughput" and len(ok) > 1 and overlap(ok[0], ok[1]))
-    _explain(rec, cands, ok)
-    rec.caveats += held_caveats(ok) if served else []
-    return rec
-
-
-def held_first(ranked: list[Candidate]) -> list[Candidate]:
-    """A capacity that held for a longer window (load/capacity/hold.py) outranks one from short trials
-    only, whatever the figures: the order among each kind is kept."""
-    return [c for c in ranked if c.held] + [c for c in ranked if not c.held]
-
-
-def held_caveats(ranked: list[Candidate]) -> list[str]:
-    """Said when the recommendation rests on capacities that were not held."""
-    if not ranked or any(c.held for c in ranked):
-        return [f"{c.name}'s capacity was not held (~{num(c.capacity_rps)} req/s from short trials): not a figure to size a "
-                "deployment by" for c in ranked[:2] if not c.held and c.capacity_rps]
-    return ["No capacity in this run was held (hold_s = 0, a failed hold, or a run from before holds): each is the answer of "
-            "short trials, ~N req/s; run the serving stage with --hold 60 (or more) before sizing a deployment by it."]
+    upper = lo.interval[1] if lo.interval and len(lo.interval) > 1 else None
+    return upper is None or hi_rps < upper
 
 
 def _slo_note(served: list[StageResult], rejudging: bool, run_slos: list[str]) -> str:
     if not served:
-        return ("no result in this run measured a capacity under an SLO (a serving stage does): ranked on what the run "
-                "measured instead (saturated throughput, batch-1 TPOT, weights, energy per token)")
+        return "no configuration in this run measured a capacity under an SLO (a serving stage does)"
     if rejudging:
         return (f"re-judged from the measured open-loop points under this SLO (the run searched under {', '.join(run_slos)}): "
                 "the capacity is the highest measured rate that meets it, known within the neighbouring measured rates")
     return "the capacity each serving result found by its own search"
 
 
-def _explain(rec: Recommendation, cands: list[Candidate], pool: list[Candidate]) -> None:
-    rec.caveats = caveats(rec, cands)
+def _explain(rec: Recommendation) -> None:
+    rec.caveats = caveats(rec)
     if rec.winner is None:
-        rec.verdict = no_winner(rec, cands)
+        rec.verdict = no_winner(rec)
         return
-    rec.verdict = " ".join([choice_sentence(rec, pool), *memory_words(rec, cands)])
+    rec.verdict = choice_sentence(rec)
     rec.tradeoffs = tradeoffs(rec.winner, rec.runner_up, rec.serving, rec.distinct) if rec.runner_up else []
     rec.command = rec.winner.command
