@@ -47,7 +47,7 @@ def point_row(stage: str, arm: str, r: Json) -> Json:
     """One load point: what was offered (a concurrency, or an arrival rate), what completed, each
     percentile, goodput, the SLO's and the steady state's verdicts, and the server's clock."""
     opened = r.get("rate_rps") is not None
-    return {"stage": stage, "arm": arm, "point": point_key(r), "phase": r.get("phase"), "mode": r.get("mode"),
+    return {"stage": stage, "arm": arm, "point": f"{arm}: {point_key(r)}" if arm else point_key(r), "phase": r.get("phase"), "mode": r.get("mode"),
             "concurrency": r.get("concurrency"), "offered_rate_rps": r.get("rate_rps"),
             "achieved_rate_rps": r.get("achieved_rate") if opened else r.get("qps"),
             "completed_rps": (number(r.get("completion_rps")) or r.get("qps")) if opened else r.get("qps"),

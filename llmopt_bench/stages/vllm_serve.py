@@ -260,6 +260,10 @@ class PrefixCachingStage(VLLMServeStage):
         extra = ServingExtra(**on.extra)
         extra.prefix_caching = PrefixCachingRecord(workload=shaped.spec, arms=[arm(off, False), arm(on, True)])
         on.extra = extra.model_dump(mode="json", exclude_none=True)
+        for side, name in ((off, "off"), (on, "on")):  # requests.jsonl keeps both arms' points, each named by its arm
+            for sample in side.requests:
+                sample.point = f"prefix caching {name}: {sample.point}"
+        on.requests = off.requests + on.requests
         return on
 
     @classmethod

@@ -192,7 +192,8 @@ def serving_items(result: StageResult, lines: list[Json], n: int) -> list[dict]:
         items += [c for c in made if c is not None]
     by_point = requests_by_point(result, lines)
     if by_point:
-        main = (result.extra or {}).get("main_point")
+        named = (result.extra or {}).get("main_point")  # a prefix-caching stage's points carry their arm first
+        main = next((k for k in by_point if named and (k == named or k.endswith(": " + named))), None)
         order = sorted(by_point, key=lambda k: (k != main, list(by_point).index(k)))
         options = [{"name": k + (" (headline)" if k == main else ""), "items": request_charts(f"s{n}-req{i}", k, by_point[k])}
                    for i, k in enumerate(order)]
