@@ -55,7 +55,8 @@ def report_cmd(
             from llmopt_bench.render.html.write import write_runs_html
             from llmopt_bench.run.history import default_db
 
-            written = [write_runs_html(runs, out, db or default_db())]
+            names = [(d if d.is_dir() else d.parent).name for d in run_dirs]  # a run's id is often just "run"
+            written = [write_runs_html(runs, out, db or default_db(), names)]
         else:
             written = write_outputs(runs[0], out, formats, run_dir=here)
     for path in written:

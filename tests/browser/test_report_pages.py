@@ -14,7 +14,7 @@ from testkit import cli_in_process
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = sorted(p.parent for p in (ROOT / "results").rglob("run.json"))
 AT_ONCE = 3
-PAIR = (ROOT / "results/cpu/gate-pairs/hf-fp16-round1-a1", ROOT / "results/cpu/gate-pairs/hf-fp16-round1-x0.2")
+PAIR = (ROOT / "results/cpu/host-calibration/run1-quiet", ROOT / "results/cpu/host-calibration/run1-hogs")
 
 
 def name(run_dir: Path) -> str:
@@ -148,6 +148,7 @@ def test_two_runs_side_by_side_judged_as_compare_judges_them(tmp_path, open_repo
         assert not opened.requested and not opened.errors(), (opened.requested, opened.errors())
         got = opened.data()["compare"][0]
         assert [s["stage"] for s in got["stages"]] == [s["stage"] for s in want["stages"]]
+        assert sum(len(s["metrics"]) for s in want["stages"]) >= 5  # a pair compare judges figure by figure
         for g, w in zip(got["stages"], want["stages"]):
             assert g["state"] == w["state"]
             for gm, wm in zip(g["metrics"], w["metrics"]):
@@ -156,6 +157,7 @@ def test_two_runs_side_by_side_judged_as_compare_judges_them(tmp_path, open_repo
         rows = opened.page.locator("#gate table").first.locator("tbody tr")
         verdicts = [rows.nth(i).locator("td").nth(8).text_content() for i in range(rows.count())]
         assert verdicts == [m["verdict"] for s in want["stages"] for m in s["metrics"]]
+        assert opened.page.locator("#gate p").first.text_content().startswith("run1-hogs against run1-quiet: the hosts explain a change")
         # side by side: a bar a run a stage
         tpot = opened.chart("side-tpot_p50")
         assert len(tpot) == 2 and all(len(t["y"]) == len(tpot[0]["y"]) for t in tpot)

@@ -58,8 +58,8 @@ def test_a_full_journeys_page_embeds_what_it_did():
 
 
 def test_a_two_run_page_embeds_what_it_did(monkeypatch, tmp_path):
-    runs = [load_run(ROOT / "results/cpu/gate-pairs/hf-fp16-round1-a1"), load_run(ROOT / "results/cpu/gate-pairs/hf-fp16-round1-x0.2")]
-    check("two-runs", runs_page(runs, tmp_path / "no-history.sqlite"))
+    runs = [load_run(ROOT / "results/cpu/host-calibration/run1-quiet"), load_run(ROOT / "results/cpu/host-calibration/run1-hogs")]
+    check("two-runs", runs_page(runs, tmp_path / "no-history.sqlite", ["run1-quiet", "run1-hogs"]))
 
 
 @pytest.mark.parametrize("text", ["</script><script>alert(1)</script>", "<!--", "a\u2028b\u2029c", "&lt;", "]]>"])

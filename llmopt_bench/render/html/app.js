@@ -166,6 +166,6 @@
   });
   const first = plots.splice(0);
   Promise.all([draw(first), ...pickers.map((p) => p.show(0).then(() => { p.dataset.ready = "1"; }))]).then(
-    () => { document.body.dataset.ready = "1"; },
+    () => { document.body.dataset.drawnMs = String(Math.round(performance.now())); document.body.dataset.ready = "1"; },
     (e) => { document.body.dataset.ready = "error"; console.error("llmopt report: a chart failed: " + e); });
 })();

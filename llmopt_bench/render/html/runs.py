@@ -20,9 +20,10 @@ SIDE_BY_SIDE = (("ttft_p50", "TTFT p50"), ("tpot_p50", "TPOT p50"), ("output_tok
 HISTORY = SIDE_BY_SIDE + (("e2e_p50", "E2E p50"), ("load_s", "load"))
 
 
-def labels(runs: list[RunResult]) -> list[str]:
-    """Each run's name on the page: its id, with its place where two runs share one."""
-    ids = [r.run_id for r in runs]
+def labels(runs: list[RunResult], names: list[str] | None = None) -> list[str]:
+    """Each run's name on the page: the name given (its directory's), else its id; its place
+    first where two runs share one."""
+    ids = names or [r.run_id for r in runs]
     return [f"{i + 1}: {rid}" if ids.count(rid) > 1 else rid for i, rid in enumerate(ids)]
 
 
@@ -110,8 +111,8 @@ def history_chart(runs: list[RunResult], metric: str, label: str) -> dict | None
                   "updatemenus": scale}, ["stage", "run", "created", f"{label} {unit}"], rows)
 
 
-def runs_page(runs: list[RunResult], db: Path | None = None) -> dict:
-    names = labels(runs)
+def runs_page(runs: list[RunResult], db: Path | None = None, names: list[str] | None = None) -> dict:
+    names = labels(runs, names)
     gate: list[dict] = []
     verdicts = []
     for run, name in zip(runs[1:], names[1:]):

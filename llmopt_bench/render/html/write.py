@@ -17,7 +17,8 @@ def write_run_html(run: RunResult, out_dir: Path, run_dir: Path | None = None) -
     return write_page(Path(out_dir) / RUN_HTML, f"llmopt report: {run.run_id}", run_page(run, run_dir or Path(out_dir)))
 
 
-def write_runs_html(runs: list[RunResult], out_dir: Path, db: Path | None = None) -> Path:
-    """runs.html in out_dir: the runs side by side against the first, and their history."""
-    title = f"llmopt: {len(runs)} runs against {runs[0].run_id}"
-    return write_page(Path(out_dir) / RUNS_HTML, title, runs_page(runs, db))
+def write_runs_html(runs: list[RunResult], out_dir: Path, db: Path | None = None, names: list[str] | None = None) -> Path:
+    """runs.html in out_dir: the runs side by side against the first, and their history; names:
+    how the page calls each (default: their run ids)."""
+    page = runs_page(runs, db, names)
+    return write_page(Path(out_dir) / RUNS_HTML, f"llmopt: {len(runs)} runs against {page['header']['baseline']}", page)
