@@ -31,7 +31,7 @@ def _part(d: Any, *keys: str) -> Any:
     return d
 
 
-def server_cells(sc: Any) -> dict[str, Any]:
+def server_cells(sc: Any) -> Json:
     """A point's server clock (client/server_clock.ServerClock as written) in the export's columns."""
     return {"server_requests": _part(sc, "requests"), "server_ttft_mean_s": _part(sc, "ttft", "mean_s"),
             "server_ttft_p50_s": _part(sc, "ttft", "p50_s"), "server_ttft_p99_s": _part(sc, "ttft", "p99_s"),

@@ -15,9 +15,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-Chart = dict[str, Any]  # {"id", "title", "note", "figure": {"data", "layout"}, "table": {"headers", "rows"}}
-Section = dict[str, Any]  # {"id", "title", "items": [{"kind": "text" | "list" | "table" | "chart" | "code" | "picker", ...}]}
-
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
            "#393b79", "#e7ba52", "#637939", "#ad494a", "#7b4173", "#3182bd", "#e6550d", "#31a354", "#756bb1", "#636363"]
 
