@@ -67,3 +67,24 @@ def test_no_text_can_end_the_data_block_and_each_reads_back_as_itself(text):
     body = script_json({"prompt": text, "nan": float("nan")})
     assert not set("<>&\u2028\u2029") & set(body)
     assert json.loads(body) == {"prompt": text, "nan": None}
+
+
+def test_tunes_trials_by_knob_with_the_winner_and_the_defaults(tmp_path):
+    from llmopt_bench.render.html.data import tune_record
+    from llmopt_bench.render.html.tune import tune_items
+
+    rung = lambda cap, held=None: {"name": "held" if held is not None else "short", "capacity_rps": cap, "held": held, "precision": 0.1}  # noqa: E731
+    record = {"space": {"knobs": {"max_num_seqs": [None, 64, 256], "block_size": [None, 32]}}, "defaults": 0, "winner": 2,
+              "trials": [{"number": 0, "config": {}, "label": "defaults", "outcome": "held", "rungs": [rung(8.0), rung(7.5, True)]},
+                         {"number": 1, "config": {"max_num_seqs": 64}, "label": "max_num_seqs=64", "outcome": "pruned", "rungs": [rung(5.0)]},
+                         {"number": 2, "config": {"max_num_seqs": 256, "block_size": 32}, "label": "<b>win</b>", "outcome": "held",
+                          "rungs": [rung(12.0), rung(11.0, True)]}]}
+    (tmp_path / "tune.json").write_text(json.dumps(record))
+    items = tune_items(tune_record(tmp_path))
+    seqs = next(i for i in items if i.get("id") == "tune-max_num_seqs")
+    by_role = {t["name"]: t for t in seqs["figure"]["data"]}
+    assert by_role["winner"]["x"] == ["256"] and by_role["winner"]["y"] == [11.0]  # the held rung's capacity
+    assert by_role["defaults"]["y"] == [7.5] and by_role["trial"]["y"] == [5.0]  # else the last rung's
+    assert by_role["winner"]["text"] == ["&lt;b&gt;win&lt;/b&gt;"]  # a label is text to plotly too
+    assert [r[-1] for r in seqs["table"]["rows"]] == ["defaults", "trial", "winner"]
+    assert tune_record(tmp_path / "nowhere") is None
