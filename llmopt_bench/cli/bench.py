@@ -77,9 +77,9 @@ def run_directory(output: Path | None, resume: Path | None) -> Path:
 def write_outputs(run, out: Path, report: bool, as_json: bool) -> None:
     if report:
         try:
-            from llmopt_bench.render.report import write_report
+            from llmopt_bench.render.report import DEFAULT_FORMATS, write_report
 
-            write_report(run, out)
+            write_report(run, out, DEFAULT_FORMATS)  # report.md and report.html
         except ImportError as e:  # said, not swallowed: the run is measured, its report can follow
             print(f"warning: report not written ({e}); install what it needs, then run `llmopt report {out}`", file=sys.stderr)
         except Exception as e:  # noqa: BLE001 - a report failure must not lose the measured run
@@ -130,7 +130,7 @@ def bench_cmd(
     prefetch: bool | None = typer.Option(None, "--prefetch/--no-prefetch", help="Start the next stage's process while the current one loads, so its imports are done by its turn; it waits, stopped, while the current stage measures, and its imports are reported apart (timing.prefetched_s), never in load_s. Default: on with 8 or more cores.", show_default=False),
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds per stage (more than 0), overriding the journey's timeout_s (default: 1800)."),
     as_json: bool = typer.Option(False, "--json", help="Print run.json to stdout instead of the table."),
-    report: bool = typer.Option(True, "--report/--no-report", help="Write report.md and charts/ into the run directory."),
+    report: bool = typer.Option(True, "--report/--no-report", help="Write report.md, charts/ and report.html into the run directory."),
     endpoint: str | None = typer.Option(None, "--endpoint", help="Put the serving load on a server you run (any OpenAI-compatible URL); --model then names the model it serves. Runs the openai-endpoint stage."),
     api_key_env: str | None = typer.Option(None, "--api-key-env", help="With --endpoint: the NAME of the environment variable that holds the API key (the key is never written anywhere)."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="With --endpoint: the served model's tokenizer (a directory or hub id) to build and count prompts."),

@@ -71,6 +71,7 @@ class RequestSample(StrictModel):
     error: str | None = None
     turn: int | None = None  # a multi-turn conversation's turn (0 first); None: a single-turn workload
     cached_tokens: int | None = None  # prompt tokens the engine served from its prefix cache, where it says
+    point: str | None = None  # the load point it was sent in ("sweep: concurrency 4"); None: a workload without points
 
 
 class LoadInfo(StrictModel):
@@ -213,6 +214,9 @@ class StageRun(StrictModel):
     """What run() returns: raw samples, the quality record, and the stage's own typed extra."""
 
     samples: list[RequestSample] = Field(default_factory=list)
+    # every request the stage measured where that is more than its samples (a serving stage's every
+    # load point, each request with its point): requests.jsonl keeps these; empty: the samples
+    requests: list[RequestSample] = Field(default_factory=list)
     extra: Json = Field(default_factory=dict)  # free-form here: the stage's own Extra model validates it
     quality: QualityRecord | None = None
     facts: StageFacts = Field(default_factory=StageFacts)

@@ -231,8 +231,14 @@ def render_markdown(run: RunResult, charts: dict[str, Path], stage_charts: dict[
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(run: RunResult, out_dir: Path, formats: Sequence[str] = ("md",)) -> list[Path]:
-    """Write each format (md: report.md + charts/, csv: stages.csv, json: report.json)."""
+DEFAULT_FORMATS = ("md", "html")  # what `llmopt bench` and `llmopt report` write unless told
+
+
+def write_outputs(run: RunResult, out_dir: Path, formats: Sequence[str] = ("md",), run_dir: Path | None = None) -> list[Path]:
+    """Write each format (md: report.md + charts/, html: report.html, csv: stages.csv and points.csv,
+    json: report.json and points.json); run_dir holds requests.jsonl (default: out_dir)."""
+
+    from llmopt_bench.render.points_export import write_points
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -243,10 +249,14 @@ def write_outputs(run: RunResult, out_dir: Path, formats: Sequence[str] = ("md",
             path = out_dir / "report.md"
             path.write_text(render_markdown(run, charts, per_stage), encoding="utf-8")
             written += [path, *charts.values(), *(p for ps in per_stage.values() for p in ps)]
+        elif fmt == "html":
+            from llmopt_bench.render.html.write import write_run_html
+
+            written.append(write_run_html(run, out_dir, run_dir))
         elif fmt == "csv":
-            written.append(exports.write_csv(run, out_dir))
+            written += [exports.write_csv(run, out_dir), *write_points(run, out_dir, ("csv",))]
         elif fmt == "json":
-            written.append(exports.write_json(run, out_dir))
+            written += [exports.write_json(run, out_dir), *write_points(run, out_dir, ("json",))]
         else:
             raise ValueError(f"unknown report format {fmt!r}")
     return written

@@ -292,7 +292,7 @@ def outcome(session: RunSession, stage: ReadyStage, final: Final, observed: Obse
     result = measured(plan, cls, metrics=compute(samples), samples=compact(samples), energy=final.energy,
                       quality=stage_run.quality, facts=stage_run.facts, extra=stage_run.extra, notes=stage_run.notes,
                       **observed)
-    rd.put_requests(plan.name, samples)
+    rd.put_requests(plan.name, stage_run.requests or samples)  # a serving stage's: every load point's
     try:  # the stage's own record must match the model it declares
         cls.Extra.model_validate(result.extra)
     except Exception as e:  # noqa: BLE001 - a stage's bug: its measurements stay, the result says what broke

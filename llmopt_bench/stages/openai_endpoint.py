@@ -103,13 +103,15 @@ class OpenAIEndpointStage(Stage):
         client = HTTPLoad(self.endpoint, texts=texts, count_text=self.count_text if p.tokenizer else None)
         target = {"kind": "OpenAI-compatible endpoint (not started by llmopt)", "url": p.endpoint, "model": p.model,
                   "api_key_env": p.api_key_env}
-        samples, extra, facts = ServingRun(client, target, p, PlanLoad(plan), PlanLoad(tp_plan), ctx, workload.seed,
-                                           expected_tokens=p.force_length and p.return_token_ids).run()
+        serving = ServingRun(client, target, p, PlanLoad(plan), PlanLoad(tp_plan), ctx, workload.seed,
+                             expected_tokens=p.force_length and p.return_token_ids)
+        samples, extra, facts = serving.run()
         facts.workload = None if workload.from_prompt_file else plan.record()
         extra.owns_device = False
         quality = QualityRecord(perplexity_meaningful=False, perplexity_note=NO_QUALITY, agreement_note=NO_QUALITY,
                                 engine="openai-endpoint")
-        return StageRun(samples=samples, extra=extra.model_dump(mode="json", exclude_none=True), quality=quality, facts=facts)
+        return StageRun(samples=samples, requests=serving.requests, extra=extra.model_dump(mode="json", exclude_none=True),
+                        quality=quality, facts=facts)
 
     @classmethod
     def report_blocks(cls, result, run) -> list[Block]:

@@ -145,13 +145,15 @@ class VLLMServeStage(Stage):
                           watch_cache=True)
         target = {"kind": "vllm serve (started by llmopt)", "url": self.server.base_url, "model": self.server.served_model_name,
                   "command": self.server.reproduce(), "entry": " ".join(self.server.entry)}
-        samples, extra, facts = ServingRun(client, target, p, load, tp_load, ctx, workload.seed).run()
+        serving = ServingRun(client, target, p, load, tp_load, ctx, workload.seed)
+        samples, extra, facts = serving.run()
         facts.workload = None if workload.from_prompt_file else load.record
         quality = self.quality(ctx) if p.quality else None
         facts.devices = worker_ranks(self.engine_params)
         facts.serve_command = self.server.reproduce()
         extra.server = self.stop()
-        return StageRun(samples=samples, extra=extra.model_dump(mode="json", exclude_none=True), quality=quality, facts=facts)
+        return StageRun(samples=samples, requests=serving.requests, extra=extra.model_dump(mode="json", exclude_none=True),
+                        quality=quality, facts=facts)
 
     def quality(self, ctx: StageContext) -> QualityRecord:
         from llmopt_bench.core.errors import describe
@@ -258,6 +260,10 @@ class PrefixCachingStage(VLLMServeStage):
         extra = ServingExtra(**on.extra)
         extra.prefix_caching = PrefixCachingRecord(workload=shaped.spec, arms=[arm(off, False), arm(on, True)])
         on.extra = extra.model_dump(mode="json", exclude_none=True)
+        for side, name in ((off, "off"), (on, "on")):  # requests.jsonl keeps both arms' points, each named by its arm
+            for sample in side.requests:
+                sample.point = f"prefix caching {name}: {sample.point}"
+        on.requests = off.requests + on.requests
         return on
 
     @classmethod

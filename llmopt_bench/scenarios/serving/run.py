@@ -88,6 +88,7 @@ class ServingRun:
         self.slo: SLO = params.slo
         self.rows: list[LoadRow] = []
         self.samples: dict[str, list[RequestSample]] = {}
+        self.requests: list[RequestSample] = []  # every point's, each with its point: requests.jsonl keeps them (StageRun.requests)
         self.slo_points: list[SLOPoint] = []
         self.tally = ClientTally()
         self.examples: list[str] = []
@@ -144,6 +145,9 @@ class ServingRun:
     def _keep(self, phase: Phase, key: str, res: PointResult, v: Verdict, row: LoadRow) -> None:
         self.rows.append(row)
         self.samples[key] = res.samples
+        for sample in res.samples:
+            sample.point = key
+        self.requests += res.samples
         if row.client_untimed:
             self.untimed.add(key)
         count_tally(self.tally, getattr(self.engine, "tally", None))
