@@ -56,8 +56,11 @@ def latency_waterfall(run: RunResult, path: Path) -> Path | None:
 
 
 def throughput(run: RunResult, path: Path) -> Path | None:
-    figures = [(s.name, f) for s in comparable_stages(run) if (f := stage_figure(s, "output_tok_s")).value]
-    measured = [(name, f.value, f.interval or (f.value, f.value)) for name, f in figures]
+    measured: list[tuple[str, float, tuple[float, float]]] = []
+    for s in comparable_stages(run):  # each bar the stage's figure, its whisker the figure's 95% interval
+        f = stage_figure(s, "output_tok_s")
+        if f.value:
+            measured.append((s.name, f.value, f.interval or (f.value, f.value)))
     if not measured:
         return None
     plt = _plt()

@@ -31,14 +31,19 @@ def write_csv(run: RunResult, out_dir: Path) -> Path:
 JSON_UNITS = {
     "stages": "each column's unit is in its name (ttft_p50_ms, e2e_p50_s, peak_mem_gb, output_tok_s; qps: req/s); "
               "requests: count; token_match_rate: fraction; kl_mean: nats; perplexity: ratio",
-    "figures": "each figure's `unit` beside its value and interval",
+    "figures": "each figure's `unit` beside its value and interval; n_repeats: count; set_aside: 0-based repeat indices",
     "speedups": "x: how many times better than the other stage (a ratio)",
     "claims.value": "the claim's measure: an x speedup or a ratio (its `target` says which)",
     "roofline.achieved": "fraction of the measured memory ceiling", "roofline.compute_fraction": "fraction of the compute ceiling",
     "roofline.intensity": "FLOP/byte", "roofline.ridge": "FLOP/byte", "roofline.batch": "count",
-    "roofline.context_tokens": "count", "env.ceilings.matmul_flops": "FLOP/s (TOP/s for int8)",
-    "env.ceilings.matmul_flops_by_dtype": "FLOP/s (OP/s for int8)", "workload.stop_within": "%",
-    "model, workload, env (other numbers)": "counts",
+    "roofline.context_tokens": "count", "roofline.flops_per_step": "FLOP", "roofline.bytes_per_step": "bytes",
+    "env.ceilings.matmul_flops": "FLOP/s (OP/s for int8)", "env.ceilings.matmul_flops_by_dtype": "FLOP/s (OP/s for int8)",
+    "env.cpu_count": "count", "env.torch_threads": "count", "env.gpus.multiprocessors": "count",
+    "env.cudnn": "version number", "workload.stop_within": "%", "workload.seed": "number",
+    **{f"workload.{k}": "count" for k in ("batch_size", "input_len", "max_new_tokens", "max_prompt_len", "num_prompts",
+                                          "repeats", "max_repeats", "warmup")},
+    **{f"model.{k}": "count" for k in ("head_dim", "hidden_size", "intermediate_size", "max_position_embeddings",
+                                       "num_heads", "num_kv_heads", "num_layers", "num_params", "vocab_size")},
 }
 
 
