@@ -207,7 +207,7 @@ def read_recommend(run: RunResult, r: Readings) -> None:
     except Exception:  # noqa: BLE001 - a run recommend cannot answer quotes no figure
         return
     for c in data.get("candidates") or []:
-        s = run.stage(c["name"])
+        s = run.stage(c.get("name") or "")
         if s is None:
             continue
         if c.get("batch1_tpot_s") and not s.facts.batch1_tpot_s:
