@@ -5,7 +5,8 @@ report.json, and whether compare judges it and gates on it.
 
 judge and compare (analysis/), the history (run/history.py), the renderers (render/) and the
 exports read it; tests/unit/test_metric_registry.py checks that every metric name they print is
-here and that no figure has two entries. Pure data over core.results; nothing above is imported."""
+here and that no figure has two entries. Pure data over core.results; nothing above is imported.
+A figure's one statistic over repeats, what every output shows, is analysis/figures.py's."""
 
 from __future__ import annotations
 
@@ -103,6 +104,10 @@ REGISTRY: dict[str, Metric] = {m.key: m for m in (
            csv="token_match_rate"),
     Metric("kl_mean", "KL mean", "", 1.0, "quality.kl_mean", csv="kl_mean"),
     Metric("perplexity", "perplexity", "", 1.0, "quality.perplexity", csv="perplexity"),
+    Metric("j_per_token", "energy per output token", "J/token", 1.0, "energy.joules_per_output_token",
+           aliases=("energy", "joules_per_output_token")),
+    Metric("capacity_rps", "capacity under the SLO", "req/s", 1.0, "facts.slo_capacity_rps", higher_is_better=True,
+           aliases=("capacity", "slo_capacity_rps")),
 )}
 
 # every name a user may type for a figure -> its key (a name of two figures is a bug the test catches)
@@ -118,8 +123,3 @@ def lookup(name: str) -> Metric | None:
 def judged() -> dict[str, Metric]:
     """The metrics compare judges, in the order its table shows them (the registry's)."""
     return {k: m for k, m in REGISTRY.items() if m.judged}
-
-
-def csv_cells(stage: StageResult) -> dict[str, float | None]:
-    """A stage's registered figures under their CSV columns, in the shown unit."""
-    return {m.csv: m.shown(m.value(stage)) for m in REGISTRY.values() if m.csv}

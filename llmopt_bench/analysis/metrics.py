@@ -2,7 +2,8 @@
 
 TTFT = first token - submit; E2E = last token - submit; TPOT = (E2E - TTFT) / (n - 1);
 ITL = every gap between consecutive tokens; output tok/s and QPS over each repeat's window
-(first submit to last token), reported as the mean over repeats with their spread."""
+(first submit to last token), each repeat's kept. run.json keeps these statistics of the pooled
+requests; the figure every output shows, one statistic over the repeats, is analysis/figures.py's."""
 
 from __future__ import annotations
 

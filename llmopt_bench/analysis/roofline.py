@@ -294,10 +294,12 @@ def step_times(stage: Any) -> tuple[float | None, float | None]:
     batch 1 would call a step shared by dozens of requests one request's step (22.6 ms
     "overhead-bound" where batch 1 took 4.8 ms, H200 prefix-caching run of 2026-12-05). The rows'
     batch is still stage_batch's, the workload's batch size, which the serving stages leave at 1."""
-    f, m = stage.facts, stage.metrics
+    from llmopt_bench.analysis.figures import stage_figure
+
+    f = stage.facts
     if f.decode_batch is None and f.batch1_tpot_s:
         return f.batch1_tpot_s, f.batch1_ttft_s
-    return (m.tpot_s.p50 if m.tpot_s else None), (m.ttft_s.p50 if m.ttft_s else None)
+    return stage_figure(stage, "tpot_p50").recorded, stage_figure(stage, "ttft_p50").recorded  # the tables' figures
 
 
 def busy_note(stage: Any, run: Any) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmopt_bench.analysis.figures import stage_figure
 from llmopt_bench.core.results import RunResult, StageResult
 
 
@@ -55,7 +56,7 @@ def batch1_tpot(s: StageResult, batch_size: int) -> float | None:
         return s.facts.batch1_tpot_s
     if s.own_workload or s.facts.saturated_how or batch_size != 1 or not s.metrics or not s.metrics.tpot_s:
         return None
-    return s.metrics.tpot_s.p50
+    return stage_figure(s, "tpot_p50").recorded  # the figure the tables show (analysis/figures.py)
 
 
 NOT_SATURATED = "the fixed workload (not saturated)"
@@ -66,8 +67,8 @@ def saturated(s: StageResult) -> tuple[float | None, str]:
     load curve's top), else its own output tok/s (the fixed workload, not saturated, said so)."""
     if s.facts.saturated_tok_s:
         return s.facts.saturated_tok_s, s.facts.saturated_how or ""
-    if s.metrics and s.metrics.output_tok_s:
-        return s.metrics.output_tok_s, NOT_SATURATED
+    if s.metrics and (tok_s := stage_figure(s, "output_tok_s").value):
+        return tok_s, NOT_SATURATED
     return None, ""
 
 

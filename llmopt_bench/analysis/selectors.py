@@ -1,11 +1,10 @@
 """Which results a table or a comparison takes, and the figures read off them: plain functions
-of a RunResult that know no stage by name (the quality reference is a flag on its result)."""
+of a RunResult that know no stage by name (the quality reference is a flag on its result). Every
+figure is analysis/figures.py's, so a table, a speedup and a sentence show one number for one thing."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from llmopt_bench.analysis.metric_registry import csv_cells
+from llmopt_bench.analysis.figures import csv_cells, stage_figure
 from llmopt_bench.analysis.speedup_interval import speedup_interval
 from llmopt_bench.core.records import StrictModel
 from llmopt_bench.core.results import RunResult, StageResult, peak_memory
@@ -39,13 +38,12 @@ def of_stage(run: RunResult, stage: str) -> StageResult | None:
     return s if s and s.status == "ok" and s.stage_name == stage else None
 
 
-def p(dist: Any, attr: str, scale: float = 1.0) -> float | None:
-    return getattr(dist, attr) * scale if dist is not None else None
-
-
 def p50_of(stage: StageResult | None, attr: str) -> float | None:
-    d = getattr(stage.metrics, attr, None) if stage and stage.status == "ok" and stage.metrics else None
-    return d.p50 if d else None
+    """A latency's p50 figure (attr: "ttft_s", "tpot_s", "e2e_s") in seconds, None where the
+    stage is not ok or did not measure it: analysis/figures.py's statistic over repeats."""
+    if stage is None or stage.status != "ok" or not stage.metrics:
+        return None
+    return stage_figure(stage, f"{attr[:-2]}_p50").recorded
 
 
 def ratio(num: float | None, den: float | None) -> float | None:
@@ -98,15 +96,19 @@ def stage_table_rows(run: RunResult) -> list[StageRow]:
     return [stage_row(s) for s in run.stages]
 
 
+SPEEDUP_FIGURES = {"tpot": "tpot_p50", "ttft": "ttft_p50", "e2e": "e2e_p50", "output_tok_s": "output_tok_s"}
+
+
 def speedup(stage: StageResult, ref: StageResult) -> dict[str, float | None]:
-    """How many times better `stage` is than `ref`: latencies ref/stage, throughput stage/ref."""
-    a, b = stage.metrics, ref.metrics
-    if a is None or b is None:  # a stage without metrics is no comparable stage
-        return dict.fromkeys(("tpot", "ttft", "e2e", "output_tok_s"))
-    return {"tpot": ratio(p(b.tpot_s, "p50"), p(a.tpot_s, "p50")),
-            "ttft": ratio(p(b.ttft_s, "p50"), p(a.ttft_s, "p50")),
-            "e2e": ratio(p(b.e2e_s, "p50"), p(a.e2e_s, "p50")),
-            "output_tok_s": ratio(a.output_tok_s, b.output_tok_s)}
+    """How many times better `stage` is than `ref`, figure by figure (analysis/figures.py):
+    latencies ref/stage, throughput stage/ref."""
+    if stage.metrics is None or ref.metrics is None:  # a stage without metrics is no comparable stage
+        return dict.fromkeys(SPEEDUP_FIGURES)
+    out: dict[str, float | None] = {}
+    for what, key in SPEEDUP_FIGURES.items():
+        a, b = stage_figure(stage, key).value, stage_figure(ref, key).value
+        out[what] = ratio(a, b) if what == "output_tok_s" else ratio(b, a)
+    return out
 
 
 class SpeedupRow(StrictModel):

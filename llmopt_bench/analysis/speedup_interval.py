@@ -1,6 +1,6 @@
 """Speedups against the baseline with their uncertainty (issue 25): the ratio of two stages'
-figures with the interval of the regression gate (analysis/gate/noise.py: each stage's repeats drawn,
-a t quantile on Welch's degrees of freedom), so that "4.81x" reads with the spread two runs of
+figures (analysis/figures.py) with the interval of the regression gate (analysis/gate/noise.py: each
+stage's repeats, a t quantile on Welch's degrees of freedom), so that "4.81x" reads with the spread two runs of
 the same stacks would show. Where the baseline is host-bound the ratio also depends on this
 host's CPU: `host_caveat` says so, with the host-speed index the baseline's repeats recorded.
 
@@ -29,14 +29,16 @@ class Speedup:
 
 
 def speedup_interval(stage: StageResult, ref: StageResult, what: str = "tpot", confidence: float = 0.95) -> Speedup | None:
-    """How many times better `stage` is than `ref` on `what` (tpot, e2e, output_tok_s), with its interval."""
-    from llmopt_bench.analysis.gate.compare import metric_value, noise_groups
+    """How many times better `stage` is than `ref` on `what` (tpot, e2e, output_tok_s), with its
+    interval: the ratio of the two figures (analysis/figures.py, the repeats the host disturbed
+    set aside), judged as compare judges it."""
+    from llmopt_bench.analysis.figures import quiet, repeat_groups
     from llmopt_bench.analysis.gate.judge import METRICS, judge
 
     key = KEYS[what]
-    (r_groups, statistic), (s_groups, _) = noise_groups(ref, key), noise_groups(stage, key)
-    d = judge(key, metric_value(ref, key), metric_value(stage, key), r_groups, s_groups, statistic, 0.05,
-              resamples=RESAMPLES, confidence=confidence)
+    (ref, _), (stage, _) = quiet(ref), quiet(stage)
+    (r_groups, statistic), (s_groups, _) = repeat_groups(ref, key), repeat_groups(stage, key)
+    d = judge(key, None, None, r_groups, s_groups, statistic, 0.05, resamples=RESAMPLES, confidence=confidence)
     if d.ratio is None or d.ci is None or d.ratio <= 0:
         return None
     repeats = len(r_groups) > 1 and len(s_groups) > 1

@@ -104,7 +104,7 @@ def compare_cmd(
     from llmopt_bench.analysis.gate.compare import compare_runs, parse_allowed, parse_gate, parse_thresholds, parse_watch
     from llmopt_bench.analysis.gate.completeness import check_allowed
     from llmopt_bench.core.results import load_run
-    from llmopt_bench.render.compare_text import print_terminal, to_markdown
+    from llmopt_bench.render.compare_text import comparison_json, print_terminal, to_markdown
     from llmopt_bench.run.history import default_db, fingerprint_runs
 
     if fmt not in ("table", "md", "json"):
@@ -121,7 +121,7 @@ def compare_cmd(
                        seed=seed, history=history, allowed=allowed, host_rule=host_rule, gate=gated,
                        pass_inconclusive=pass_inconclusive, drift=declared, watch=parse_watch(watch))
     tune = tune_lines(baseline, new)  # two llmopt tune runs: their held capacities beside each other
-    text = json.dumps(cmp.to_dict(), indent=1) + "\n" if fmt == "json" else to_markdown(cmp) + "\n".join(tune)
+    text = json.dumps(comparison_json(cmp), indent=1) + "\n" if fmt == "json" else to_markdown(cmp) + "\n".join(tune)
     if fmt == "table":
         print_terminal(cmp, tune)
     else:

@@ -68,12 +68,20 @@ def show_cmd(
         chart = output_file(chart, "--chart", "trend.png")
     points = trend(_db(db), metric, stage, parse_thresholds(max_regression))
     if as_json:
-        typer.echo(dump(points))
+        typer.echo(dump(points, metric))
     else:
         print_trend(points, metric_name(metric))
     if chart is not None:
         with writing(chart, "--chart", "trend.png"):
             print(f"chart: {draw(points, metric, chart)}", file=sys.stderr)
+
+
+def shift_levels(s) -> dict:
+    """A shift's levels before and after in the unit beside them (the registry's), for --json."""
+    from llmopt_bench.analysis.metric_registry import REGISTRY
+
+    m = REGISTRY.get(s.metric)
+    return {"before": m.shown(s.before), "after": m.shown(s.after), "unit": m.unit} if m else {"unit": None}
 
 
 @history_app.command("check")
@@ -103,7 +111,7 @@ def check_cmd(
     shifts, series = check(_db(db), metric or DEFAULT_CHECKED, stage, parse_thresholds(max_regression), since=since,
                            window=window, significance=significance, permutations=permutations, min_size=min_runs)
     if as_json:
-        typer.echo(json.dumps({"shifts": [{**asdict(s), "fails": s.fails} for s in shifts],
+        typer.echo(json.dumps({"shifts": [{**asdict(s), **shift_levels(s), "fails": s.fails} for s in shifts],
                                "series": [{"stage": a, "metric": b, "runs": n} for a, b, n in series]}, indent=1))
     else:
         print_shifts(shifts, series, min_runs)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from llmopt_bench.analysis.figures import stage_figure
 from llmopt_bench.analysis.roofline import roofline
 from llmopt_bench.analysis.selectors import GB, comparable_stages, peak_memory
 from llmopt_bench.core.fmt import pct
@@ -21,7 +22,7 @@ from llmopt_bench.render.hooks import stage_charts
 
 
 def _tpot_ms(s: StageResult) -> float | None:
-    return s.metrics.tpot_s.p50 * 1e3 if s.metrics and s.metrics.tpot_s else None
+    return stage_figure(s, "tpot_p50").value
 
 
 def latency_waterfall(run: RunResult, path: Path) -> Path | None:
@@ -55,20 +56,24 @@ def latency_waterfall(run: RunResult, path: Path) -> Path | None:
 
 
 def throughput(run: RunResult, path: Path) -> Path | None:
-    measured = [(s.name, v, m.output_tok_s_repeats or [v]) for s in comparable_stages(run) if (m := s.metrics) and (v := m.output_tok_s)]
+    measured: list[tuple[str, float, tuple[float, float]]] = []
+    for s in comparable_stages(run):  # each bar the stage's figure, its whisker the figure's 95% interval
+        f = stage_figure(s, "output_tok_s")
+        if f.value:
+            measured.append((s.name, f.value, f.interval or (f.value, f.value)))
     if not measured:
         return None
     plt = _plt()
     vals = [v for _, v, _ in measured]
-    lo = [v - min(reps) for _, v, reps in measured]
-    hi = [max(reps) - v for _, v, reps in measured]
+    lo = [v - iv[0] for _, v, iv in measured]
+    hi = [iv[1] - v for _, v, iv in measured]
     stages = [name for name, _, _ in measured]
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(stages)), 4.5))
     ax.bar(range(len(vals)), vals, yerr=[lo, hi], capsize=4, color=BEST)
     for i, v in enumerate(vals):
         ax.annotate(f"{v:.3g}", (i, v), ha="center", va="bottom", fontsize=8, xytext=(8, 2), textcoords="offset points")
     _xlabels(ax, stages)
-    ax.set_ylabel("output tokens / s (mean of repeats; bars: min-max)")
+    ax.set_ylabel("output tokens / s (geometric mean of repeats; bars: its 95% interval)")
     ax.set_title("Output throughput per stage")
     return _save(fig, path)
 

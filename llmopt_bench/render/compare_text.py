@@ -25,6 +25,36 @@ def figure_text(key: str, recorded: float | None) -> str:
     return quantity(m.shown(recorded), m.unit)
 
 
+# compare's JSON: what its numbers without a unit in their key or beside them measure
+JSON_UNITS = {
+    "stages.metrics.baseline": "the metric's `unit` beside it", "stages.metrics.new": "the metric's `unit` beside it",
+    "stages.metrics.ratio": "new / baseline", "stages.metrics.ci": "new / baseline, 95% (or --confidence) interval",
+    "stages.metrics.change": "fraction: ratio - 1", "stages.metrics.threshold": "fraction (0.05 = 5%)",
+    "stages.metrics.mde": "fraction: the smallest change caught 80% of the time",
+    "stages.metrics.settle_repeats": "count of repeats a side",
+    "stages.metrics.normalised_ratio": "new / baseline, as on the baseline's host",
+    "stages.metrics.normalised_ci": "new / baseline, as on the baseline's host",
+    "stages.host.ratio": "new / baseline host-speed index", "stages.host.ci": "new / baseline host-speed index",
+    "stages.host.baseline_repeats": "count", "stages.host.new_repeats": "count",
+    "stages.host_moved.baseline": "the signal's `unit` beside it", "stages.host_moved.new": "the signal's `unit` beside it",
+    "stages.set_aside": "0-based repeat indices", "thresholds": "fraction (0.05 = 5%)", "confidence": "fraction",
+    "resamples": "count", "seed": "count", "history_runs": "count",
+}
+
+
+def comparison_json(cmp: Comparison) -> dict:
+    """compare's JSON (`--format json`): Comparison.to_dict with each metric's baseline and new
+    in the unit beside them (the registry's: ms, s, tok/s, GB; the figures of analysis/figures.py),
+    and `units`: what every number without a unit in its key or beside it measures."""
+    d = cmp.to_dict()
+    for sd in d["stages"]:
+        for md in sd["metrics"]:
+            m = REGISTRY[md["metric"]]
+            md["baseline"], md["new"] = m.shown(md["baseline"]), m.shown(md["new"])
+    d["units"] = JSON_UNITS
+    return d
+
+
 def short_noise(d: MetricDelta) -> str:
     """'baseline: 3 repeats; new: 3 repeats' -> '3 repeats / 3 repeats'."""
     return " / ".join(part.split(": ", 1)[-1] for part in d.noise.split("; ")) if d.noise else "-"

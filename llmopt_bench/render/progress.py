@@ -25,9 +25,12 @@ def _took(result: StageResult) -> str:
 
 
 def _fmt(result: StageResult) -> str:
+    from llmopt_bench.analysis.figures import stage_figure
+
     m = result.metrics if result.status == "ok" else None
-    if m and m.tpot_s:
-        return f"ok: TPOT p50 {m.tpot_s.p50 * 1000:.2f} ms, {m.output_tok_s or 0:.1f} tok/s{_took(result)}"
+    if m and m.tpot_s:  # the figures the end-of-run table and the report show (analysis/figures.py)
+        tpot, tok_s = stage_figure(result, "tpot_p50").value, stage_figure(result, "output_tok_s").value
+        return f"ok: TPOT p50 {tpot or 0:.2f} ms, {tok_s or 0:.1f} tok/s{_took(result)}"
     return f"{result.status}: {result.reason or ''}" + (f" (fix: {result.fix})" if result.fix else "")
 
 

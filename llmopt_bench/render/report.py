@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from llmopt_bench.analysis.figures import FIGURE_DEFINITION, stage_figure
 from llmopt_bench.analysis.metric_registry import REGISTRY
 from llmopt_bench.analysis.narrative.conclusions import conclusions
 from llmopt_bench.analysis.narrative.roofline_text import TABLE_HEADERS, ceilings_line, table_cells
@@ -69,22 +70,33 @@ def stage_table(run: RunResult) -> list[str]:
     figures = ("requests", "load_s", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "output_tok_s", "qps",
                "peak_memory")
     headers = ("stage", "status", *(REGISTRY[k].header for k in figures), "quality")
-    rows = []
+    rows, few = [], False
     for r, s in zip(stage_table_rows(run), run.stages):
-        n = r.requests
-        rows.append((r.stage, r.status, n, r.load_s, r.ttft_p50_ms, tail(r.ttft_p99_ms, n, 0.99),
-                     r.tpot_p50_ms, tail(r.tpot_p99_ms, n, 0.99), r.e2e_p50_s, r.output_tok_s, r.qps,
+        ttft99, tpot99 = (tail(value, tail_requests(s, key, r.requests), 0.99)
+                          for key, value in (("ttft_p99", r.ttft_p99_ms), ("tpot_p99", r.tpot_p99_ms)))
+        few = few or isinstance(ttft99, str) or isinstance(tpot99, str)  # a marked tail
+        rows.append((r.stage, r.status, r.requests, r.load_s, r.ttft_p50_ms, ttft99,
+                     r.tpot_p50_ms, tpot99, r.e2e_p50_s, r.output_tok_s, r.qps,
                      r.peak_mem_gb, quality_cell(s.quality, s.quality_reference)))
     sources = sorted({src for s in run.stages if (src := peak_memory(s)[1])})
     out = table(headers, rows) + ["", f"Peak memory source: {', '.join(sources) or 'none recorded'}."]
-    if any(r.requests and r.requests * 0.01 < 1 for r in stage_table_rows(run)):
-        out.append("n: the requests measured. A p99 marked (~max) rests on fewer than 100 requests: it is "
+    out.append(f"Each figure is {FIGURE_DEFINITION} (Metric definitions, below).")
+    if few:
+        out.append("n: the requests measured. A p99 marked (~max) rests on fewer than 100 requests a repeat: it is "
                    "interpolated from the largest one or two values, not a tail estimate.")
     own = [s.name for s in run.stages if s.own_workload]
     if own:
         out.append(f"{', '.join(own)} measure their own workload (a sweep; see their details), not the fixed prompt "
                    "set: their rows do not compare with the others' and stay out of the speedups.")
     return out
+
+
+def tail_requests(s, key: str, requests: int | None) -> int | None:
+    """The requests a p99 figure rests on: the fewest of a repeat's (analysis/figures.py takes
+    each repeat's p99), else the run's."""
+    if s.status != "ok" or not s.metrics:
+        return requests
+    return stage_figure(s, key).per_repeat_requests or requests
 
 
 def speedups(run: RunResult) -> list[str]:
@@ -184,17 +196,20 @@ def tensor_parallel(run: RunResult) -> list[str]:
 
 DEFINITIONS = """\
 - **TTFT** (time to first token) = first token - submit: queueing plus prefill.
-- **TPOT** (time per output token) = (E2E - TTFT) / (n - 1) per request, n = output tokens produced; p50/p99 over requests.
+- **TPOT** (time per output token) = (E2E - TTFT) / (n - 1) per request, n = output tokens produced; p50/p99 over a repeat's requests.
 - **ITL** (inter-token latency) = every gap between consecutive tokens of a request (TPOT averages them).
 - **E2E** = last token - submit, per request.
 - **output tok/s** and **QPS**: output tokens (requests) of one repeat divided by that repeat's window, first submit
-  to last token; the mean over repeats is shown. Output length is forced, so every stage does the same work.
+  to last token. Output length is forced, so every stage does the same work.
+- **a stage's figure** (every table, speedup, claim and conclusion here; stages.csv, report.json, `llmopt compare`,
+  `llmopt history` and `llmopt recommend` alike): {definition}.
 - **load s**: a fresh process to a ready model (import, weights, quantization, engine start-up, graphs).
 - **peak memory**: NVML per-process peak of the stage's whole session when a GPU is visible (vLLM engine processes
   included), else the device peak minus its baseline, else torch's reserved peak, else the host RSS peak (CPU).
 - **weights**: the stage's weights at their stored size as load() measured them (quantized sizes for INT8/INT4).
 - **energy**: the device's NVML energy counter over the timed run (warm-up excluded), whole device; absent on CPU.
-- **speedup**: baseline / stage for latencies, stage / baseline for throughput; "previous" is the previous ok stage.
+- **speedup**: the ratio of two stages' figures, baseline / stage for latencies, stage / baseline for throughput;
+  "previous" is the previous ok stage.
 - **claims**: an "N x" claim holds when this run reaches 80% of N; INT8 memory holds at a weights ratio <= 0.55.
 """
 
@@ -218,7 +233,7 @@ def render_markdown(run: RunResult, charts: dict[str, Path], stage_charts: dict[
         "What to deploy": deploy_section(run),
         "Roofline": roofline_section(run) + img("roofline", "roofline"),
         "Stage details": details(run, stage_charts or {}) + img("quality_speed", "quality vs speed"),
-        "Metric definitions": DEFINITIONS.splitlines(),
+        "Metric definitions": DEFINITIONS.format(definition=FIGURE_DEFINITION).splitlines(),
     }
     lines = [f"# llmopt report: {run.run_id}", "",
              f"{m.source if m else '?'} on {run.env.machine or '?'}; "

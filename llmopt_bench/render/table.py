@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmopt_bench.analysis.metric_registry import REGISTRY
+from llmopt_bench.analysis.figures import stage_figure
 from llmopt_bench.core.fmt import change
 from llmopt_bench.core.results import RunResult, StageResult
 
@@ -23,9 +23,8 @@ class Column:
 
 
 def figure(key: str, digits: int) -> Callable[[StageResult], str]:
-    """A registered metric's cell: its value in the unit the header names (analysis/metric_registry.py)."""
-    m = REGISTRY[key]
-    return lambda s: f"{m.shown(v):.{digits}f}" if (v := m.value(s)) else "-"
+    """A registered metric's cell: its figure (analysis/figures.py) in the unit the header names."""
+    return lambda s: f"{v:.{digits}f}" if (v := stage_figure(s, key).value) else "-"
 
 
 COLUMNS = (

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmopt_bench.analysis import hostbound
+from llmopt_bench.analysis.figures import quiet, stage_figure
 from llmopt_bench.analysis.gate import changepoint, compare
 from llmopt_bench.analysis.metric_registry import REGISTRY, lookup
 from llmopt_bench.core.errors import UsageError
@@ -67,9 +68,9 @@ def not_a_history(db: Path, e: BaseException) -> UsageError:
 
 
 def stage_values(stage: StageResult) -> dict[str, float]:
-    """Every scalar a trend can show: each registered metric (analysis/metric_registry.py) the
-    stage recorded, under its key, in run.json's unit."""
-    out = {k: m.value(stage) for k, m in REGISTRY.items()}
+    """Every scalar a trend can show: each registered metric's figure (analysis/figures.py, the
+    one every output shows) the stage recorded, under its key, in run.json's unit."""
+    out = {k: stage_figure(stage, m).recorded for k, m in REGISTRY.items()}
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -179,8 +180,29 @@ def metric_rows(db: Path, metric: str, stage: str | None = None) -> list[Row]:
     for name, run_id, created, _, _, _, text, *_ in rows:
         stages = {s["name"]: s for s in json.loads(text)["stages"]}  # plain JSON: the params only
         params[(name, run_id, created)] = json.dumps(stages[name].get("params", {}), sort_keys=True)
-    return [Row(name, run_id, created, commit, status, value, text, (device, model, workload, params[(name, run_id, created)]))
+    figure = figure_reader(key)
+    return [Row(name, run_id, created, commit, status, figure(text, name, value), text,
+                (device, model, workload, params[(name, run_id, created)]))
             for name, run_id, created, commit, status, value, text, device, model, workload in rows]
+
+
+def figure_reader(key: str):
+    """(run_json, stage, stored value) -> the stage's figure of `key` read from its stored run
+    (analysis/figures.py), so that a history written by an older llmopt, which stored another
+    statistic, shows and judges the figure every other output shows; a name the registry does
+    not know keeps its stored value. Each run is parsed once."""
+    if key not in REGISTRY:
+        return lambda text, stage, stored: stored
+    parsed: dict[str, RunResult] = {}
+
+    def read(text: str, stage: str, stored: float | None) -> float | None:
+        if stored is None:  # no figure stored: the stage did not record it
+            return None
+        if text not in parsed:
+            parsed[text] = parse_run(json.loads(text), "the history database")
+        found = parsed[text].stage(stage)
+        return stage_figure(found, key).recorded if found is not None else stored
+    return read
 
 
 @dataclass
@@ -221,8 +243,10 @@ def trend(db: Path, metric: str = "tpot_p50", stage: str | None = None, threshol
         elif key in compare.METRICS:
             past = [v for r in earlier if r.fingerprint == row.fingerprint and (v := r.value) is not None][-NOISE_RUNS:]
             bound = hostbound.host_bound(stage_of(row), parsed[row.run_json]).host_bound  # 10% where host-bound, as compare
-            d = compare.compare_metric(key, stage_of(last), stage_of(row), compare.threshold_for(key, thresholds, bound), resamples,
-                                       seed=seed, history=past)
+            # each side's repeats the host disturbed set aside, as compare sets them aside: the
+            # change judged is the change between the two figures the rows show
+            d = compare.compare_metric(key, quiet(stage_of(last))[0], quiet(stage_of(row))[0],
+                                       compare.threshold_for(key, thresholds, bound), resamples, seed=seed, history=past)
             p.change, p.ci, p.verdict, p.method = d.change, d.ci, d.verdict, d.method
         elif row.value is not None and last.value:  # an ok row has its value; a ratio needs a previous one above 0
             ratio = row.value / last.value
@@ -350,5 +374,8 @@ def chart(points: list[TrendPoint], metric: str, path: Path) -> Path:
     return path
 
 
-def dump(points: list[TrendPoint]) -> str:
-    return json.dumps([p.__dict__ for p in points], indent=1)
+def dump(points: list[TrendPoint], metric: str) -> str:
+    """`history show --json`: each point with its value in the unit beside it (the registry's)."""
+    m = REGISTRY.get(metric_name(metric))
+    return json.dumps([{**p.__dict__, "value": m.shown(p.value) if m else p.value, "unit": m.unit if m else None}
+                       for p in points], indent=1)

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from testkit import read_run, run_cli
 
+from llmopt_bench.analysis.figures import stage_figure
 from llmopt_bench.analysis.narrative.conclusions import conclusions as _conclusions
 from llmopt_bench.core.distribution import Distribution
 from llmopt_bench.core.models import ModelInfo
 from llmopt_bench.core.records import LoadInfo, QualityRecord, StageFacts
-from llmopt_bench.core.results import RunResult, Samples, StageMetrics, StageResult
+from llmopt_bench.core.results import RunResult, Samples, StageMetrics, StageResult, load_run
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.render.hooks import collect_claims
 from llmopt_bench.render.report import SECTIONS, write_outputs
@@ -73,16 +74,12 @@ def test_report_command_writes_every_section_with_the_run_numbers(real_run, tmp_
     for title in SECTIONS:
         assert f"\n## {title}\n" in text
     run = read_run(real_run)
-    m = run["stages"][0]["metrics"]
+    stage = load_run(real_run).stages[0]
     row = md_row(text, "hf-fp16")
     assert row["status"] == "ok"
-    assert close(row["TTFT p50 ms"], m["ttft_s"]["p50"] * 1e3)
-    assert close(row["TTFT p99 ms"], m["ttft_s"]["p99"] * 1e3)
-    assert close(row["TPOT p50 ms"], m["tpot_s"]["p50"] * 1e3)
-    assert close(row["TPOT p99 ms"], m["tpot_s"]["p99"] * 1e3)
-    assert close(row["E2E p50 s"], m["e2e_s"]["p50"])
-    assert close(row["out tok/s"], m["output_tok_s"])
-    assert close(row["QPS"], m["qps"])
+    for head, key in (("TTFT p50 ms", "ttft_p50"), ("TTFT p99 ms", "ttft_p99"), ("TPOT p50 ms", "tpot_p50"),
+                      ("TPOT p99 ms", "tpot_p99"), ("E2E p50 s", "e2e_p50"), ("out tok/s", "output_tok_s"), ("QPS", "qps")):
+        assert close(row[head], stage_figure(stage, key).value), head  # the run's figures (analysis/figures.py)
     assert close(row["load s"], run["stages"][0]["load_s"])
     assert "Decode in hf-fp16 is " in text  # a roofline conclusion from the numbers
     assert re.search(r"\| hf-fp16 \| decode \| 1 \|", text)
@@ -103,7 +100,7 @@ def test_csv_and_json_exports_parse_and_match(real_run, tmp_path):
     res = run_cli("report", str(real_run), "--format", "csv", "--format", "json", "-o", str(tmp_path))
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == [str(tmp_path / "stages.csv"), str(tmp_path / "report.json")]
-    tpot = read_run(real_run)["stages"][0]["metrics"]["tpot_s"]["p50"] * 1e3
+    tpot = stage_figure(load_run(real_run).stages[0], "tpot_p50").value
     rows = list(csv.DictReader((tmp_path / "stages.csv").open()))
     assert rows[0]["stage"] == "hf-fp16" and float(rows[0]["tpot_p50_ms"]) == pytest.approx(tpot)
     data = json.loads((tmp_path / "report.json").read_text())

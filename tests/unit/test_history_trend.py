@@ -19,7 +19,8 @@ def test_a_relative_change_from_a_previous_zero_is_reported_as_none_not_divided(
     raw = json.loads(RUN.read_text())
     for i, qps in enumerate((0.0, 0.5)):
         run = {**raw, "run_id": f"r{i}", "created_at": f"2026-12-0{i + 1}T10:00:00+00:00"}
-        run["stages"] = [{**s, "metrics": {**s["metrics"], "qps": qps}} for s in raw["stages"]]
+        run["stages"] = [{**s, "metrics": {**s["metrics"], "qps": qps, "qps_repeats": [qps] * len(s["metrics"]["qps_repeats"])}}
+                         for s in raw["stages"]]
         add_run(db, parse_run(run, "the test's run"))
     points = trend(db, "qps", "hf-fp16")
     assert [(p.value, p.verdict) for p in points] == [(0.0, "first"), (0.5, "-")]

@@ -14,6 +14,7 @@ import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
+from llmopt_bench.analysis import figures
 from llmopt_bench.analysis.gate import host_signals, host_verdict, noise
 from llmopt_bench.analysis.gate.baseline_drift import Drift
 from llmopt_bench.analysis.gate.completeness import (  # noqa: F401 - the names compare's callers import from here
@@ -153,21 +154,16 @@ def check_comparable(base: RunResult, new: RunResult, force: bool = False) -> li
 # ---- values -------------------------------------------------------------------------------------
 
 def metric_value(stage: StageResult, key: str) -> float | None:
-    """The run's own point value of a judged metric (what the summary table shows)."""
-    return METRICS[key].value(stage)
+    """The figure of a judged metric over the repeats given (analysis/figures.py: what every
+    output shows), in run.json's unit."""
+    return figures.figure_over(stage, key).recorded
 
 
 def noise_groups(stage: StageResult, key: str) -> tuple[list[list[float]], str]:
-    """What the bootstrap draws from: per-request values grouped by repeat for the latencies
-    (statistic: the median of the drawn requests), each repeat's windowed tok/s for throughput
-    (statistic: their mean), nothing for load and memory (one value per run)."""
-    if key in SAMPLE_COLUMNS:
-        s = stage.samples
-        return (noise.repeat_groups(getattr(s, SAMPLE_COLUMNS[key]), s.repeat) if s else []), "median"
-    if key == "output_tok_s":
-        reps = stage.metrics.output_tok_s_repeats if stage.metrics else []
-        return [[v] for v in reps if v and math.isfinite(v)], "mean"
-    return [], "mean"
+    """What the interval draws from: the figure's per-repeat groups (analysis/figures.repeat_groups):
+    per-request values grouped by repeat for the latencies (statistic: the median), each repeat's
+    windowed tok/s for throughput, nothing for load and memory (one value per run)."""
+    return figures.repeat_groups(stage, key)
 
 
 def centre_value(stage: StageResult, key: str) -> float | None:

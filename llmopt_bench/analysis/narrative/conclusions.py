@@ -1,8 +1,10 @@
 """The report's conclusions: sentences computed from the numbers alone (and the claims the
-stages judged), so that a report says nothing its run.json does not support."""
+stages judged), so that a report says nothing its run.json does not support; every figure is
+analysis/figures.py's, the one the tables show."""
 
 from __future__ import annotations
 
+from llmopt_bench.analysis.figures import figure_value
 from llmopt_bench.analysis.hostbound import busy_sentence
 from llmopt_bench.analysis.narrative.roofline_text import prefill_sentences, roofline_sentence
 from llmopt_bench.analysis.roofline import roofline
@@ -36,8 +38,8 @@ def fastest_decode(ok: list[StageResult], base: StageResult | None) -> list[str]
 
 def best_throughput(ok: list[StageResult], base: StageResult | None) -> list[str]:
     """The stage with the highest output tokens/s against the baseline's."""
-    tput = [(s, v) for s in ok if s is not base and s.metrics and (v := s.metrics.output_tok_s)]
-    base_tput = base.metrics.output_tok_s if base and base.metrics else None
+    tput = [(s, v) for s in ok if s is not base and (v := figure_value(s, "output_tok_s"))]
+    base_tput = figure_value(base, "output_tok_s")
     if not tput or not base_tput:
         return []
     t, t_tput = max(tput, key=lambda sv: sv[1])

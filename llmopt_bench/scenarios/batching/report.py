@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llmopt_bench.analysis.figures import figure_value
 from llmopt_bench.analysis.narrative.claims import claim_verdict, holds
 from llmopt_bench.analysis.selectors import p50_of, ratio, reference
 from llmopt_bench.core.fmt import gb, ms, num, pct, times
@@ -79,7 +80,7 @@ def batching_claim(x: BatchingExtra, run: RunResult) -> Claim:
     if value is None and x.curve:
         cont = max((r.output_tok_s or 0 for r in x.curve if r.mode == "continuous"), default=0)
         ref = reference(run)
-        value = ratio(cont, ref.metrics.output_tok_s if ref and p50_of(ref, "tpot_s") and ref.metrics else None)
+        value = ratio(cont, figure_value(ref, "output_tok_s") if ref and p50_of(ref, "tpot_s") else None)  # the table's figure
         detail = f"best continuous output tok/s vs {ref.name} one request at a time" if value and ref else ""
     if not detail:
         detail = ("its curve has no static replay and the run no quality reference to compare with: run the stage with "

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+from llmopt_bench.analysis.figures import figure_value
 from llmopt_bench.analysis.narrative.claims import claim_verdict, holds
 from llmopt_bench.analysis.selectors import reference
 from llmopt_bench.client.server_clock import HistogramSummary, ServerClock
@@ -318,7 +319,7 @@ def qps_claim(result: Any, run: Any) -> Claim:
     before, after = STORY_QPS
     story = after / before
     ref = reference(run)
-    base = ref.metrics.qps if ref and ref.metrics else None
+    base = figure_value(ref, "qps") if ref and ref.metrics else None  # the figure the stage table shows
     cap = result.facts.slo_capacity_rps
     value = cap / base if cap and base else None
     held = "" if result.facts.slo_capacity_held else ", not held"
