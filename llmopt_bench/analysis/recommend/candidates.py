@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmopt_bench.analysis.figures import stage_figure
 from llmopt_bench.analysis.recommend.rejudge import rejudge
 from llmopt_bench.analysis.scaling import batch1_tpot, saturated
 from llmopt_bench.core.fmt import num
@@ -131,8 +132,8 @@ def candidate(s: StageResult, batch_size: int, rejudge_with: SLO | None = None) 
     peak, source = peak_memory(s)
     if f.slo is not None and source == "host RSS peak":  # a served stage's own process is the client, not the server
         peak = None
-    ttft = f.batch1_ttft_s or (s.metrics.ttft_s.p50 if batch_size == 1 and not s.own_workload and s.metrics and s.metrics.ttft_s
-                               else None)
+    ttft = f.batch1_ttft_s or (stage_figure(s, "ttft_p50").recorded  # the figure the tables show (analysis/figures.py)
+                               if batch_size == 1 and not s.own_workload and s.metrics and s.metrics.ttft_s else None)
     c = Candidate(name=s.name, served=f.slo is not None, command=f.serve_command, batch1_tpot_s=batch1_tpot(s, batch_size),
                   batch1_ttft_s=ttft, saturated_tok_s=sat, saturated_how=how, weights_bytes=float(weights) if weights else None,
                   peak_bytes=peak, j_per_token=s.energy.joules_per_output_token if s.energy else None, devices=f.devices,
