@@ -151,6 +151,7 @@ class Row(StageValue):
 
     run_json: str
     fingerprint: tuple
+    run_name: str = ""  # what the history calls the run: its run.json's name, else its run_id
 
     @property
     def ok(self) -> bool:
@@ -176,11 +177,14 @@ def metric_rows(db: Path, metric: str, stage: str | None = None) -> list[Row]:
         raise UsageError(f"no runs of stage {stage!r} in the history" if stage else "the history holds no runs",
                          "add runs with: llmopt history add RUN_DIR")
     params: dict[tuple, str] = {}
+    names: dict[str, str] = {}
     for name, run_id, created, _, _, _, text, *_ in rows:
-        stages = {s["name"]: s for s in json.loads(text)["stages"]}  # plain JSON: the params only
+        raw = json.loads(text)  # plain JSON: the params and the run's name only
+        stages = {s["name"]: s for s in raw["stages"]}
         params[(name, run_id, created)] = json.dumps(stages[name].get("params", {}), sort_keys=True)
-    return [Row(name, run_id, created, commit, status, value, text, (device, model, workload, params[(name, run_id, created)]))
-            for name, run_id, created, commit, status, value, text, device, model, workload in rows]
+        names[text] = raw.get("name") or run_id
+    return [Row(name, run_id, created, commit, status, value, text, (device, model, workload, params[(name, run_id, created)]),
+                names[text]) for name, run_id, created, commit, status, value, text, device, model, workload in rows]
 
 
 @dataclass
@@ -189,6 +193,7 @@ class TrendPoint(StageValue):
     ci: tuple[float, float] | None = None
     verdict: str = ""  # regressed | improved | unchanged | inconclusive | not comparable | first | -
     method: str = ""  # repeats | history | single value | relative change | ...
+    run_name: str = ""  # what the history calls the run (Row.run_name)
 
 
 def trend(db: Path, metric: str = "tpot_p50", stage: str | None = None, thresholds: dict[str, float] | None = None,
@@ -209,7 +214,7 @@ def trend(db: Path, metric: str = "tpot_p50", stage: str | None = None, threshol
         return found
 
     for row in metric_rows(db, metric, stage):
-        p = TrendPoint(row.stage, row.run_id, row.created_at, row.commit, row.status, row.value)
+        p = TrendPoint(row.stage, row.run_id, row.created_at, row.commit, row.status, row.value, run_name=row.run_name)
         earlier = seen.setdefault(row.stage, [])
         last = earlier[-1] if earlier else None
         if not row.ok:
@@ -236,32 +241,37 @@ def trend(db: Path, metric: str = "tpot_p50", stage: str | None = None, threshol
     return points
 
 
+# a run named on the command line (--since): by the name the history shows (run.json's `name`) or by its run_id
+NAMED = "(run_id = ? OR json_extract(run_json, '$.name') = ?)"
+
+
 def _created_at(db: Path, since: str) -> str:
-    """--since RUN_ID (or RUN_ID@CREATED_AT) -> the run's created_at. A run id is its directory's
-    name, so two runs may share one: then the id alone is refused, never one of them guessed."""
-    run_id, _, created = since.partition("@")
+    """--since NAME (or NAME@CREATED_AT) -> the run's created_at. NAME is what `history show`
+    lists (the run's name) or its run_id; two runs may share one: then the name alone is refused,
+    never one of them guessed."""
+    name, _, created = since.partition("@")
     conn = connect(db, create=False)
     try:
-        found = [r[0] for r in conn.execute("SELECT created_at FROM runs WHERE run_id = ? AND (? = '' OR created_at = ?) "
-                                            "ORDER BY created_at", (run_id, created, created))]
+        found = [r[0] for r in conn.execute(f"SELECT created_at FROM runs WHERE {NAMED} AND (? = '' OR created_at = ?) "
+                                            "ORDER BY created_at", (name, name, created, created))]
     finally:
         conn.close()
     if not found:
-        raise UsageError(f"--since {since!r}: no such run in the history", "pass a run_id that `llmopt history show` lists")
+        raise UsageError(f"--since {since!r}: no such run in the history", "pass a run name that `llmopt history show` lists")
     if len(found) > 1:
-        raise UsageError(f"--since {since!r}: {len(found)} runs in the history have this run_id (created {', '.join(found)})",
-                         f"name one by its run_id and created time, like --since {run_id}@{found[-1]}")
+        raise UsageError(f"--since {since!r}: {len(found)} runs in the history have this name (created {', '.join(found)})",
+                         f"name one by its name and created time, like --since {name}@{found[-1]}")
     return found[0]
 
 
-def since_arg(db: Path, run_id: str, created_at: str) -> str:
-    """The --since value that names this run: its id, or id@created_at where the id is shared."""
+def since_arg(db: Path, name: str, created_at: str) -> str:
+    """The --since value that names this run: its name, or name@created_at where the name is shared."""
     conn = connect(db, create=False)
     try:
-        n = conn.execute("SELECT COUNT(*) FROM runs WHERE run_id = ?", (run_id,)).fetchone()[0]
+        n = conn.execute(f"SELECT COUNT(*) FROM runs WHERE {NAMED}", (name, name)).fetchone()[0]
     finally:
         conn.close()
-    return run_id if n <= 1 else f"{run_id}@{created_at}"
+    return name if n <= 1 else f"{name}@{created_at}"
 
 
 @dataclass
@@ -281,6 +291,7 @@ class Shift:
     p_value: float
     direction: str  # regression | improvement | below threshold
     in_effect: bool  # the latest level is still worse than the level before the shift, beyond the threshold
+    run_name: str = ""  # what the history calls that first run (Row.run_name)
 
     @property
     def fails(self) -> bool:
@@ -312,7 +323,7 @@ def check(db: Path, metrics: list[str], stage: str | None = None, thresholds: di
             for s in found:
                 first = rows[s.index]
                 shifts.append(Shift(name, key, first.run_id, first.created_at, first.commit, s.runs_before, s.runs_after,
-                                    s.before, s.after, s.change, s.p_value, s.direction, s.in_effect))
+                                    s.before, s.after, s.change, s.p_value, s.direction, s.in_effect, first.run_name))
     return shifts, series
 
 
@@ -324,6 +335,7 @@ def chart(points: list[TrendPoint], metric: str, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     order = sorted({(p.created_at, p.run_id) for p in points})
+    names = {(p.created_at, p.run_id): p.run_name or p.run_id for p in points}
     index = {k: i for i, k in enumerate(order)}
     key = metric_name(metric)
     m = REGISTRY.get(key)
@@ -336,7 +348,7 @@ def chart(points: list[TrendPoint], metric: str, path: Path) -> Path:
         for (p, _), x, y in zip(pts, xs, ys):
             if p.verdict in ("regressed", "improved"):
                 ax.scatter([x], [y], s=140, facecolors="none", edgecolors="red" if p.verdict == "regressed" else "green", linewidths=2, zorder=3)
-    ax.set_xticks(range(len(order)), [rid for _, rid in order], rotation=30, ha="right", fontsize=8)
+    ax.set_xticks(range(len(order)), [names[k] for k in order], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel(f"{m.label if m else key} ({unit})" if unit else (m.label if m else key))
     ax.set_title(f"llmopt history: {m.label if m else key}\ncircled: red regressed, green improved vs the previous run",
                  fontsize=10)
