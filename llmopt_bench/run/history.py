@@ -151,7 +151,6 @@ class Row(StageValue):
 
     run_json: str
     fingerprint: tuple
-    run_name: str = ""  # what the history calls the run: its run.json's name, else its run_id
 
     @property
     def ok(self) -> bool:
@@ -177,14 +176,22 @@ def metric_rows(db: Path, metric: str, stage: str | None = None) -> list[Row]:
         raise UsageError(f"no runs of stage {stage!r} in the history" if stage else "the history holds no runs",
                          "add runs with: llmopt history add RUN_DIR")
     params: dict[tuple, str] = {}
-    names: dict[str, str] = {}
     for name, run_id, created, _, _, _, text, *_ in rows:
-        raw = json.loads(text)  # plain JSON: the params and the run's name only
-        stages = {s["name"]: s for s in raw["stages"]}
+        stages = {s["name"]: s for s in json.loads(text)["stages"]}  # plain JSON: the params only
         params[(name, run_id, created)] = json.dumps(stages[name].get("params", {}), sort_keys=True)
-        names[text] = raw.get("name") or run_id
-    return [Row(name, run_id, created, commit, status, value, text, (device, model, workload, params[(name, run_id, created)]),
-                names[text]) for name, run_id, created, commit, status, value, text, device, model, workload in rows]
+    return [Row(name, run_id, created, commit, status, value, text, (device, model, workload, params[(name, run_id, created)]))
+            for name, run_id, created, commit, status, value, text, device, model, workload in rows]
+
+
+def run_names(db: Path) -> dict[tuple[str, str], str]:
+    """(run_id, created_at) -> what the history calls the run: its run.json's name (`bench --name`,
+    else its directory's), else, for a run added before names, its run_id."""
+    conn = connect(db, create=False)
+    try:
+        rows = conn.execute("SELECT run_id, created_at, COALESCE(json_extract(run_json, '$.name'), run_id) FROM runs").fetchall()
+    finally:
+        conn.close()
+    return {(run_id, created): name for run_id, created, name in rows}
 
 
 @dataclass
@@ -193,7 +200,7 @@ class TrendPoint(StageValue):
     ci: tuple[float, float] | None = None
     verdict: str = ""  # regressed | improved | unchanged | inconclusive | not comparable | first | -
     method: str = ""  # repeats | history | single value | relative change | ...
-    run_name: str = ""  # what the history calls the run (Row.run_name)
+    run_name: str = ""  # what the history calls the run (run_names)
 
 
 def trend(db: Path, metric: str = "tpot_p50", stage: str | None = None, thresholds: dict[str, float] | None = None,
@@ -213,8 +220,10 @@ def trend(db: Path, metric: str = "tpot_p50", stage: str | None = None, threshol
         assert found is not None, "a row of the history is a stage of the run.json stored beside it"
         return found
 
-    for row in metric_rows(db, metric, stage):
-        p = TrendPoint(row.stage, row.run_id, row.created_at, row.commit, row.status, row.value, run_name=row.run_name)
+    rows, names = metric_rows(db, metric, stage), run_names(db)
+    for row in rows:
+        p = TrendPoint(row.stage, row.run_id, row.created_at, row.commit, row.status, row.value,
+                       run_name=names.get((row.run_id, row.created_at), row.run_id))
         earlier = seen.setdefault(row.stage, [])
         last = earlier[-1] if earlier else None
         if not row.ok:
@@ -291,7 +300,7 @@ class Shift:
     p_value: float
     direction: str  # regression | improvement | below threshold
     in_effect: bool  # the latest level is still worse than the level before the shift, beyond the threshold
-    run_name: str = ""  # what the history calls that first run (Row.run_name)
+    run_name: str = ""  # what the history calls that first run (run_names)
 
     @property
     def fails(self) -> bool:
@@ -306,6 +315,7 @@ def check(db: Path, metrics: list[str], stage: str | None = None, thresholds: di
     Returns the shifts and, per series, (stage, metric, runs analysed)."""
     shifts, series = [], []
     start = _created_at(db, since) if since is not None else ""
+    names = run_names(db)
     for metric in metrics:
         key = metric_name(metric)
         by_stage: dict[str, list[Row]] = {}
@@ -323,7 +333,8 @@ def check(db: Path, metrics: list[str], stage: str | None = None, thresholds: di
             for s in found:
                 first = rows[s.index]
                 shifts.append(Shift(name, key, first.run_id, first.created_at, first.commit, s.runs_before, s.runs_after,
-                                    s.before, s.after, s.change, s.p_value, s.direction, s.in_effect, first.run_name))
+                                    s.before, s.after, s.change, s.p_value, s.direction, s.in_effect,
+                                    names.get((first.run_id, first.created_at), first.run_id)))
     return shifts, series
 
 
