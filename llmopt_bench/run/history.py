@@ -183,17 +183,6 @@ def metric_rows(db: Path, metric: str, stage: str | None = None) -> list[Row]:
             for name, run_id, created, commit, status, value, text, device, model, workload in rows]
 
 
-def run_names(db: Path) -> dict[tuple[str, str], str]:
-    """(run_id, created_at) -> what the history calls the run: its run.json's name (`bench --name`,
-    else its directory's), else, for a run added before names, its run_id."""
-    conn = connect(db, create=False)
-    try:
-        rows = conn.execute("SELECT run_id, created_at, COALESCE(json_extract(run_json, '$.name'), run_id) FROM runs").fetchall()
-    finally:
-        conn.close()
-    return {(run_id, created): name for run_id, created, name in rows}
-
-
 @dataclass
 class TrendPoint(StageValue):
     change: float | None = None  # vs the previous comparable run of this stage
@@ -248,6 +237,17 @@ def trend(db: Path, metric: str = "tpot_p50", stage: str | None = None, threshol
             earlier.append(row)
         points.append(p)
     return points
+
+
+def run_names(db: Path) -> dict[tuple[str, str], str]:
+    """(run_id, created_at) -> what the history calls the run: its run.json's name (`bench --name`,
+    else its directory's), else, for a run added before names, its run_id."""
+    conn = connect(db, create=False)
+    try:
+        rows = conn.execute("SELECT run_id, created_at, COALESCE(json_extract(run_json, '$.name'), run_id) FROM runs").fetchall()
+    finally:
+        conn.close()
+    return {(run_id, created): name for run_id, created, name in rows}
 
 
 # a run named on the command line (--since): by the name the history shows (run.json's `name`) or by its run_id
