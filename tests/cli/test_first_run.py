@@ -63,14 +63,17 @@ def start(out, plugin_env, *args) -> subprocess.Popen:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, plugin_env) -> dict[str, tuple[subprocess.CompletedProcess, dict]]:
-    """Three first runs, started together (mostly process start-ups and the probe)."""
+def runs(tmp_path_factory, plugin_env, llmopt_cache) -> dict[str, tuple[subprocess.CompletedProcess, dict]]:
+    """Four first runs, started together (mostly process start-ups and the probe); the last named,
+    its prompts read from under the model cache, whose path run.json writes $LLMOPT_CACHE."""
     tmp = tmp_path_factory.mktemp("first")
+    (llmopt_cache / "first-run-prompts.txt").write_text("Where is my cache?\n", encoding="utf-8")
     (tmp / "mine.txt").write_text("How does vLLM page its KV cache?\n\nWhat does AWQ protect?\nWhy batch requests?\n",
                                   encoding="utf-8")
     (tmp / "peer.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"question {i}?"}) + "\n" for i in range(2)))
     args = {"defaults": (), "text": ("--prompts", str(tmp / "mine.txt"), "--num-prompts", "3"),
-            "prompt_key": ("--prompts", str(tmp / "peer.jsonl"), "--num-prompts", "2", "--no-report")}
+            "prompt_key": ("--prompts", str(tmp / "peer.jsonl"), "--num-prompts", "2", "--no-report"),
+            "named": ("--prompts", str(llmopt_cache / "first-run-prompts.txt"), "--num-prompts", "1", "--name", "first light")}
     procs = {k: (start(tmp / k, plugin_env, *a), tmp / k) for k, a in args.items()}
     done = {}
     for k, (proc, out) in procs.items():
@@ -111,3 +114,21 @@ def test_jsonl_with_prompt_keys(runs):
     assert run["workload"]["prompt_key"] == "prompt"
     assert 'as JSONL, key "prompt"' in r.stderr
     assert run["stages"][0]["extra"]["seen"] == {"p0": "question 0?", "p1": "question 1?"}
+
+
+def test_a_run_is_named_after_its_directory_or_its_name(runs):
+    assert runs["defaults"][1]["name"] == "defaults"
+    assert runs["named"][1]["name"] == "first light"
+
+
+def test_the_report_bench_wrote_is_the_one_llmopt_report_renders(runs, tmp_path):
+    """One run, one report (issue 46): bench renders the run it holds, `llmopt report` the
+    run.json it reads, where a path under the model cache is written $LLMOPT_CACHE."""
+    _, run = runs["named"]
+    assert run["workload"]["prompts"] == "$LLMOPT_CACHE/first-run-prompts.txt"
+    res = subprocess.run([sys.executable, "-m", "llmopt_bench", "report", run["_dir"], "-o", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    by_bench = (Path(run["_dir"]) / "report.md").read_text()
+    assert "from $LLMOPT_CACHE/first-run-prompts.txt" in by_bench
+    assert (tmp_path / "report.md").read_text() == by_bench

@@ -1,6 +1,7 @@
-"""`llmopt history check --since ID` names one run: a run id is its directory's name, so two runs
-of the history can share one (two machines' results/runs/<timestamp>, two `run` directories);
-then the id alone is refused with the runs it could mean, and ID@CREATED_AT picks one."""
+"""`llmopt history check --since NAME` names one run: a run's name is its directory's unless
+`bench --name` gave one, so two runs of the history can share one (two machines'
+results/runs/<timestamp>, two `run` directories); then the name alone is refused with the runs it
+could mean, and NAME@CREATED_AT picks one. The history shows each run by its name (issue 46)."""
 
 from __future__ import annotations
 
@@ -24,14 +25,39 @@ def test_a_shared_run_id_is_refused_and_id_at_created_picks_one(tmp_path, capfd)
     capfd.readouterr()
     assert main(["history", "check", "--db", db, "--since", "run"]) == 2
     err = capfd.readouterr().err.splitlines()
-    assert err[0] == ("error: --since 'run': 2 runs in the history have this run_id (created 2026-12-01T10:00:00+00:00, "
+    assert err[0] == ("error: --since 'run': 2 runs in the history have this name (created 2026-12-01T10:00:00+00:00, "
                       "2026-12-02T10:00:00+00:00)")
-    assert err[1] == "  fix: name one by its run_id and created time, like --since run@2026-12-02T10:00:00+00:00"
+    assert err[1] == "  fix: name one by its name and created time, like --since run@2026-12-02T10:00:00+00:00"
     assert main(["history", "check", "--db", db, "--since", "run@2026-12-02T10:00:00+00:00", "--json"]) == 0
     series = json.loads(capfd.readouterr().out)["series"]
     assert series and all(s["runs"] == 1 for s in series)  # from the second run on: one run in each series
     assert main(["history", "check", "--db", db, "--since", "run@2026-12-03T00:00:00+00:00"]) == 2
     assert "no such run" in capfd.readouterr().err
+
+
+def test_the_history_calls_each_run_by_its_name(tmp_path, capfd):
+    """Runs written in directories of one name ("llmopt-run" on a device) and copied under
+    names of their own: the history shows those names, not one run_id repeated, and --since
+    takes them; a run.json's own name (bench --name) wins over its directory's."""
+    db = str(tmp_path / "h.sqlite")
+    raw = json.loads((RUN / "run.json").read_text())
+    for i, (folder, own) in enumerate((("monday", None), ("tuesday", None), ("copied-as", "wednesday"))):
+        d = tmp_path / folder
+        d.mkdir()
+        named = {"name": own} if own else {}
+        (d / "run.json").write_text(json.dumps({**raw, "run_id": "llmopt-run", **named,
+                                                "created_at": f"2026-12-0{i + 1}T10:00:00+00:00"}))
+        assert main(["history", "add", str(d), "--db", db]) == 0
+    assert "added: monday (" in capfd.readouterr().err
+    assert main(["history", "show", "--db", db, "--stage", "hf-fp16", "--json"]) == 0
+    points = json.loads(capfd.readouterr().out)
+    assert [p["run_name"] for p in points] == ["monday", "tuesday", "wednesday"]
+    assert main(["history", "show", "--db", db, "--stage", "hf-fp16"]) == 0
+    shown = capfd.readouterr().out
+    assert all(name in shown for name in ("monday", "tuesday", "wednesday")) and "llmopt-run" not in shown
+    assert main(["history", "check", "--db", db, "--since", "tuesday", "--json"]) == 0
+    series = json.loads(capfd.readouterr().out)["series"]
+    assert series and all(s["runs"] == 2 for s in series)  # tuesday and wednesday
 
 
 def test_did_you_mean_a_stage_by_its_spelling(capfd, tmp_path):

@@ -121,3 +121,16 @@ def test_a_configuration_becomes_vllm_serve_flags():
     defaults = engine_args(engine_config(engine_params(space, space.defaults())[0], "cuda", None))
     assert not {"--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-dtype", "--quantization"} & set(defaults)
     assert not any("chunked-prefill" in a for a in defaults)
+
+
+def test_tune_offers_only_the_workload_options_it_reads(capfd):
+    """tune measures served load points, not the fixed workload's repeats: --repeats, the stopping
+    rule's options and --batch-size are neither in its --help nor accepted (issue 46)."""
+    assert main(["tune", "--help"]) == 0
+    shown = capfd.readouterr().out
+    for used in ("--workload", "--seed", "--max-new-tokens", "--num-prompts", "--budget"):
+        assert used in shown, used
+    for ignored in ("--repeats", "--max-repeats", "--stop-within", "--repeat-budget", "--batch-size"):
+        assert ignored not in shown, ignored
+        assert main([*TUNE, ignored, "2"]) == 2
+        assert f"No such option: {ignored}" in capfd.readouterr().err

@@ -242,26 +242,40 @@ def test_a_short_open_loop_poisson_point(served, requests):
 
 
 LONG = 64  # output tokens of the overload tests: a server on two cores then completes tens of requests a second, not hundreds
-# The overload tests' arrivals: at least OVERLOAD_MIN a second, since the closed-loop figure
-# `saturated` gives moved from 57/s to 150/s between runs on one 2-core host, and the server kept
-# up with 122/s open loop in a run that measured 57. Their client waits up to OVERLOAD_CONNECT_S
-# for a connection (the default 10 s failed 5-15% of the requests to connect). Even so, at 250-380
-# arrivals a second on two cores 1-10% of the requests ended as the client's 'timeout' (cause not
-# pinned down; docs/serving.md): these tests judge steadiness, so they allow OVERLOAD_FAILURES of
-# failed requests, and the SLO is judged with that allowance, so only steadiness can fail it.
-OVERLOAD_MIN = 200.0
+# A test that needs the server overloaded measures what it completes at most first, on this host
+# and now (ceiling: AT_ONCE requests sent together, the capacity search's own measure, taken
+# CEILING_TRIES times and the best kept: a shared 2-core host gave 37 to 206 a second within one
+# minute), then offers OVER times that. No rate is fixed: a fixed floor of 200 a second held
+# for years of slower hosts and then met one whose server kept up with 228 a second (issue 46).
+# All-at-once reads below what an open loop's queue gets out of the server (on the shared host,
+# 2.5x the ceiling just measured completed up to 1.6x it), so OVER leaves room for that.
+# Their client waits up to OVERLOAD_CONNECT_S for a connection (the default 10 s failed 5-15% of
+# the requests to connect). Even so, at 250-380 arrivals a second on two cores 1-10% of the
+# requests ended as the client's 'timeout' (cause not pinned down; docs/serving.md): these tests
+# judge steadiness, so they allow OVERLOAD_FAILURES of failed requests, and the SLO is judged
+# with that allowance, so only steadiness can fail it.
+AT_ONCE = 128
+CEILING_TRIES = 2
+OVER = 2.5
+QUIET = 0.05  # a share of the ceiling the server answers without a queue forming
 OVERLOAD_CONNECT_S = 120.0
 OVERLOAD_FAILURES = 0.5
 
 
-def saturated(server, requests) -> float:
-    """What the server completes a second with 128 requests of LONG tokens in flight."""
-    res, _ = load(server, LoadPoint(concurrency=128, num_requests=384, warmup_requests=128), requests, max_tokens=LONG)
-    return res.qps
+def ceiling(server, requests) -> float:
+    """What the server completes a second at most, on this host now: the best of CEILING_TRIES
+    sends of AT_ONCE requests of LONG tokens together, every answer awaited."""
+    best = 0.0
+    for _ in range(CEILING_TRIES):
+        res, _ = load(server, LoadPoint(concurrency=AT_ONCE, num_requests=AT_ONCE), requests, max_tokens=LONG,
+                      connect_timeout_s=OVERLOAD_CONNECT_S)
+        assert res.failed == 0 and res.qps, res.errors
+        best = max(best, res.qps)
+    return best
 
 
 def test_a_point_the_server_cannot_keep_up_with_is_not_steady_where_the_slo_alone_met_it(served, requests):
-    """2.5 times what the server completes with 128 in flight (at least OVERLOAD_MIN), for 9 s: an SLO loose enough that the requests that
+    """OVER times the server's measured ceiling, for 9 s: an SLO loose enough that the requests that
     finished meet it (today's verdict), and the load machine's steady-state judgement that calls
     it a miss. Which criterion says so depends on the host: completions short of arrivals where
     the time in system stays short, or, on a slower host where the queue makes the time in system
@@ -269,7 +283,8 @@ def test_a_point_the_server_cannot_keep_up_with_is_not_steady_where_the_slo_alon
     grows with the time in system. Either way the point is not credited, and the measured
     completions fall short of the arrivals."""
     server, _ = served
-    rate = max(2.5 * saturated(server, requests), OVERLOAD_MIN)
+    top = ceiling(server, requests)
+    rate = OVER * top
     res, _ = load(server, LoadPoint(rate=rate, duration_s=9.0, warmup_s=1.0, seed=5), requests, max_tokens=LONG,
                   connect_timeout_s=OVERLOAD_CONNECT_S)
     loose = parse_slo("ttft_p99=600s,tpot_p99=600s")
@@ -277,24 +292,25 @@ def test_a_point_the_server_cannot_keep_up_with_is_not_steady_where_the_slo_alon
     assert judge(loose, res.samples, res.window_s, OVERLOAD_FAILURES).ok, (rate, res.errors)
     v = slo_verdict(loose, res, OVERLOAD_FAILURES)
     st = res.steady
-    assert not v.ok and st.ok is False and v.reason.startswith("not steady: "), st
-    assert st.completion_rps < 0.95 * st.arrival_rps
+    said = f"{rate:.0f}/s offered, {OVER}x the ceiling {top:.0f}/s measured before it; ceiling after it {ceiling(server, requests):.0f}/s"
+    assert not v.ok and st.ok is False and v.reason.startswith("not steady: "), (said, st)
+    assert st.completion_rps < 0.95 * st.arrival_rps, (said, st)
     assert len(res.samples) == res.sent  # every measured request awaited, the drain included
 
 
 def test_a_queue_that_builds_after_a_quiet_start_breaks_little_s_law_and_the_wait_rises(served, requests):
-    """A schedule given as a list (the dispatcher's input, as a trace would be): 3 s at a tenth
-    of what the server completes with 128 in flight (at a quarter the first third's time in
-    system was 3 s on a 2-core host: not quiet), then 6 s at 2.5 times it (at least OVERLOAD_MIN). The first third's
-    time in system is the quiet one; the backlog at the window's end is far past what Little's
-    law gives for it, and the last third's wait from arrival to first token (the queue's) is
-    far above the first third's: the trend criterion on a real server."""
+    """A schedule given as a list (the dispatcher's input, as a trace would be): 3 s at QUIET
+    times the server's measured ceiling (at a quarter of a closed loop's figure the first third's
+    time in system was 3 s on a 2-core host: not quiet), then 6 s at OVER times it. The first
+    third's time in system is the quiet one; the backlog at the window's end is far past what
+    Little's law gives for it, and the last third's wait from arrival to first token (the
+    queue's) is far above the first third's: the trend criterion on a real server."""
     from llmopt_bench.load.dispatchers import OpenLoop
 
     server, _ = served
-    sat = saturated(server, requests)
-    quiet = arrival_times(0.1 * sat, None, 1.0, 8, until_s=3.0)
-    busy = [3.0 + t for t in arrival_times(max(2.5 * sat, OVERLOAD_MIN), None, 1.0, 9, until_s=6.0)]
+    top = ceiling(server, requests)
+    quiet = arrival_times(QUIET * top, None, 1.0, 8, until_s=3.0)
+    busy = [3.0 + t for t in arrival_times(OVER * top, None, 1.0, 9, until_s=6.0)]
     src = cycled(requests)
     schedule = OpenLoop.of([(t, src(i)) for i, t in enumerate(quiet + busy)], LONG)
     point = LoadPoint(rate=len(schedule.offsets) / 9.0, duration_s=9.0)
@@ -302,25 +318,35 @@ def test_a_queue_that_builds_after_a_quiet_start_breaks_little_s_law_and_the_wai
     res = run_point(engine, point, src, LONG, expected_tokens=LONG, dispatcher=schedule)
     assert res.sent == len(quiet) + len(busy) and res.failure_rate <= OVERLOAD_FAILURES, res.errors
     st = res.steady
-    assert st.ok is False and any("Little's law gives" in r for r in st.reasons), st
+    said = f"ceiling {top:.0f}/s: {QUIET * top:.1f}/s then {OVER * top:.0f}/s"
+    assert st.ok is False and any("Little's law gives" in r for r in st.reasons), (said, st)
     assert st.backlog_at_end > 2 * st.little_in_flight
-    assert any(r.startswith("TTFT from arrival rose") for r in st.reasons), st
+    assert any(r.startswith("TTFT from arrival rose") for r in st.reasons), (said, st)
     assert st.first_token_last_s > TREND_RATIO * st.first_token_first_s
 
 
 def test_a_light_point_keeps_up(served, requests):
+    """QUIET times the server's measured ceiling (of LONG-token answers; these are N tokens long), at
+    most 4 a second: a handful in flight, never a queue, on a host of any speed."""
     server, _ = served
-    res, _ = load(server, LoadPoint(rate=4.0, duration_s=10.0, warmup_s=1.0, seed=6), requests)
+    rate = min(4.0, QUIET * ceiling(server, requests))
+    res, _ = load(server, LoadPoint(rate=rate, duration_s=10.0, warmup_s=1.0, seed=6), requests)
     st = res.steady
-    assert st is not None and not any(r.startswith("completions") or "Little" in r for r in st.reasons), st.reasons
-    assert st.backlog_at_end <= 4  # a handful in flight at 4 req/s, not a queue
+    assert st is not None and not any(r.startswith("completions") or "Little" in r for r in st.reasons), (rate, st.reasons)
+    assert st.backlog_at_end <= 4  # a handful in flight, not a queue
 
 
 def test_a_window_shorter_than_five_times_in_system_is_not_a_verdict_of_steady(served, requests):
-    """300 tokens an answer (over a second on two cores) judged on a one-second window."""
+    """Answers of 100 tokens judged on a window twice as long as one of them takes alone (timed
+    first, on this host; the test used to fix 300 tokens and a 1-s window, assuming how slow the
+    host is), 10 arriving in it: their time in system is at least that long, so the window is
+    under five times it whatever the host's speed."""
     server, _ = served
-    res, _ = load(server, LoadPoint(rate=2.0, duration_s=1.5, warmup_s=0.5, seed=7), requests, max_tokens=300)
-    assert res.steady.ok is False
+    alone, _ = load(server, LoadPoint(concurrency=1, num_requests=1), requests, max_tokens=100)
+    one = alone.samples[0]
+    window = 2 * (one.t_done - one.t_submit)
+    res, _ = load(server, LoadPoint(rate=10 / window, duration_s=0.5 + window, warmup_s=0.5, seed=7), requests, max_tokens=100)
+    assert res.steady.ok is False, (window, res.steady)
     assert any("too short to see a queue form" in r for r in res.steady.reasons), res.steady.reasons
 
 

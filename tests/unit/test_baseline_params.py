@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from testkit import ROOT, run_cli
+from testkit import ROOT, committed_runs, run_cli
 
 from llmopt_bench.analysis.gate.baseline_drift import load_drift
 from llmopt_bench.analysis.gate.compare import mismatches
@@ -19,7 +19,7 @@ from llmopt_bench.core.results import RunResult
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.run.registry import journey_path, load_stage, parse_journey, resolve_preset, validate_params
 
-BASELINES = sorted((ROOT / "results" / "baselines").glob("*.json"))
+BASELINES = [p for p in committed_runs() if p.parent.name == "baselines"]
 DRIFT = ROOT / "results" / "baselines" / "drift.toml"
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from testkit import committed_runs
+
 from llmopt_bench.core.host import Host
 from llmopt_bench.core.results import load_run
 
@@ -31,7 +33,7 @@ def test_unknown_keys_are_kept_and_no_key_is_added():
 
 
 def test_every_committed_runs_env_loads_typed_and_writes_back_the_same():
-    paths = sorted((ROOT / "results").glob("**/run.json"))
+    paths = [p for p in committed_runs() if p.name == "run.json"]
     assert paths
     for path in paths:
         env = json.loads(path.read_text())["env"]

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from testkit import committed_runs
 
 from llmopt_bench.core.migrate import SCHEMA_1_ENERGY
 from llmopt_bench.core.results import SCHEMA_VERSION, load_run
@@ -66,8 +67,7 @@ def test_every_stage_extra_validates_against_its_stage_model(v2):
         presentation_class(s.stage_name).Extra.model_validate(s.extra)
 
 
-@pytest.mark.parametrize("path", sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("results/**/*.json")
-                                        if p.name == "run.json" or p.parent.name == "baselines"))
+@pytest.mark.parametrize("path", [str(p.relative_to(ROOT)) for p in committed_runs()])
 def test_committed_runs_are_stored_in_the_current_schema_and_validate(path):
     from llmopt_bench.run.registry import presentation_class
 

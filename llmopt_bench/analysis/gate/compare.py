@@ -261,6 +261,7 @@ class RunSummary:
     commit: str | None
     device: str | None
     model: str | None
+    name: str = ""  # what the header calls it: the run's name (core/results.RunResult.label)
 
 
 @dataclass(frozen=True)
@@ -346,7 +347,7 @@ def quiet_pairs(pairs: list[tuple[StageResult | None, StageResult | None]]) -> t
 
 def run_summary(run: RunResult) -> RunSummary:
     return RunSummary(run.run_id, run.created_at, run.env.llmopt_commit, device_name(run),
-                      run.model.source if run.model else None)
+                      run.model.source if run.model else None, run.label)
 
 
 def compare_runs(base: RunResult, new: RunResult, thresholds: dict[str, float] | None = None, force: bool = False,

@@ -188,6 +188,20 @@ def _fig(summary: HistogramSummary | None, stat: Literal["mean_s", "p50_s", "p99
     return ms(summary.get(stat) if summary else None)
 
 
+def bucket_cell(summary: HistogramSummary | None, q: Literal["p50", "p99"]) -> str:
+    """A server quantile as its histogram knows it: the bounds of the bucket that holds it, in ms
+    ("≤ 300", "250-500", "> 10000"), never a figure interpolated inside it (8 TTFTs near 320 ms in
+    vLLM's (250, 500] bucket interpolate to a "p50" of 375); "-" for a record from before the
+    bounds were kept, whose interpolated figure alone could read 150 ms for a 17 us wait."""
+    if not summary:
+        return "-"
+    bounds = summary.get("p50_bucket_s") if q == "p50" else summary.get("p99_bucket_s")
+    if not bounds:
+        return "-"
+    lower, upper = bounds
+    return f"> {num(ms(lower))}" if upper is None else f"≤ {num(ms(upper))}" if not lower else f"{num(ms(lower))}-{num(ms(upper))}"
+
+
 def server_clock_blocks(rows: list[LoadRow], watched: bool | None) -> list[Block]:
     """The server's own clock (its /metrics histograms, read around each point) beside the
     client's over the same requests; the points whose two clocks disagree beyond their bounds.
@@ -204,7 +218,7 @@ def server_clock_blocks(rows: list[LoadRow], watched: bool | None) -> list[Block
         running, waiting, kv = c.get("running"), c.get("waiting"), c.get("kv_usage")
         table.append([_point(r), f"{c.get('requests')}/{mine.get('requests') if mine else None}",
                       ms(mine.get("ttft_mean_s") if mine else None), _fig(c.get("ttft")), ms(diff.get("ttft_s") if diff else None),
-                      _fig(c.get("ttft"), "p50_s"), _fig(c.get("ttft"), "p99_s"), ms(mine.get("itl_mean_s") if mine else None),
+                      bucket_cell(c.get("ttft"), "p50"), bucket_cell(c.get("ttft"), "p99"), ms(mine.get("itl_mean_s") if mine else None),
                       _fig(c.get("itl")), ms(diff.get("e2e_s") if diff else None), _fig(c.get("queue")), _fig(c.get("prefill")),
                       running.get("mean") if running else None, waiting.get("max") if waiting else None,
                       pct(kv.get("max") if kv else None), c.get("preemptions"), c.get("verdict") or "agree"])
@@ -212,13 +226,14 @@ def server_clock_blocks(rows: list[LoadRow], watched: bool | None) -> list[Block
                if (r.server_clock or {}).get("verdict") and not str((r.server_clock or {}).get("verdict")).startswith("not compared")]
     text = (f"Server clock ({source}, read before and after each point; gauges sampled during it) beside the client's, over "
             "the same requests (warm-up included, as the server counts them). Means are exact (sum / count); the server's "
-            "p50 and p99 are interpolated in its histogram's buckets. The client reads a little above the server (its HTTP "
+            "p50 and p99 are known only to the bucket of its histogram that holds them: their cells give that bucket's "
+            "bounds (≤ 300: somewhere up to 300 ms). The client reads a little above the server (its HTTP "
             "and SSE path); below it, its clock is wrong; far above it, the client host or the server's HTTP front end is "
             "the bottleneck (docs/serving.md, \"One TTFT clock\").")
     if flagged:
         text += " **Warning:** " + "; ".join(flagged) + "."
     return [Block(text=text, headers=["point", "requests server/client", "TTFT mean ms client", "server", "client - server",
-                                      "server TTFT p50 ms", "server TTFT p99 ms", "ITL mean ms client", "server",
+                                      "server TTFT p50 ms (bucket)", "server TTFT p99 ms (bucket)", "ITL mean ms client", "server",
                                       "E2E client - server ms", "queue mean ms", "prefill mean ms", "running mean",
                                       "waiting max", "KV use max", "preemptions", "clocks"], rows=table)]
 
