@@ -11,10 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmopt_bench.analysis.gate.compare import noise_groups
-from llmopt_bench.analysis.gate.noise import repeat_values
-from llmopt_bench.analysis.metric_registry import REGISTRY
-from llmopt_bench.analysis.selectors import stage_row
+from llmopt_bench.analysis import figures
 from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.results import StageResult
 from llmopt_bench.run.rundir import RunDir
@@ -24,8 +21,9 @@ TUNE_JSON = "tune.json"  # what `llmopt tune` keeps beside run.json (tune/record
 
 @dataclass(frozen=True)
 class Figure:
-    """A stage's figure as the report's table shows it, in the shown unit, with the spread of
-    its repeats' own figures (lo, hi: None with one repeat) and how many repeats there were."""
+    """A stage's figure as every output shows it (analysis/figures.py), in the shown unit, with
+    that statistic's 95% interval over the repeats (lo, hi: None where there is none) and how
+    many repeats it rests on."""
 
     value: float | None
     unit: str
@@ -34,7 +32,7 @@ class Figure:
     repeats: int
 
     def error_y(self) -> dict:
-        """The spread as a plotly bar's whiskers (none with one repeat)."""
+        """The interval as a plotly bar's whiskers (none without one)."""
         v = self.value or 0.0
         return {"type": "data", "symmetric": False, "array": [self.hi - v if self.hi is not None else 0],
                 "arrayminus": [v - self.lo if self.lo is not None else 0]}
@@ -49,16 +47,11 @@ def whiskers(figures: list[Figure]) -> dict:
 
 def stage_figure(result: StageResult, metric: str) -> Figure:
     """The one place the HTML report reads a stage figure (metric: a key of the metric registry):
-    the value as stages.csv and report.md show it (analysis/selectors.stage_row), the spread as
-    each repeat's own figure, as the gate takes it (analysis/gate: noise_groups)."""
-    m = REGISTRY[metric]
-    row = stage_row(result).model_dump()
-    value = row.get(m.csv) if m.csv else m.shown(m.value(result))
-    groups, statistic = noise_groups(result, metric)
-    per_repeat = [m.shown(v) for v in repeat_values(groups, statistic)] if groups else []
-    spread = len(per_repeat) >= 2
-    return Figure(value, m.unit, min(per_repeat) if spread else None, max(per_repeat) if spread else None,
-                  len(per_repeat) or (result.metrics.repeats if result.metrics else 0))
+    analysis/figures.stage_figure, the value and interval report.md, stages.csv, compare and
+    history show."""
+    f = figures.stage_figure(result, metric)
+    lo, hi = f.interval if f.interval else (None, None)
+    return Figure(f.value, f.unit, lo, hi, f.n_repeats)
 
 
 def load_curves(result: StageResult) -> list[tuple[str, list[Json]]]:

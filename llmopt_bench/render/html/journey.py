@@ -1,5 +1,5 @@
-"""The journey's section of a run's page: per-stage TTFT, TPOT and tok/s with the spread of their
-repeats, the speedup waterfall, the memory split, the roofline with the memory floor, and
+"""The journey's section of a run's page: per-stage TTFT, TPOT and tok/s with the 95% interval of
+each over its repeats, the speedup waterfall, the memory split, the roofline with the memory floor, and
 quality beside speed. The same figures as report.md's (data.stage_figure; the memory parts,
 the Pareto front and the quality point of render/charts.py)."""
 
@@ -16,7 +16,7 @@ FIGURES = (("ttft_p50", "TTFT p50"), ("tpot_p50", "TPOT p50"), ("output_tok_s", 
 
 
 def figure_chart(run: RunResult, metric: str, label: str) -> dict | None:
-    """One figure per ok stage, a bar each, whiskers at the spread of the repeats' own figures."""
+    """One figure per ok stage, a bar each, whiskers at the figure's 95% interval over the repeats."""
     rows = [(s.name, stage_figure(s, metric)) for s in ok_stages(run)]
     rows = [(n, f) for n, f in rows if f.value is not None]
     if not rows:
@@ -26,7 +26,7 @@ def figure_chart(run: RunResult, metric: str, label: str) -> dict | None:
              "marker": {"color": [colour(i) for i in range(len(rows))]},
              "error_y": whiskers([f for _, f in rows]),
              "hovertemplate": "%{x}: %{y:.4g} " + unit + "<extra></extra>"}
-    return chart(f"figure-{metric}", f"{label} per stage ({unit}; whiskers: the repeats' spread)", [trace],
+    return chart(f"figure-{metric}", f"{label} per stage ({unit}; whiskers: its 95% interval over the repeats)", [trace],
                  {"yaxis": {"title": {"text": f"{label} ({unit})"}}, "showlegend": False},
                  ["stage", f"{label} {unit}", "lowest repeat", "highest repeat", "repeats"],
                  [[n, f.value, f.lo, f.hi, f.repeats] for n, f in rows])

@@ -36,15 +36,15 @@ def header(run: RunResult) -> dict:
 
 
 def stage_table(run: RunResult) -> dict:
-    """Every stage with its figures and their repeats' spread (the table view of the figure charts)."""
+    """Every stage with its figures and their intervals (the table view of the figure charts)."""
     rows = []
     for s, r in zip(run.stages, stage_table_rows(run)):
         figs = [stage_figure(s, k) if s.status == "ok" and s.metrics else None for k in ("ttft_p50", "tpot_p50", "output_tok_s")]
         cells = [[f.value, f"{f.lo:.4g}-{f.hi:.4g}" if f.lo is not None and f.hi is not None else "-"] if f else [None, "-"]
                  for f in figs]
         rows.append([s.name, s.status, r.requests, *cells[0], *cells[1], *cells[2], r.peak_mem_gb, r.reason or ""])
-    return table(["stage", "status", "n", "TTFT p50 ms", "spread", "TPOT p50 ms", "spread", "out tok/s", "spread",
-                  "peak mem GB", "reason"], rows, "Stages (spread: the lowest and highest repeat's own figure)")
+    return table(["stage", "status", "n", "TTFT p50 ms", "interval", "TPOT p50 ms", "interval", "out tok/s", "interval",
+                  "peak mem GB", "reason"], rows, "Stages (each figure as every output shows it; interval: its 95% interval over the repeats)")
 
 
 def deploy_items(run: RunResult) -> list[dict]:
