@@ -47,6 +47,7 @@ class CapacityCheck(StrictModel):
     model: str = "synthetic:tiny"
     dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
     max_model_len: int = Field(4096, ge=16)
+    enforce_eager: bool = False
     input_len: int = Field(450, ge=1)
     output_len: int = Field(100, ge=2)
     slo: SLO = Field(default_factory=default_slo)
@@ -341,7 +342,7 @@ def run_check(c: CapacityCheck) -> dict:
     model = prepare(parse_model(c.model))
     tok = AutoTokenizer.from_pretrained(model.path)
     requests = random_requests(tok, max(256, c.saturation_requests), c.input_len, c.seed)
-    served = Served(model, VLLMEngineParams(dtype=c.dtype, max_model_len=c.max_model_len), device=this_device(),
+    served = Served(model, VLLMEngineParams(dtype=c.dtype, max_model_len=c.max_model_len, enforce_eager=c.enforce_eager), device=this_device(),
                     log_path=c.out / "server.log", name="capacity-check")
     budget.say(f"starting {served.reproduce()}")
     served.start(timeout_s=min(900.0, max(60.0, budget.left())))

@@ -59,6 +59,7 @@ class PeerCheck(StrictModel):
     api_key_env: str | None = None
     dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
     max_model_len: int = Field(4096, ge=16)
+    enforce_eager: bool = False
     max_num_seqs: int | None = Field(None, ge=1)
     max_num_batched_tokens: int | None = Field(None, ge=1)
     quantization: str | None = None
@@ -324,7 +325,7 @@ def run_check(c: PeerCheck) -> tuple[str, bool]:
     served = None
     if c.url is None:
         assert model is not None
-        params = VLLMEngineParams(dtype=c.dtype, quantization=c.quantization, max_model_len=c.max_model_len,
+        params = VLLMEngineParams(dtype=c.dtype, quantization=c.quantization, max_model_len=c.max_model_len, enforce_eager=c.enforce_eager,
                                   max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens)
         served = Served(model, params, device=this_device(), log_path=c.out / "server.log", name="peer",
                         api_key_env=c.api_key_env, own_session=c.server_session == "own")

@@ -57,6 +57,16 @@ SUMMARIES = {"bench": "Run the journey's stages on one model and workload.",
              "check capacity": "llmopt's capacity under the SLO, confirmed by vllm bench serve."}
 
 
+def slo_option(help: str) -> Any:
+    """--slo, declared once for every command that takes one: parsed here, once (core/slo.parse_slo:
+    a bad target is its one-line error with the fix, exit 2), so a command gets the SLO as a type."""
+    def parse(text: str) -> Any:
+        from llmopt_bench.core.slo import SLO, parse_slo
+
+        return text if isinstance(text, SLO) else parse_slo(text)
+    return typer.Option(None, "--slo", parser=parse, metavar="TARGETS", help=help)
+
+
 def help_formatter() -> type:
     """click's HelpFormatter, with hyphens kept from being line-break points."""
     from typer._click.formatting import HelpFormatter

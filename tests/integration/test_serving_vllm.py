@@ -230,7 +230,7 @@ def test_a_short_open_loop_poisson_point(served, requests):
     assert res.failed == 0 and all(s.output_tokens == N for s in res.samples)
     assert res.send_delay_s.n == res.sent
     assert tally.usage_agreed == len(schedule) and not tally.usage_mismatch
-    verdict = judge(parse_slo("ttft_p99=60s,tpot_p99=10s"), res.samples, res.window_s)
+    verdict = judge(parse_slo("ttft_p99=60s,tpot_p99=10s"), res.samples)
     assert verdict.ok and verdict.good_requests == res.sent
 
 
@@ -267,7 +267,7 @@ def test_a_point_the_server_cannot_keep_up_with_is_not_steady_where_the_slo_alon
                   connect_timeout_s=OVERLOAD_CONNECT_S)
     loose = parse_slo("ttft_p99=600s,tpot_p99=600s")
     # the requests that came back met the loose SLO (slowly), failures allowed as OVERLOAD_FAILURES says
-    assert judge(loose, res.samples, res.window_s, OVERLOAD_FAILURES).ok, (rate, res.errors)
+    assert judge(loose, res.samples, OVERLOAD_FAILURES).ok, (rate, res.errors)
     v = slo_verdict(loose, res, OVERLOAD_FAILURES)
     st = res.steady
     assert not v.ok and st.ok is False and v.reason.startswith("not steady: "), st
