@@ -158,12 +158,14 @@ def run_vllm(bench: Any, c: PeerCheck, out: Path, *, base_url: str, name: str, d
         warm = bench.run(custom_args(base_url, name, dataset, warmups, c.output_len, **kw), out / "warmup", timeout_s=3600,
                          save=False)
         if warm.error:
-            raise RuntimeError(warm.error)
+            raise LlmoptError(f"vLLM's client failed: {warm.error}", "see its log; rounds.json keeps the rounds that finished",
+                              code=ExitCode.STAGE_FAILED)
     run = bench.run(custom_args(base_url, name, dataset, n, c.output_len, **kw), out, timeout_s=3600, metrics_url=base_url,
                     headers=headers)
     r = run.result
     if r is None:
-        raise RuntimeError(run.error)
+        raise LlmoptError(f"vLLM's client failed: {run.error}", "see its log; rounds.json keeps the rounds that finished",
+                          code=ExitCode.STAGE_FAILED)
     done = [i for i, e in enumerate(r["errors"]) if not e]
     return {"ttft_s": [r["ttfts"][i] for i in done], "e2e_s": [latency(r, i) for i in done],
             "tpot_s": [(latency(r, i) - r["ttfts"][i]) / (r["output_lens"][i] - 1) for i in done if r["output_lens"][i] > 1],
