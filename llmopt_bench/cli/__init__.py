@@ -57,12 +57,17 @@ def _on_sigterm(signum, frame):  # a kill ends the run like Ctrl-C: run.json kee
     raise KeyboardInterrupt
 
 
+def register_commands() -> None:
+    """Every command on the app: each module registers its own on import. Here, not at the top:
+    the commands import llmopt_bench.cli.app, which runs this package's __init__ first (a cycle),
+    and `import llmopt_bench.cli.X` alone would load every command."""
+    from llmopt_bench.cli import bench, check, compare, doctor, history, recommend, report, stages, tune  # noqa: F401
+
+
 def main(argv: list[str] | None = None) -> int:
     import typer
 
-    # here, not at the top: the commands import llmopt_bench.cli.app, which runs this package's
-    # __init__ first (a cycle), and `import llmopt_bench.cli.X` alone would load every command
-    from llmopt_bench.cli import bench, compare, doctor, history, recommend, report, stages, tune  # noqa: F401 - commands register on import
+    register_commands()
     from llmopt_bench.cli.app import command
 
     signal.signal(signal.SIGTERM, _on_sigterm)

@@ -39,7 +39,8 @@ def _root(version: bool = typer.Option(False, "--version", callback=_show_versio
     """Replay the LLM inference optimization journey on your own GPU and model, with faithful metrics."""
 
 
-# `llmopt -h`'s command list: one line each (click cuts a docstring's first sentence with "...")
+# `llmopt -h`'s command list: one line each (click cuts a docstring's first sentence with "..."),
+# by the command's path under llmopt (`history check` and `check` are two commands)
 SUMMARIES = {"bench": "Run the journey's stages on one model and workload.",
              "compare": "Compare two runs, stage by stage, with noise-aware intervals.",
              "doctor": "What this machine offers llmopt, and the fix for each gap.",
@@ -48,9 +49,22 @@ SUMMARIES = {"bench": "Run the journey's stages on one model and workload.",
              "stages": "Every stage, and why one cannot run here.",
              "tune": "The vLLM serving configuration that holds the most load under the SLO.",
              "history": "A history of runs: add them, show a trend, find shifts.",
-             "add": "Append runs to the history.",
-             "show": "A metric per stage across the history's runs.",
-             "check": "Sustained shifts in each stage's series; exit 5 on a regression."}
+             "history add": "Append runs to the history.",
+             "history show": "A metric per stage across the history's runs.",
+             "history check": "Sustained shifts in each stage's series; exit 5 on a regression.",
+             "check": "llmopt beside vLLM's own client (vllm bench serve) on one server.",
+             "check peer": "The same load from llmopt and vllm bench serve: do their figures agree?",
+             "check capacity": "llmopt's capacity under the SLO, confirmed by vllm bench serve."}
+
+
+def slo_option(help: str) -> Any:
+    """--slo, declared once for every command that takes one: parsed here, once (core/slo.parse_slo:
+    a bad target is its one-line error with the fix, exit 2), so a command gets the SLO as a type."""
+    def parse(text: str) -> Any:
+        from llmopt_bench.core.slo import SLO, parse_slo
+
+        return text if isinstance(text, SLO) else parse_slo(text)
+    return typer.Option(None, "--slo", parser=parse, metavar="TARGETS", help=help)
 
 
 def help_formatter() -> type:
@@ -81,10 +95,10 @@ def command():
         formatter_class = help_formatter()
 
     root = get_command(app)
-    todo = [root]
+    todo = [(root, "")]
     while todo:
-        cmd = todo.pop()
+        cmd, path = todo.pop()
         cmd.context_class = HelpContext
-        cmd.short_help = SUMMARIES.get(cmd.name or "", cmd.short_help)
-        todo += list(getattr(cmd, "commands", {}).values())
+        cmd.short_help = SUMMARIES.get(path, cmd.short_help)
+        todo += [(sub, f"{path} {name}".strip()) for name, sub in getattr(cmd, "commands", {}).items()]
     return root

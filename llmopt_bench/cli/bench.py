@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from llmopt_bench.cli.app import app
+from llmopt_bench.cli.app import app, slo_option
 from llmopt_bench.cli.workload_options import given_workload, with_workload_options
 from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
+from llmopt_bench.core.slo import SLO
 from llmopt_bench.measure.pinning import ENV as PIN_ENV
 
 if TYPE_CHECKING:
@@ -146,7 +147,7 @@ def bench_cmd(
     endpoint: str | None = typer.Option(None, "--endpoint", help="Put the serving load on a server you run (any OpenAI-compatible URL); --model then names the model it serves. Runs the openai-endpoint stage."),
     api_key_env: str | None = typer.Option(None, "--api-key-env", help="With --endpoint: the NAME of the environment variable that holds the API key (the key is never written anywhere)."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="With --endpoint: the served model's tokenizer (a directory or hub id) to build and count prompts."),
-    slo: str | None = typer.Option(None, "--slo", help="The serving stages' latency targets, like ttft_p99=2s,tpot_p99=100ms (default: MLPerf's Server limits for Llama-3.1-8B): the capacity is the highest request rate that meets them. Sets the slo of every serving stage in the journey."),
+    slo: SLO | None = slo_option(help="The serving stages' latency targets, like ttft_p99=2s,tpot_p99=100ms (default: MLPerf's Server limits for Llama-3.1-8B): the capacity is the highest request rate that meets them. Sets the slo of every serving stage in the journey."),
     hold: float | None = typer.Option(None, "--hold", help="Seconds the serving stages hold the capacity they found, judged again (default: each stage's hold_s, 60 s; 600 for an MLPerf-like check; 0: no hold, the capacity is reported as not held). Sets the hold_s of every serving stage in the journey."),
     min_quality: str | None = typer.Option(None, "--min-quality", help="Quality gate: a stage whose perplexity exceeds FP16's by more than 1 - Q is flagged as a quality regression (0.99 or 99%: within 1%; default: 0.99)."),
     pin_cpu: bool = typer.Option(False, "--pin-cpu", callback=pin_stages, help="Pin each fixed-workload stage's main thread to one core during its repeats, that core kept busy 0.2 s before each (sets LLMOPT_PIN_CPU=1; recorded in each repeat's conditions; docs/regression.md)."),
@@ -227,7 +228,7 @@ def check_preset_use(preset: str | None, *, stages: str | None, endpoint: str | 
 
 def plans_and_workload(preset: str | None, given: WorkloadOptions, previous, cuda: bool, stages: str | None,
                        model: str | None, endpoint: str | None, api_key_env: str | None, tokenizer: str | None,
-                       slo: str | None, hold: float | None = None) -> tuple[list, bool, str | None, WorkloadConfig]:
+                       slo: SLO | None, hold: float | None = None) -> tuple[list, bool, str | None, WorkloadConfig]:
     """The stages to run, whether the user named them, the run's model and its workload: the
     preset's, or those of --stages (or --endpoint) at the default workload; --slo and --hold set."""
     from llmopt_bench.core.workload import resolve_workload
@@ -272,7 +273,7 @@ def preset_run(name: str, given: WorkloadOptions) -> tuple[list, WorkloadConfig]
 
 
 def journey_plans(stages: str | None, previous, model: str | None, endpoint: str | None, api_key_env: str | None,
-                  tokenizer: str | None, slo: str | None) -> tuple[list, bool, str | None]:
+                  tokenizer: str | None, slo: SLO | None) -> tuple[list, bool, str | None]:
     """The stages to run, whether the user named them, and the run's model (an endpoint's own)."""
     if endpoint is not None:
         journey, model = endpoint_stage(endpoint, model, api_key_env, tokenizer, stages)
@@ -308,18 +309,17 @@ def endpoint_stage(url: str, model: str | None, key_env: str | None, tokenizer: 
     return str(path), f"endpoint:{model}"
 
 
-def with_slo(plans: list, text: str) -> None:
-    """--slo: the slo param of every serving stage of the journey, checked before anything starts."""
-    from llmopt_bench.core.slo import parse_slo
-    from llmopt_bench.run.registry import load_stage
+def with_slo(plans: list, slo: SLO) -> None:
+    """--slo (parsed once, by the option): the slo param of every serving stage of the journey, set
+    through the stage's own Params (its typed field; the job file carries it as that type writes it)."""
+    from llmopt_bench.run.registry import load_stage, validate_params
 
-    slo = parse_slo(text)  # a bad target is a usage error here, not a failed stage later
     serving = [p for p in plans if "slo" in load_stage(p.stage).Params.model_fields]
     if not serving:
         raise UsageError("--slo sets the serving stages' targets, and this journey has no serving stage",
                          "add one (--stages vllm-serve, or --endpoint URL --model NAME), or drop --slo")
     for plan in serving:
-        plan.params = {**plan.params, "slo": str(slo)}  # the plan's params are JSON: the SLO as its text
+        plan.params = validate_params(load_stage(plan.stage), {**plan.params, "slo": slo})
 
 
 def with_hold(plans: list, seconds: float) -> None:

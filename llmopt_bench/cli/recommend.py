@@ -9,15 +9,16 @@ from typing import Optional
 
 import typer
 
-from llmopt_bench.cli.app import app
+from llmopt_bench.cli.app import app, slo_option
 from llmopt_bench.core.errors import UsageError
+from llmopt_bench.core.slo import SLO
 
 
 @app.command("recommend")
 def recommend_cmd(
     run_dir: Path = typer.Argument(..., help="A run directory written by `llmopt bench` (or its run.json)."),
-    slo: Optional[str] = typer.Option(None, "--slo", help="Judge the measured load points under this SLO instead of "
-                                      "the run's, e.g. ttft_p99=2s,tpot_p99=100ms."),
+    slo: Optional[SLO] = slo_option(help="Judge the measured load points under this SLO instead of the run's, "
+                                    "e.g. ttft_p99=2s,tpot_p99=100ms."),
     priority: str = typer.Option("throughput", "--priority", help="throughput (the held capacity under the SLO; without one, the "
                                  "saturated, else the fixed-workload, output tok/s), latency (TPOT at one request in flight), memory "
                                  "(weights), cost (GPU-seconds per request at the held capacity: GPUs / capacity; no held capacity, no "
@@ -30,11 +31,10 @@ def recommend_cmd(
     from llmopt_bench.analysis.recommend.choose import recommend
     from llmopt_bench.analysis.recommend.text import lines
     from llmopt_bench.core.results import load_run
-    from llmopt_bench.core.slo import parse_slo
 
     if not run_dir.exists():
         raise UsageError(f"no run directory at {run_dir}", "pass a directory written by `llmopt bench` (results/runs/<timestamp>)")
-    rec = recommend(load_run(run_dir), priority=priority, slo=parse_slo(slo) if slo is not None else None)
+    rec = recommend(load_run(run_dir), priority=priority, slo=slo)
     if as_json:
         typer.echo(json.dumps(rec.as_dict(), indent=1))
     else:

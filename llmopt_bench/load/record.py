@@ -1,19 +1,17 @@
 """What a load point keeps: the row every load stage writes (PointRow, the base of
 continuous-batching's CurveRow and the serving stages' LoadRow, so that a figure means the same
-in both), goodput, the SLO's verdict with the steady state in it, and the per-request figures
-`llmopt recommend --slo` judges again (SLOPoint)."""
+in both), the SLO's verdict with the steady state in it (goodput: analysis/slo.py), and the
+per-request figures `llmopt recommend --slo` judges again (SLOPoint)."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Sequence
 from typing import Any, NotRequired, TypedDict
 
 from pydantic import Field
 
 from llmopt_bench.analysis import metrics as M
-from llmopt_bench.analysis.slo import Verdict, judge, meets
-from llmopt_bench.core.records import CacheRecord, RequestSample, SLOPoint, StrictModel, TurnRow
+from llmopt_bench.analysis.slo import Verdict, goodput_rps, judge
+from llmopt_bench.core.records import CacheRecord, SLOPoint, StrictModel, TurnRow
 from llmopt_bench.core.slo import SLO
 from llmopt_bench.load.point import PointResult
 from llmopt_bench.load.turns import turn_rows
@@ -60,21 +58,6 @@ class PointRow(StrictModel):
     error: str | None = None  # the point itself could not run
     cache: CacheRecord | None = None  # the engine's prefix cache and KV use over the point (load/turns.with_requests)
     turns: list[TurnRow] | None = None  # a multi-turn point's requests by turn (load/turns.turn_rows)
-
-
-def goodput_rps(samples: Sequence[RequestSample], slo: SLO) -> float | None:
-    """Requests that met every target on their own, per second of their busy window (first
-    submit to last token), the mean over repeats: DistServe's definition, vllm bench serve's."""
-    by_repeat: dict[int, list[RequestSample]] = defaultdict(list)
-    for s in samples:
-        by_repeat[s.repeat].append(s)
-    rates = []
-    for group in by_repeat.values():
-        ok = [s for s in group if s.ok]
-        window = max(s.t_done for s in ok) - min(s.t_submit for s in ok) if ok else 0.0
-        if window > 0:
-            rates.append(sum(1 for s in ok if meets(slo, s)) / window)
-    return sum(rates) / len(rates) if rates else (0.0 if samples else None)
 
 
 def _p(dist: Any, attr: str) -> float | None:
@@ -129,7 +112,7 @@ def figures(res: PointResult, slo: SLO | None) -> PointFigures:
         tpot_p50_s=_p(m and m.tpot_s, "p50"), tpot_p99_s=_p(m and m.tpot_s, "p99"),
         itl_p50_s=_p(m and m.itl_s, "p50"), itl_p99_s=_p(m and m.itl_s, "p99"),
         e2e_p50_s=_p(m and m.e2e_s, "p50"), e2e_p99_s=_p(m and m.e2e_s, "p99"),
-        goodput_rps=goodput_rps(res.samples, slo) if slo else None)
+        goodput_rps=goodput_rps(slo, res.samples) if slo else None)
     turns = turn_rows(res.samples)
     if turns is not None:  # a multi-turn point only: the other rows keep the keys they always had
         out["turns"] = turns
@@ -142,9 +125,10 @@ def figures(res: PointResult, slo: SLO | None) -> PointFigures:
 
 
 def slo_verdict(slo: SLO, res: PointResult, max_failure_rate: float) -> Verdict:
-    """The SLO's verdict on the point, goodput over its busy window; a point that is not in
-    steady state misses whatever its latencies, the reason said first."""
-    v = judge(slo, res.samples, res.busy_s, max_failure_rate)
+    """The one verdict on a load point, llmopt's or vLLM's client's alike (scenarios/peer/judge.py):
+    the SLO's (analysis/slo.judge, with its goodput); a point that is not in steady state misses
+    whatever its latencies, the reason said first."""
+    v = judge(slo, res.samples, max_failure_rate)
     st = res.steady
     if st is not None and st.ok is False:
         v = v.model_copy(update={"ok": False, "reason": "; ".join(r for r in (st.reason, v.reason) if r)})

@@ -13,7 +13,7 @@ from llmopt_bench.core.freeform import Json
 
 def git_commit() -> str | None:
     """The checkout's commit ("-dirty" with uncommitted changes); LLMOPT_COMMIT where the code
-    travelled without its .git (a copy of the tree on a GPU machine, see scripts/device-run.sh)."""
+    travelled without its .git (a copy of the tree on a GPU machine, see scripts/device/device-run.sh)."""
     here = Path(__file__).resolve().parent
     if os.environ.get("LLMOPT_COMMIT"):
         return os.environ["LLMOPT_COMMIT"]

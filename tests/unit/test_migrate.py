@@ -72,7 +72,7 @@ def test_committed_runs_are_stored_in_the_current_schema_and_validate(path):
     from llmopt_bench.run.registry import presentation_class
 
     raw = json.loads((ROOT / path).read_text())
-    assert raw["schema_version"] == SCHEMA_VERSION, f"{path}: rewrite it with scripts/migrate-runs.py"
+    assert raw["schema_version"] == SCHEMA_VERSION, f"{path}: rewrite it with scripts/maintainers/migrate-runs.py"
     run = load_run(ROOT / path)
     for s in run.stages:
         if s.status == "ok":

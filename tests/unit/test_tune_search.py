@@ -67,11 +67,15 @@ class FakeRun:
         self.clock.t += 10
         return SimpleNamespace(qps=2 * self.true), None, None
 
+    def estimate(self, rate: float, hold_s: float | None) -> float:  # the seconds of load a point takes here
+        return (hold_s or self.p.min_point_s) + self.p.warmup_s
+
     def trial(self, rate: float, hold_s: float | None = None) -> Trial:
         self.points.append(rate)
         hold = bool(hold_s)
-        self.clock.t += (self.p.hold_s if hold else self.p.min_point_s) + self.p.warmup_s
-        return Trial(rate=rate, ok=rate <= self.true, latency_s=rate / self.true, kind="hold" if hold else "probe")
+        cost = self.estimate(rate, self.p.hold_s if hold else None)
+        self.clock.t += cost
+        return Trial(rate=rate, ok=rate <= self.true, latency_s=rate / self.true, kind="hold" if hold else "probe", cost_s=cost)
 
 
 def quality(ppl: float) -> QualityRecord:
@@ -239,3 +243,17 @@ def test_tune_json_round_trips(tmp_path):
     tuner.save()
     data = json.loads((tmp_path / TUNE_JSON).read_text())
     assert TuneRecord.model_validate(data).model_dump() == tuner.record.model_dump()
+
+
+def test_a_configuration_s_search_spends_the_stage_s_seconds_of_load_not_a_trial_count():
+    """tune's rungs spend the vllm-serve stage's budget (search_budget_s, seconds of load across
+    the rungs and the hold), each rung's trial cap besides: a precision the budget cannot buy
+    stops the narrowing with the budget's note, however many trials the rung would allow."""
+    load = ServingParams(slo="ttft_p99=2s", hold_s=10.0, requests_per_point=8, warmup_s=1, min_point_s=5, search_budget_s=40)
+    run = FakeRun(10.0, load, Clock())
+    cap = ServerCapacity(run)
+    cap.start(None, 16)
+    rung = cap.narrow("precise", 0.001, 5, 50)
+    assert rung.probes == len(run.points) == 4 and not rung.converged  # 40 s of load at 6 s a trial, 11 s kept for the hold
+    held = cap.hold(10.0, 3)
+    assert any("stopped by its budget" in n for n in held.notes), held.notes

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from llmopt_bench.analysis.slo import client_late
+from llmopt_bench.analysis.slo import client_late, goodput, request_meets
 from llmopt_bench.core.distribution import percentile
 from llmopt_bench.core.records import SLOPoint
 from llmopt_bench.core.slo import SLO, Target
@@ -60,21 +60,12 @@ def _target_value(point: SLOPoint, t: Target) -> float | None:
     return percentile(values, t.percentile) if values else None
 
 
-def _within(value: float | None, limit: float) -> bool:
-    """A request meets a target it has no value for (TPOT of a one-token answer)."""
-    return value is None or value <= limit
-
-
 def _good(point: SLOPoint, slo: SLO) -> int:
-    """Requests that met every TTFT/TPOT/E2E target on their own (goodput, as analysis/slo.meets)."""
-    limits = [(t.metric, t.limit_s) for t in slo.targets if t.metric != "itl"]
-    good = 0
-    for i in range(len(point.ttft_s)):
-        row: dict[str, float | None] = {
-            "ttft": point.ttft_s[i], "tpot": point.tpot_s[i] if i < len(point.tpot_s) else None,
-            "e2e": point.e2e_s[i] if i < len(point.e2e_s) else None}
-        good += all(_within(row[m], limit) for m, limit in limits)
-    return good
+    """The successful requests that met the SLO's per-request targets, as the run counted them
+    (analysis/slo.request_meets: the one goodput test)."""
+    column = lambda xs, i: xs[i] if i < len(xs) else None  # noqa: E731
+    return sum(request_meets(slo, {"ttft": point.ttft_s[i], "tpot": column(point.tpot_s, i), "e2e": column(point.e2e_s, i)})
+               for i in range(len(point.ttft_s)))
 
 
 def judge_point(point: SLOPoint, slo: SLO, max_failure_rate: float) -> PointVerdict:
@@ -91,18 +82,18 @@ def judge_point(point: SLOPoint, slo: SLO, max_failure_rate: float) -> PointVerd
     if rate > max_failure_rate:
         reasons.append(f"{point.failed} of {point.requests} requests failed")
         ratios.append(rate / max_failure_rate if max_failure_rate else float("inf"))
-    goodput = _good(point, slo) / point.window_s if point.window_s > 0 else None
+    good = goodput(_good(point, slo), point.window_s)
     worst = max(ratios, default=None)
     if point.steady is False:  # the server fell behind: a miss whatever its latencies
         return PointVerdict(point.rate_rps, False, worst if reasons else None,
-                            "; ".join([point.steady_reason or "not steady", *reasons]), goodput, point.hold)
+                            "; ".join([point.steady_reason or "not steady", *reasons]), good, point.hold)
     if unknown and not reasons:
-        return PointVerdict(point.rate_rps, None, worst, f"cannot judge {', '.join(unknown)} here", goodput, point.hold)
+        return PointVerdict(point.rate_rps, None, worst, f"cannot judge {', '.join(unknown)} here", good, point.hold)
     # a pass needs the load the point asked for; a miss under less load than asked is still a miss
     late = None if reasons else client_late(point.queued_at_end, point.requests)
     if late:
-        return PointVerdict(point.rate_rps, None, worst, f"cannot judge: {late}", goodput, point.hold)
-    return PointVerdict(point.rate_rps, not reasons, worst, "; ".join(reasons) or "met", goodput, point.hold)
+        return PointVerdict(point.rate_rps, None, worst, f"cannot judge: {late}", good, point.hold)
+    return PointVerdict(point.rate_rps, not reasons, worst, "; ".join(reasons) or "met", good, point.hold)
 
 
 def rejudge(points: Sequence[SLOPoint], slo: SLO, max_failure_rate: float = 0.01) -> Rejudged:

@@ -192,3 +192,31 @@ def _phases(text: str) -> dict[str, float]:
     if "compile_s" in phases and (COLD.search(text) or WARM.search(text)):
         phases["compile_cold_s" if COLD.search(text) else "compile_warm_s"] = phases["compile_s"]
     return phases
+
+
+# a start that failed: the kinds, each with what in the log says it (checked in this order)
+FAILURE_KINDS = (
+    ("out of memory", ("out of memory", "outofmemory", "no available memory for the cache blocks")),
+    ("unsupported here", ("notimplementederror", "not supported", "unsupported")),
+    ("invalid combination", ("valueerror", "validationerror", "value error", "invalid")),
+)
+VLLM_PREFIX = re.compile(r"^\(\w+ pid=\d+\) \w+ [\d-]+ [\d:.]+ \[[^\]]*\] ")  # "(APIServer pid=1) ERROR 12-05 20:51:10 [x.py:12] "
+
+
+def start_failure(log_text: str, timed_out: bool = False) -> tuple[str, str]:
+    """Why an engine did not start, from its log: (kind, the line that says why). The line:
+    pydantic's "Value error, ..." (vLLM's config checks), else the last line naming an error or
+    exception (a traceback's last), else the log's last line; without vLLM's prefix and
+    pydantic's " [type=...]". The kind: "did not start in time" when the wait ran out, else the
+    first of FAILURE_KINDS the log shows, else "failed"."""
+    text = last_start(log_text)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    said = next((ln.split("Value error, ", 1)[1] for ln in reversed(lines) if "Value error, " in ln), None) or \
+        next((ln for ln in reversed(lines) if re.search(r"(Error|Exception|error:)", ln) and "Traceback" not in ln
+              and "errors.pydantic.dev" not in ln), lines[-1] if lines else "no log")
+    said = VLLM_PREFIX.sub("", said).split(" [type=")[0][:300]
+    if timed_out:
+        return "did not start in time", said
+    low = text.lower()
+    kind = next((k for k, words in FAILURE_KINDS if any(w in low for w in words)), "failed")
+    return kind, said

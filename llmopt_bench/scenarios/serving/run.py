@@ -198,10 +198,13 @@ class ServingRun:
         ceiling, how = self.ceiling()
         start = p.search_start_rps or (None if ceiling else 1.0)
         return find_capacity(self.trial, ceiling, p.search_budget_s, precision=p.search_precision, hold_s=p.hold_s,
-                             hold_attempts=p.hold_attempts, ceiling_how=how, saturation=self.ceiling,
-                             estimate=lambda rate, hold_s: planned_cost(rate, hold_s, p, self.seed, self.in_system),
+                             hold_attempts=p.hold_attempts, ceiling_how=how, saturation=self.ceiling, estimate=self.estimate,
                              start_rate=start, min_rate=p.search_min_rps, max_rate=p.search_max_rps,
                              max_trials=p.search_max_probes)
+
+    def estimate(self, rate: float, hold_s: float | None) -> float:
+        """The seconds of load a trial (or a hold of hold_s) at `rate` will take, as planned."""
+        return planned_cost(rate, hold_s, self.p, self.seed, self.in_system)
 
     def throughput(self) -> None:
         assert self.tp_load is not None

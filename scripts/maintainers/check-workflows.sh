@@ -13,7 +13,7 @@
 # the actionlint binary from GitHub releases (it fails where only the package registries are
 # reachable).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 shopt -s nullglob
 files=("$@")  # default: every workflow
 [ ${#files[@]} -gt 0 ] || files=(.github/workflows/*.yml .github/workflows/*.yaml)

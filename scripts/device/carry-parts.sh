@@ -2,10 +2,10 @@
 # Files larger than one device call may carry (64 MiB with the working tree), sent in parts over
 # several calls, the way the workplace's device kit sends vLLM. docs/gpu-runs.md
 #
-# Here:   bash scripts/carry-parts.sh pack NAME PATH...
+# Here:   bash scripts/device/carry-parts.sh pack NAME PATH...
 #         packs PATHs (each under its own name) into .devcarry/NAME/partNN, 60 MB each, with
 #         SHA256 and COUNT (ignored by git)
-# There:  bash scripts/carry-parts.sh join NAME DEST
+# There:  bash scripts/device/carry-parts.sh join NAME DEST
 #         keeps the parts this call carried in /tmp/carry/NAME; once all COUNT parts are there and
 #         their checksum holds, unpacks them into DEST (and says so); before that, says how many
 # Each call carries one part plus the two small files, e.g.

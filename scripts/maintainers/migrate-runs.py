@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Rewrite run.json files (run directories or bare run.json baselines) in the current schema.
 
-    python scripts/migrate-runs.py [--cache-was /tmp/llmopt-cache ...] results/h200 results/baselines/x.json
+    python scripts/maintainers/migrate-runs.py [--cache-was /tmp/llmopt-cache ...] results/h200 results/baselines/x.json
 
 llmopt reads older schemas anyway (migrated in memory, numbers unchanged); this stores them
 migrated, so that committed runs and baselines read as they are. Paths under this machine's

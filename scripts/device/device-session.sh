@@ -3,9 +3,9 @@
 # longer than one call's 10-minute limit starts in the background in a session of its own (it
 # outlives the call while the machine stays warm) and later calls wait for it, packing the run
 # directory into $OUT every 15 s and at the end.
-#   bash scripts/device-session.sh start JOURNEY [bench options]   install .whl/, llmopt doctor, start the run
-#   bash scripts/device-session.sh wait SECONDS                     wait for the run (at most SECONDS), pack it
-#   bash scripts/device-session.sh peer [peer-serve.py options]     the serving peer check, into $OUT/peer
+#   bash scripts/device/device-session.sh start JOURNEY [bench options]   install .whl/, llmopt doctor, start the run
+#   bash scripts/device/device-session.sh wait SECONDS                     wait for the run (at most SECONDS), pack it
+#   bash scripts/device/device-session.sh peer [llmopt check peer options] the serving peer check, into $OUT/peer
 # Env: RUN (default /tmp/llmopt-run), MODEL (synthetic:llama2-7b), LLMOPT_COMMIT (the checkout's sha).
 set -uo pipefail
 RUN=${RUN:-/tmp/llmopt-run}
@@ -45,7 +45,7 @@ case "${1:-}" in
   peer)
     shift
     mkdir -p "${OUT:-/tmp}/peer"
-    python3 scripts/peer-serve.py --model "$MODEL" --out "${OUT:-/tmp}/peer" "$@" 2>&1 | tail -40
+    python3 -m llmopt_bench check peer --model "$MODEL" --out "${OUT:-/tmp}/peer" "$@" 2>&1 | tail -40
     ;;
   *) echo "usage: $0 start JOURNEY [options] | wait SECONDS | peer [options]"; exit 2 ;;
 esac

@@ -7,7 +7,7 @@
 # the kit's fresh machine look like a user's, not warmer. On the CPU host, `import vllm,
 # vllm.v1.engine.core` took 24-26 s with no .pyc anywhere against 12.7-12.9 s with them
 # (docs/gpu-runs.md, "Time on the H200"). Idempotent: a second call finds everything compiled.
-#   bash scripts/device-compile.sh        prints the seconds it took and the .pyc counts
+#   bash scripts/device/device-compile.sh        prints the seconds it took and the .pyc counts
 set -uo pipefail
 t0=$(date +%s.%N)
 if [ ! -e /tmp/llmsite/.done ] && ls .whl/*.whl >/dev/null 2>&1; then  # as device-session.sh and device-run.sh install it

@@ -4,7 +4,7 @@
 # flash-attn), then runs `llmopt bench` into a run directory that survives between calls while
 # the machine stays warm (--resume). The run is packed into $OUT every 15 s and at the end, so a
 # call cut off by its limit still brings back every stage that finished.
-# Usage: STAGES=hf-fp16,bnb-int8 [MODEL=...] [RUN=/tmp/llmopt-run] [LIMIT=540] [LLMOPT_COMMIT=<sha>] bash scripts/device-run.sh [bench options]
+# Usage: STAGES=hf-fp16,bnb-int8 [MODEL=...] [RUN=/tmp/llmopt-run] [LIMIT=540] [LLMOPT_COMMIT=<sha>] bash scripts/device/device-run.sh [bench options]
 # (the tree travels without .git: pass LLMOPT_COMMIT=$(git rev-parse HEAD) from the checkout so run.json names the commit)
 set -uo pipefail
 RUN=${RUN:-/tmp/llmopt-run}

