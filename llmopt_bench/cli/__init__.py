@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # here, not at the top: the commands import llmopt_bench.cli.app, which runs this package's
     # __init__ first (a cycle), and `import llmopt_bench.cli.X` alone would load every command
-    from llmopt_bench.cli import bench, compare, doctor, history, recommend, report, stages, tune  # noqa: F401 - commands register on import
+    from llmopt_bench.cli import bench, check_client, compare, doctor, history, recommend, report, stages, tune  # noqa: F401 - commands register on import
     from llmopt_bench.cli.app import command
 
     signal.signal(signal.SIGTERM, _on_sigterm)

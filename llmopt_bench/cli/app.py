@@ -50,7 +50,8 @@ SUMMARIES = {"bench": "Run the journey's stages on one model and workload.",
              "history": "A history of runs: add them, show a trend, find shifts.",
              "add": "Append runs to the history.",
              "show": "A metric per stage across the history's runs.",
-             "check": "Sustained shifts in each stage's series; exit 5 on a regression."}
+             "check": "Sustained shifts in each stage's series; exit 5 on a regression.",
+             "client-ceiling": "The load client's own ceiling: requests a second before it, not the server, sets the latency."}
 
 
 def help_formatter() -> type:

@@ -28,6 +28,7 @@ from typing import Any
 
 from llmopt_bench.client.workers import GO_LEAD_S, Job, WorkerConfig, WorkerResult
 from llmopt_bench.core.errors import MissingDependency, UsageError
+from llmopt_bench.core.freeform import Json, Kwargs
 from llmopt_bench.measure.timing import now
 
 RAY_FIX = "pip install 'llmopt-bench[cluster]'  (Ray, on this host and every node of the cluster)"
@@ -60,7 +61,7 @@ class Placement:
             return cls(node_id=text.removeprefix("node:"))
         return cls(resource=text)
 
-    def options(self) -> dict[str, Any]:
+    def options(self) -> Kwargs:
         if self.node_id is not None:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -88,7 +89,7 @@ class ClientActor:
         self.where = {"host": socket.gethostname(), "pid": os.getpid(), "boot_id": boot_id()}
         self.name = f"{name} on {self.where['host']} (pid {os.getpid()})"
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Json:
         return self.where
 
     def clock(self) -> float:
@@ -104,6 +105,16 @@ class ClientActor:
         assert self.job is not None
         job, self.job = self.job, None
         return run_job(self.config, job, start_at, self.name)  # its send delays include a late start
+
+
+def client_processes(workers: int, cluster: str | None, nodes: Sequence[str], config: WorkerConfig) -> Kwargs:
+    """HTTPLoad's keyword arguments for the client's processes a serving stage's params ask for:
+    `workers` local processes, or (a cluster or nodes named) Ray actors, one on each node named
+    (else `workers` of them where Ray puts them). cluster "env": the address in RAY_ADDRESS."""
+    if cluster is None and not nodes:
+        return {"workers": workers}
+    places = [Placement.parse(n) for n in nodes] or [Placement()] * workers
+    return {"cluster": RayWorkers(None if cluster in (None, "env") else cluster, places, config)}
 
 
 def _ray() -> Any:

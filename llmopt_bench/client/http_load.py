@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import itertools
+import pickle
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
@@ -133,6 +134,7 @@ class HTTPLoad:
     dealt: int = 1  # how many processes the last point's schedule was dealt to
     views: list[ClientView] = field(default_factory=list)  # the last point's, one per client process
     start_at: float | None = None  # a worker's part starts at this instant (client/workers.py)
+    given: dict[str, str | list[int]] = field(default_factory=dict)  # a worker's prompts by request id, made in the parent
     notes: list[str] = field(default_factory=list)
     _pool: Any = None
 
@@ -196,6 +198,9 @@ class HTTPLoad:
             gc.unfreeze()
 
     async def _prompt(self, s: Send) -> str | list[int]:
+        given = self.given.get(s.id)
+        if given is not None:
+            return given
         if self.prompt_of is not None:
             return self.prompt_of(s)
         if self.texts is None:
@@ -263,15 +268,18 @@ class HTTPLoad:
             return None
         split_reason = getattr(dispatcher, "split_reason", None)
         why = split_reason() if split_reason is not None else "its load cannot be dealt to several processes"
-        if why is None and self.count_text is not None:
-            why = "its tokens are counted by the run's tokenizer (the server streams no token ids), which the workers do not hold"
+        if why is None and self.count_text is not None and not _picklable(self.count_text):
+            why = "its tokens are counted by a function of this process (count_text) that cannot go to another"
+        if why is None and self.prompt_of is not None:
+            why = "its prompts come from a function of this process (prompt_of)"
         if why is not None:
             self._note(f"a point sent by one client process: {why}")
             return None
         if self.cluster is not None:
             return self.cluster
         if self._pool is None:
-            self._pool = LocalWorkers(self.workers, WorkerConfig(tuple(self.endpoints), self.worker_cpus))
+            self._pool = LocalWorkers(self.workers, WorkerConfig(tuple(self.endpoints), self.worker_cpus, self.texts,
+                                                                 self.count_text))
         return self._pool
 
     def _drive_dealt(self, pool: Any, dispatcher: Any) -> None:
@@ -309,11 +317,33 @@ class HTTPLoad:
         ready = self.texts.ready(ids)
         return ready if ready is not None else self.texts.text(ids)
 
+    def describe(self) -> str:
+        """The client's processes as a run states them, and why a point was not dealt (notes)."""
+        if self.cluster is not None:
+            how = f"{self.cluster.size} Ray actors ({', '.join(map(str, self.cluster.placements))}) at {self.cluster.address}"
+        elif self.workers > 1:
+            how = f"{self.workers} worker processes" + (f" on cores {','.join(map(str, self.worker_cpus))}" if self.worker_cpus else "")
+        else:
+            how = "one process"
+        if len(self.endpoints) > 1:
+            how += f", requests round-robin over {len(self.endpoints)} endpoints"
+        return "; ".join([how, *self.notes])
+
     def close(self) -> None:
-        """End the worker processes (a pool is kept from point to point)."""
+        """End the worker processes and the Ray actors (kept from point to point)."""
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        if self.cluster is not None:
+            self.cluster.close()
+
+
+def _picklable(obj: Any) -> bool:
+    try:
+        pickle.dumps(obj)
+    except Exception:  # noqa: BLE001 - whatever cannot be pickled stays in this process
+        return False
+    return True
 
 
 def shift_sample(s: RequestSample, d: float) -> RequestSample:

@@ -111,6 +111,17 @@ class Tally:
             self.prompt_off_worst = max(self.prompt_off_worst, abs(counted / asked - 1) if asked else 1.0)
 
 
+class TokenCounter:
+    """A chunk's text counted by a tokenizer (OpenAIClient's count_text), picklable: a client worker
+    process counts with it too."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+
+    def __call__(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 @dataclass
 class _Stream:
     """One request's stream as it arrives."""

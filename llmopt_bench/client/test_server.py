@@ -26,12 +26,15 @@ import asyncio
 import heapq
 import itertools
 import json
+import os
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from llmopt_bench.core.freeform import Json
 
 MODEL = "llmopt-test-server"
 MAX_HEADER = 64 * 1024
@@ -55,7 +58,7 @@ class Tally:
     lateness: list[float] = field(default_factory=list)  # per wake-up: the latest event's delay past its due time
     since: float = field(default_factory=time.perf_counter)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> Json:
         late = sorted(self.lateness)
 
         def q(p: float) -> float | None:
@@ -85,7 +88,7 @@ class Events:
         key = (i, ids, last)
         out = self._cache.get(key)
         if out is None:
-            choice: dict[str, Any] = {"index": 0, "text": f" t{i}", "logprobs": None, "finish_reason": "length" if last else None}
+            choice: Json = {"index": 0, "text": f" t{i}", "logprobs": None, "finish_reason": "length" if last else None}
             if ids:
                 choice["token_ids"] = [1000 + i % 30000]
             out = self._cache[key] = _event({"id": "cmpl-test", "object": "text_completion", "created": 0,
@@ -322,9 +325,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--interval-ms", type=float, default=10.0, help="between a stream's events; 0: as fast as the loop writes")
     ap.add_argument("--first-ms", type=float, default=None, help="request to first event (default: the interval)")
     ap.add_argument("--uvloop", action="store_true", help="run on uvloop (where installed)")
+    ap.add_argument("--cpus", default=None, help="the cores it runs on, e.g. 1 or 2,3 (default: any)")
     a = ap.parse_args(argv)
     if a.interval_ms < 0 or (a.first_ms is not None and a.first_ms < 0):
         ap.error("--interval-ms and --first-ms take 0 or more")
+    if a.cpus:
+        try:
+            os.sched_setaffinity(0, {int(c) for c in a.cpus.split(",")})
+        except (ValueError, OSError) as e:
+            ap.error(f"--cpus {a.cpus}: {e}")
     pacing = Pacing(a.interval_ms / 1e3, (a.first_ms if a.first_ms is not None else a.interval_ms) / 1e3)
     signal.signal(signal.SIGTERM, _interrupt)
     if a.uvloop:

@@ -18,10 +18,9 @@ from llmopt_bench.client.workers import Job, WorkerConfig, WorkerResult
 
 def run_job(config: WorkerConfig, job: Job, start_at: float, name: str) -> WorkerResult:
     """One worker's part of a point, in this process: from start_at (this process's clock) to its end."""
-    prompts = job.prompts
-    load = HTTPLoad(config.endpoints[0], replicas=list(config.endpoints[1:]), watch_server=False,
-                    prompt_of=lambda s: prompts.get(s.id, list(s.token_ids)), first_endpoint=job.first_endpoint,
-                    start_at=start_at)
+    load = HTTPLoad(config.endpoints[0], replicas=list(config.endpoints[1:]), watch_server=False, texts=config.texts,
+                    count_text=config.count_text,
+                    given=job.prompts, first_endpoint=job.first_endpoint, start_at=start_at)
     load.drive(job.part)
     view = load.views[0]
     return WorkerResult(name=name, part=job.part, samples=load.samples, tally=load.tally, clocks=view.clocks, lag=view.lag,

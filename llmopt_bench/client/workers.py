@@ -54,17 +54,20 @@ class WorkerLost(LlmoptError):
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """What every worker of a pool shares: the endpoints (requests round-robin over them) and
-    the cores, where given (worker k on cpus[k mod len])."""
+    """What every worker of a pool shares: the endpoints (requests round-robin over them), the
+    cores, where given (worker k on cpus[k mod len]), and the prompts' texts (workloads/text.
+    PromptTexts, its tokenizer with it: a conversation's later turns are made where they are sent)."""
 
     endpoints: tuple[Endpoint, ...]
     cpus: tuple[int, ...] | None = None
+    texts: Any = None
+    count_text: Any = None  # the tokenizer's count of a chunk's text (openai_http.TokenCounter), where the stream has no ids
 
 
 @dataclass
 class Job:
-    """One worker's part of a point: the part (a Dispatcher), each of its requests' prompt by
-    request id (text, or token ids), and which endpoint its round-robin starts at."""
+    """One worker's part of a point: the part (a Dispatcher), its planned requests' prompts by
+    request id (text, or token ids: made in the parent), and which endpoint its round-robin starts at."""
 
     part: Any
     prompts: dict[str, str | list[int]]

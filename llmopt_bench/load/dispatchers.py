@@ -21,6 +21,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from llmopt_bench.core.dispatch import Send
 from llmopt_bench.core.records import RequestSample
@@ -112,23 +113,25 @@ class _Loop:
         return [(r.id, r.token_ids) for r in self.source.requests]
 
     def join(self, parts: Sequence[_Loop], shifts: Sequence[float] | None = None) -> None:
-        """The parts' timelines as this loop's, in arrival order (ties: in part order), indexed
-        again: a closed loop's ramp (every user's first request, at its part's start) stays the
-        first ones; this loop's start is the earliest part's."""
-        merged: list[Timeline] = []
-        starts = []
-        for k, part in enumerate(parts):
-            d = shifts[k] if shifts else 0.0
-            merged += [shifted(t, d) for t in part.timelines] if d else part.timelines
-            if part.t0 is not None:
-                starts.append(part.t0 + d)
-        self.t0 = min(starts) if starts else self.t0
-        merged.sort(key=lambda t: t.arrival)  # stable: ties keep each part's own order
-        for i, t in enumerate(merged):
-            t.index = i
-        self.timelines = merged
-        self.answered = sum(p.answered for p in parts)
+        self.t0, self.timelines, self.answered = joined(parts, shifts, self.t0)
         self._live = {}
+
+
+def joined(parts: Sequence[Any], shifts: Sequence[float] | None, t0: float | None) -> tuple[float | None, list[Timeline], int]:
+    """The parts' start, timelines and answers as one loop's (core/dispatch.Splittable.join): the
+    timelines in arrival order (ties: in part order), indexed again, so that a closed loop's ramp
+    (every user's first request, at the start) stays the first ones; the start the earliest part's."""
+    merged: list[Timeline] = []
+    starts = []
+    for k, part in enumerate(parts):
+        d = shifts[k] if shifts else 0.0
+        merged += [shifted(t, d) for t in part.timelines] if d else part.timelines
+        if part.t0 is not None:
+            starts.append(part.t0 + d)
+    merged.sort(key=lambda t: t.arrival)  # stable: ties keep each part's own order
+    for i, t in enumerate(merged):
+        t.index = i
+    return (min(starts) if starts else t0), merged, sum(p.answered for p in parts)
 
 
 def shifted(t: Timeline, d: float) -> Timeline:
@@ -140,7 +143,7 @@ def shifted(t: Timeline, d: float) -> Timeline:
     return Timeline(t.index, t.arrival + d, t.sent + d, t.answered + d, s, t.output_len)
 
 
-def _deal(n: int, parts: int) -> list[int]:
+def deal(n: int, parts: int) -> list[int]:
     """n things dealt to `parts` as evenly as can be, the first ones one more."""
     return [n // parts + (k < n % parts) for k in range(parts)]
 
@@ -197,7 +200,7 @@ class OpenLoop(_Loop):
         each part's moved by how far its start missed the others'); max_concurrency dealt to the
         parts (each holds its share in flight)."""
         n = max(1, min(n, len(self.offsets)))
-        caps: list[int | None] = [max(1, c) for c in _deal(self.max_concurrency, n)] if self.max_concurrency is not None \
+        caps: list[int | None] = [max(1, c) for c in deal(self.max_concurrency, n)] if self.max_concurrency is not None \
             else [None] * n
         parts = []
         for k in range(n):
