@@ -86,7 +86,10 @@ class ClientActor:
 
         self.config = config
         self.job: Job | None = None
-        self.where = {"host": socket.gethostname(), "pid": os.getpid(), "boot_id": boot_id()}
+        import ray
+
+        self.where = {"host": socket.gethostname(), "pid": os.getpid(), "boot_id": boot_id(),
+                      "node_id": ray.get_runtime_context().get_node_id()}
         self.name = f"{name} on {self.where['host']} (pid {os.getpid()})"
 
     def describe(self) -> Json:

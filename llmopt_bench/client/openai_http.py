@@ -198,7 +198,7 @@ class SSEEvents:
     def feed(self, data: bytes) -> list[str]:
         buf = self._buf + data
         if b"\r" in buf:
-            if buf.endswith(b"\r"):  # a CR that a LF may follow in the next read: wait for it
+            if buf.endswith(b"\r") and not buf.endswith(b"\r\r"):  # a CR that a LF may follow: wait for the next read
                 self._buf = buf
                 return []
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
