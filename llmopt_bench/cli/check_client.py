@@ -10,11 +10,13 @@ from __future__ import annotations
 import os
 import re
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
 
 from llmopt_bench.cli.app import app
+from llmopt_bench.cli.paths import output_file
 from llmopt_bench.core.errors import UsageError
 
 PROMPT_TOKENS = 200  # as the measurement: 200 in, 100 out
@@ -89,6 +91,8 @@ def client_ceiling(
     from llmopt_bench.client.test_server import MODEL
 
     s_cpus, c_cpus = _check(endpoint, server_cpus, client_cpus, point_s, warmup_s, start_rps, max_rps)
+    if json_out:
+        output_file(Path(json_out), "--json", "ceiling.json")
     bounds = Bounds(send_delay_ms / 1e3, read_delay_ms / 1e3)
     proc = None
     if endpoint is None:
@@ -136,6 +140,12 @@ def _check(endpoint, server_cpus, client_cpus, point_s, warmup_s, start_rps, max
         raise UsageError("--server-cpus is for the test server started here, not one at --endpoint", "drop one of them")
     if endpoint and not re.match(r"^https?://", endpoint):
         raise UsageError(f"--endpoint {endpoint}: not an http(s) URL", "write --endpoint http://HOST:PORT")
+    if endpoint:
+        from llmopt_bench.client.ceiling import server_stats
+
+        if server_stats(endpoint) is None:
+            raise UsageError(f"--endpoint {endpoint}: no llmopt test server answers there (GET /stats)",
+                             "start one: python -m llmopt_bench.client.test_server --port 8100, or leave --endpoint out")
     return s_cpus, c_cpus
 
 
