@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -83,6 +84,7 @@ def client_ceiling(
     vllm: bool = typer.Option(True, "--vllm/--no-vllm", help="Beside it, vllm bench serve and llmopt's one process saturating the server (LLMOPT_VLLM_PYTHON)."),
     concurrency: int = typer.Option(64, "--concurrency", min=1, help="The saturated comparison's concurrency."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="vllm bench serve's tokenizer for its random prompts (default: the synthetic tiny model's)."),
+    kernel_clock: bool = typer.Option(True, "--kernel-clock/--no-kernel-clock", help="Time each event by the kernel's receive clock (default), or when read: the cheaper record."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Also write every point measured to this JSON file."),
 ) -> None:
     """The client's own ceiling: requests and streamed events a second before it, not the server, sets the latency."""
@@ -101,7 +103,7 @@ def client_ceiling(
     if c_cpus:
         os.sched_setaffinity(0, set(c_cpus))  # this process, and what it starts, on the client's cores
     n = workers or len(c_cpus or os.sched_getaffinity(0))
-    ep = Endpoint(endpoint, MODEL, force_length=True, request_timeout_s=120.0)
+    ep = Endpoint(endpoint, MODEL, force_length=True, request_timeout_s=120.0, kernel_clock=kernel_clock)
     ceilings = []
     try:
         for name, kw in _configs(ep, n, c_cpus, client_cluster, client_nodes):
@@ -171,14 +173,13 @@ def _saturated(ep, own_server: bool, s_cpus, tokens: int, concurrency: int, toke
     same cores: requests and tokens a second each (the issue's comparison, per core). Against a
     test server of its own that streams as fast as it writes (where this command started the other)."""
     from llmopt_bench.client.ceiling import saturated_table, start_test_server
-    from llmopt_bench.client.openai_http import Endpoint
 
     if not own_server:
         out = _saturate(ep, tokens, concurrency, tokenizer, cpus, "the server at --endpoint, at its own pace")
     else:
         proc, url = start_test_server(0.0, cpus=s_cpus)  # it sets its own cores (--cpus), whatever ours are
         try:
-            out = _saturate(Endpoint(url, ep.model, force_length=True, request_timeout_s=120.0), tokens, concurrency,
+            out = _saturate(replace(ep, base_url=url), tokens, concurrency,
                             tokenizer, cpus, "a test server that streams as fast as it writes")
         finally:
             proc.kill()
@@ -201,7 +202,8 @@ def _saturate(ep, tokens: int, concurrency: int, tokenizer: str | None, cpus, se
     res = run_point(engine, LoadPoint(concurrency=concurrency, num_requests=n, warmup_requests=concurrency),
                     cycled(requests), tokens, expected_tokens=tokens)
     out = {"concurrency": concurrency, "requests": n, "cores": list(cpus) if cpus else None, "server": server,
-           "llmopt": {"req_s": res.qps, "tok_s": res.output_tok_s, "failed": res.failed}}
+           "llmopt": {"req_s": res.qps, "tok_s": res.output_tok_s, "failed": res.failed,
+                      "record": "kernel receive times" if ep.kernel_clock else "times on read (--no-kernel-clock)"}}
     _say(f"llmopt, 1 process, concurrency {concurrency}: {res.qps or 0:.0f} req/s")
     out["vllm"] = _vllm_bench(ep, tokens, concurrency, n, tokenizer)
     return out

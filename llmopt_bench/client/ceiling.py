@@ -200,4 +200,5 @@ def saturated_table(s: Json) -> str:
     return "\n".join([f"Saturated, concurrency {s['concurrency']}, {s['requests']} requests{cores}, {s.get('server', '')}"
                       + (f": vllm bench serve / llmopt = {ratio:.2f}x" if ratio else ""),
                       "| client | req/s | events/s | |", "| --- | ---: | ---: | --- |",
-                      row("llmopt, 1 process", s.get("llmopt") or {}), row("vllm bench serve", s.get("vllm") or {})])
+                      row(f"llmopt, 1 process ({(s.get('llmopt') or {}).get('record', '')})", s.get("llmopt") or {}),
+                      row("vllm bench serve", s.get("vllm") or {})])

@@ -71,7 +71,8 @@ class OpenAIEndpointStage(Stage):
                          "lengths are approximate, the server's usage field gives the counted ones")
         self.endpoint = Endpoint(params.endpoint, params.model, api_key_env=params.api_key_env,
                                  request_timeout_s=params.request_timeout_s, force_length=params.force_length,
-                                 return_token_ids=params.return_token_ids, sampling=params.sampling())
+                                 return_token_ids=params.return_token_ids, sampling=params.sampling(),
+                                 kernel_clock=params.kernel_clock)
         served = self._check(ctx)
         return LoadInfo(implementation={"engine": "openai-endpoint", "url": params.endpoint, "model": params.model,
                                         "served_models": served, "api_key_env": params.api_key_env,

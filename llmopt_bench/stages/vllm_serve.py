@@ -106,7 +106,7 @@ class VLLMServeStage(Stage):
     def endpoint(self, timeout_s: float = 600.0) -> Endpoint:
         assert self.server is not None
         return Endpoint(self.server.base_url, self.server.served_model_name, api_key_env=self.params.api_key_env,
-                        request_timeout_s=timeout_s, sampling=self.params.sampling())
+                        request_timeout_s=timeout_s, sampling=self.params.sampling(), kernel_clock=self.params.kernel_clock)
 
     def texts(self, workload: WorkloadConfig) -> PromptTexts | None:
         """The prompts as text of their asked length on the server's tokenizer (None: token ids)."""

@@ -41,6 +41,7 @@ class ServingParams(SearchParams, Sampling):
     client_workers: int = Field(1, ge=1)
     client_cluster: str | None = None
     client_nodes: list[str] = Field(default_factory=list)
+    kernel_clock: bool = True  # False: the cheaper record, chunks timed when read (client/openai_http.Endpoint)
 
     def sampling(self) -> Sampling:
         return Sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
