@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What an HTTP client adds to TTFT: the time from the client's clock start to the server
 receiving the request (send) and from the server writing the first chunk to the client reading
-it (receive), for llmopt's client and for plain httpx and plain aiohttp beside it.
+it (receive), for llmopt's client (aiohttp itself since issue 47) and plain aiohttp beside it.
 
     python scripts/client-overhead.py [--requests 200 --rate 8 --concurrency 32 --rounds 2]
 
@@ -62,17 +62,11 @@ async def raw_aiohttp(url: str, ids: list[str], args) -> dict[str, tuple[float, 
         return await _drive(one, ids, args)
 
 
-async def llmopt_client(url: str, ids: list[str], args, plain_httpx: bool) -> dict[str, tuple[float, float]]:
+async def llmopt_client(url: str, ids: list[str], args) -> dict[str, tuple[float, float]]:
     from llmopt_bench.client.openai_http import Endpoint, OpenAIClient
 
     client = OpenAIClient(Endpoint(url, "m", force_length=False))
     async with client as c:
-        if plain_httpx:  # the same client over httpx's own transport, as before
-            import httpx
-            await c._http.aclose()
-            c._http = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
-                                        timeout=httpx.Timeout(600, connect=10, pool=None))
-
         async def one(rid: str) -> tuple[float, float]:
             s = await c.complete(rid, rid, rid, 128)
             # when the client read the first token (its time is the kernel's receive time where it has one)
@@ -111,12 +105,12 @@ def main(argv: list[str]) -> int:
         import httpx
         print("client | send p50 ms | send p90 ms | receive p50 ms | requests")
         for rnd in range(args.rounds):
-            for name in ("llmopt (httpx over aiohttp)", "httpx's own transport", "aiohttp"):
+            for name in ("llmopt", "aiohttp"):
                 ids = [f"{name}-{rnd}-{i}" for i in range(args.requests)]
                 if name == "aiohttp":
                     seen = asyncio.run(raw_aiohttp(url, ids, args))
                 else:
-                    seen = asyncio.run(llmopt_client(url, ids, args, plain_httpx=name.startswith("httpx")))
+                    seen = asyncio.run(llmopt_client(url, ids, args))
                 stamps = httpx.get(url + "/stamps").json()
                 send = sorted((stamps[r][0] - seen[r][0]) * 1e3 for r in ids)
                 recv = sorted((seen[r][1] - stamps[r][1]) * 1e3 for r in ids)

@@ -38,8 +38,9 @@ def _cpus(text: str | None, what: str) -> tuple[int, ...] | None:
     return cpus
 
 
-def _measure(endpoint, tokens: int, point_s: float, warmup_s: float, workers: int = 1, cluster=None, cpus=None):
-    """A function that measures one rate on one client configuration (client/ceiling.RatePoint)."""
+def _measure(endpoints, tokens: int, point_s: float, warmup_s: float, workers: int = 1, cluster=None, cpus=None):
+    """A function that measures one rate on one client configuration (client/ceiling.RatePoint),
+    its requests round-robin over the test servers at `endpoints`."""
     from llmopt_bench.client.ceiling import RatePoint, server_stats
     from llmopt_bench.client.http_load import HTTPLoad
     from llmopt_bench.core.workload import Request
@@ -48,20 +49,22 @@ def _measure(endpoint, tokens: int, point_s: float, warmup_s: float, workers: in
     from llmopt_bench.load.point import LoadPoint
 
     requests = [Request(f"c{i}", f"c{i}", tuple(range(1000 + i, 1000 + i + PROMPT_TOKENS))) for i in range(64)]
-    engine = HTTPLoad(endpoint, watch_server=False, workers=workers, cluster=cluster, worker_cpus=cpus)
+    engine = HTTPLoad(endpoints[0], replicas=endpoints[1:], watch_server=False, workers=workers, cluster=cluster, worker_cpus=cpus)
 
     def measure(rate: float) -> RatePoint:
-        server_stats(endpoint.base_url, reset=True)
+        for e in endpoints:
+            server_stats(e.base_url, reset=True)
         point = LoadPoint.at_rate(rate, duration_s=point_s, warmup_s=warmup_s)
         res = run_point(engine, point, cycled(requests), tokens, expected_tokens=tokens)
         health = engine.health({s.request_id for s in res.samples})
-        stats = server_stats(endpoint.base_url)
+        late = [(server_stats(e.base_url) or {}).get("late_p99_s") for e in endpoints]
         tokens_s = res.output_tok_s
         return RatePoint(rate=rate, requests=res.sent, completed_rps=res.completion_rps, events_per_s=tokens_s,
                          send_delay_p99_s=res.send_delay_s.p99 if res.send_delay_s else None,
                          read_delay_p99_s=health.read_delay_p99_s if health else None,
                          loop_lag_p99_s=max((w.loop_lag_p99_s or 0.0) for w in (health.workers or [health])) if health else None,
-                         failed=res.failed, server_late_p99_s=(stats or {}).get("late_p99_s"), workers=engine.dealt)
+                         failed=res.failed, server_late_p99_s=max((x for x in late if x is not None), default=None),
+                         workers=engine.dealt)
     return measure, engine
 
 
@@ -70,7 +73,7 @@ def client_ceiling(
     endpoint: Optional[str] = typer.Option(None, "--endpoint", help="A running test server (python -m llmopt_bench.client.test_server); default: start one here."),
     interval_ms: float = typer.Option(10.0, "--interval-ms", min=0.0, help="The test server's gap between a stream's events (ms)."),
     tokens: int = typer.Option(100, "--tokens", min=1, help="Events (tokens) each request streams."),
-    server_cpus: Optional[str] = typer.Option(None, "--server-cpus", help="Cores of the test server started here, e.g. 1."),
+    server_cpus: Optional[str] = typer.Option(None, "--server-cpus", help="Cores of the test servers started here, one server on each, e.g. 1 or 0,1,2,3 (the client sends round-robin over them)."),
     client_cpus: Optional[str] = typer.Option(None, "--client-cpus", help="Cores of the client: this process, and worker k on the k-th, e.g. 0 or 2-15 as 2,3,4."),
     workers: int = typer.Option(0, "--workers", min=0, help="Worker processes of the N-workers row (0: one per client core; 1: no such row)."),
     client_cluster: Optional[str] = typer.Option(None, "--client-cluster", help="A Ray cluster for the actors' row (ray://HEAD:10001, HEAD:6379, auto); default: RAY_ADDRESS, else no such row."),
@@ -83,6 +86,7 @@ def client_ceiling(
     read_delay_ms: float = typer.Option(1.0, "--read-delay-ms", min=0.0, help="Bound on the read delay p99 (ms)."),
     vllm: bool = typer.Option(True, "--vllm/--no-vllm", help="Beside it, vllm bench serve and llmopt's one process saturating the server (LLMOPT_VLLM_PYTHON)."),
     concurrency: int = typer.Option(64, "--concurrency", min=1, help="The saturated comparison's concurrency."),
+    rounds: int = typer.Option(3, "--rounds", min=1, help="The saturated comparison's rounds, the two clients alternating."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="vllm bench serve's tokenizer for its random prompts (default: the synthetic tiny model's)."),
     kernel_clock: bool = typer.Option(True, "--kernel-clock/--no-kernel-clock", help="Time each event by the kernel's receive clock (default), or when read: the cheaper record."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Also write every point measured to this JSON file."),
@@ -96,33 +100,37 @@ def client_ceiling(
     if json_out:
         output_file(Path(json_out), "--json", "ceiling.json")
     bounds = Bounds(send_delay_ms / 1e3, read_delay_ms / 1e3)
-    proc = None
-    if endpoint is None:
-        proc, endpoint = start_test_server(interval_ms, cpus=s_cpus)
-        _say(f"test server at {endpoint} ({interval_ms:g} ms between events{', cores ' + server_cpus if server_cpus else ''})")
-    if c_cpus:
-        os.sched_setaffinity(0, set(c_cpus))  # this process, and what it starts, on the client's cores
-    n = workers or len(c_cpus or os.sched_getaffinity(0))
-    ep = Endpoint(endpoint, MODEL, force_length=True, request_timeout_s=120.0, kernel_clock=kernel_clock)
+    procs, urls = [], [endpoint] if endpoint else []
     ceilings = []
     try:
-        for name, kw in _configs(ep, n, c_cpus, client_cluster, client_nodes):
-            measure, engine = _measure(ep, tokens, point_s, warmup_s, **kw)
+        for cpu in (s_cpus or (None,)) if endpoint is None else ():
+            proc, url = start_test_server(interval_ms, cpus=(cpu,) if cpu is not None else None)
+            procs.append(proc)
+            urls.append(url)
+            _say(f"test server at {url} ({interval_ms:g} ms between events{f', core {cpu}' if cpu is not None else ''})")
+        if c_cpus:
+            os.sched_setaffinity(0, set(c_cpus))  # this process, and what it starts, on the client's cores
+        n = workers or len(c_cpus or os.sched_getaffinity(0))
+        eps = [Endpoint(u, MODEL, force_length=True, request_timeout_s=120.0, kernel_clock=kernel_clock) for u in urls]
+        ep = eps[0]
+        for name, kw in _configs(eps, n, c_cpus, client_cluster, client_nodes):
+            measure, engine = _measure(eps, tokens, point_s, warmup_s, **kw)
             try:
                 ceilings.append(search(name, measure, bounds, start_rps, max_rps, _say))
             finally:
                 engine.close()
                 if kw.get("cluster") is not None:
                     kw["cluster"].close()
-        extra: dict = {"server": {"url": endpoint, "interval_ms": interval_ms, "tokens": tokens, "cpus": server_cpus},
+        extra: dict = {"servers": {"urls": urls, "interval_ms": interval_ms, "tokens": tokens, "cpus": server_cpus},
                        "client_cpus": client_cpus, "load_average": os.getloadavg()}
         print(table(ceilings, bounds))
         if vllm:
-            extra["saturated"] = _saturated(ep, proc is not None, s_cpus, tokens, concurrency, tokenizer, c_cpus)
+            extra["saturated"] = _saturated(ep, bool(procs), s_cpus[:1] if s_cpus else None, tokens, concurrency, tokenizer,
+                                            c_cpus, rounds)
         if json_out:
             write_json(json_out, ceilings, bounds, extra)
     finally:
-        if proc is not None:
+        for proc in procs:
             proc.kill()
             proc.wait()
 
@@ -151,7 +159,7 @@ def _check(endpoint, server_cpus, client_cpus, point_s, warmup_s, start_rps, max
     return s_cpus, c_cpus
 
 
-def _configs(ep, n: int, c_cpus, client_cluster: str | None, client_nodes: str | None) -> list[tuple[str, dict]]:
+def _configs(eps, n: int, c_cpus, client_cluster: str | None, client_nodes: str | None) -> list[tuple[str, dict]]:
     """The client configurations measured: one process, n workers (n > 1), the Ray actors (a cluster named)."""
     configs: list[tuple[str, dict]] = [("1 process", {})]
     if n > 1:
@@ -164,23 +172,23 @@ def _configs(ep, n: int, c_cpus, client_cluster: str | None, client_nodes: str |
         places = [Placement.parse(x) for x in (client_nodes or "").split(",") if x.strip()] or [Placement()] * max(n, 1)
         _say(f"starting {len(places)} Ray actors on {address}")
         configs.append((f"{len(places)} Ray actors ({', '.join(map(str, places))})",
-                        {"cluster": RayWorkers(address, places, WorkerConfig((ep,)))}))
+                        {"cluster": RayWorkers(address, places, WorkerConfig(tuple(eps)))}))
     return configs
 
 
-def _saturated(ep, own_server: bool, s_cpus, tokens: int, concurrency: int, tokenizer: str | None, cpus) -> dict:
+def _saturated(ep, own_server: bool, s_cpus, tokens: int, concurrency: int, tokenizer: str | None, cpus, rounds: int) -> dict:
     """llmopt's one process and `vllm bench serve` at one concurrency against the same server, on the
     same cores: requests and tokens a second each (the issue's comparison, per core). Against a
     test server of its own that streams as fast as it writes (where this command started the other)."""
     from llmopt_bench.client.ceiling import saturated_table, start_test_server
 
     if not own_server:
-        out = _saturate(ep, tokens, concurrency, tokenizer, cpus, "the server at --endpoint, at its own pace")
+        out = _saturate(ep, tokens, concurrency, tokenizer, cpus, "the server at --endpoint, at its own pace", rounds)
     else:
         proc, url = start_test_server(0.0, cpus=s_cpus)  # it sets its own cores (--cpus), whatever ours are
         try:
-            out = _saturate(replace(ep, base_url=url), tokens, concurrency,
-                            tokenizer, cpus, "a test server that streams as fast as it writes")
+            out = _saturate(replace(ep, base_url=url), tokens, concurrency, tokenizer, cpus,
+                            "a test server that streams as fast as it writes", rounds)
         finally:
             proc.kill()
             proc.wait()
@@ -189,7 +197,11 @@ def _saturated(ep, own_server: bool, s_cpus, tokens: int, concurrency: int, toke
     return out
 
 
-def _saturate(ep, tokens: int, concurrency: int, tokenizer: str | None, cpus, server: str) -> dict:
+def _saturate(ep, tokens: int, concurrency: int, tokenizer: str | None, cpus, server: str, rounds: int) -> dict:
+    """The two clients in alternating rounds (a shared host's load moves between them): each
+    round's requests a second, and their medians."""
+    from statistics import median
+
     from llmopt_bench.client.http_load import HTTPLoad
     from llmopt_bench.core.workload import Request
     from llmopt_bench.load.dispatchers import cycled
@@ -199,14 +211,25 @@ def _saturate(ep, tokens: int, concurrency: int, tokenizer: str | None, cpus, se
     n = max(1500, concurrency * 8)
     requests = [Request(f"s{i}", f"s{i}", tuple(range(1000 + i, 1000 + i + PROMPT_TOKENS))) for i in range(64)]
     engine = HTTPLoad(ep, watch_server=False)
-    res = run_point(engine, LoadPoint(concurrency=concurrency, num_requests=n, warmup_requests=concurrency),
-                    cycled(requests), tokens, expected_tokens=tokens)
-    out = {"concurrency": concurrency, "requests": n, "cores": list(cpus) if cpus else None, "server": server,
-           "llmopt": {"req_s": res.qps, "tok_s": res.output_tok_s, "failed": res.failed,
-                      "record": "kernel receive times" if ep.kernel_clock else "times on read (--no-kernel-clock)"}}
-    _say(f"llmopt, 1 process, concurrency {concurrency}: {res.qps or 0:.0f} req/s")
-    out["vllm"] = _vllm_bench(ep, tokens, concurrency, n, tokenizer)
-    return out
+    ours, theirs = [], []
+    for k in range(rounds):
+        res = run_point(engine, LoadPoint(concurrency=concurrency, num_requests=n, warmup_requests=concurrency),
+                        cycled(requests), tokens, expected_tokens=tokens)
+        ours.append({"req_s": res.qps, "tok_s": res.output_tok_s, "failed": res.failed})
+        _say(f"round {k + 1}: llmopt, 1 process, concurrency {concurrency}: {res.qps or 0:.0f} req/s")
+        theirs.append(_vllm_bench(ep, tokens, concurrency, n, tokenizer))
+        if theirs[-1].get("error"):
+            break
+
+    def summary(runs: list[dict]) -> dict:
+        ok = [r for r in runs if r.get("req_s")]
+        if not ok:
+            return runs[-1] if runs else {"error": "not run"}
+        return {"req_s": median(r["req_s"] for r in ok), "tok_s": median(r["tok_s"] for r in ok),
+                "failed": sum(r.get("failed", 0) for r in ok), "rounds": [round(r["req_s"], 1) for r in ok]}
+    return {"concurrency": concurrency, "requests": n, "cores": list(cpus) if cpus else None, "server": server,
+            "llmopt": {**summary(ours), "record": "kernel receive times" if ep.kernel_clock else "times on read (--no-kernel-clock)"},
+            "vllm": summary(theirs)}
 
 
 def _vllm_bench(ep, tokens: int, concurrency: int, n: int, tokenizer: str | None) -> dict:

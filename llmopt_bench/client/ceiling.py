@@ -192,13 +192,14 @@ def saturated_table(s: Json) -> str:
     def row(name: str, r: Json) -> str:
         if r.get("error"):
             return f"| {name} | - | - | {r['error']} |"
-        return f"| {name} | {_num(r.get('req_s'))} | {_num(r.get('tok_s'))} | {r.get('failed', 0)} failed |"
+        each = f"; rounds {', '.join(f'{x:,.0f}' for x in r['rounds'])} req/s" if r.get("rounds") else ""
+        return f"| {name} | {_num(r.get('req_s'))} | {_num(r.get('tok_s'))} | {r.get('failed', 0)} failed{each} |"
     ratio = None
     if (s.get("llmopt") or {}).get("req_s") and (s.get("vllm") or {}).get("req_s"):
         ratio = s["vllm"]["req_s"] / s["llmopt"]["req_s"]
     cores = f" on cores {','.join(map(str, s['cores']))}" if s.get("cores") else ""
     return "\n".join([f"Saturated, concurrency {s['concurrency']}, {s['requests']} requests{cores}, {s.get('server', '')}"
-                      + (f": vllm bench serve / llmopt = {ratio:.2f}x" if ratio else ""),
-                      "| client | req/s | events/s | |", "| --- | ---: | ---: | --- |",
+                      + (f": vllm bench serve / llmopt = {ratio:.2f}x (medians)" if ratio else ""),
+                      "| client | req/s (median) | events/s | |", "| --- | ---: | ---: | --- |",
                       row(f"llmopt, 1 process ({(s.get('llmopt') or {}).get('record', '')})", s.get("llmopt") or {}),
                       row("vllm bench serve", s.get("vllm") or {})])
