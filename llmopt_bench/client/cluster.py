@@ -147,8 +147,9 @@ class RayWorkers:
             except (ConnectionError, RuntimeError, ValueError) as e:
                 raise UsageError(f"cannot reach the Ray cluster at {address}: {str(e).splitlines()[0][:200]}",
                                  "start it (ray start --head) or name its address (client_cluster, RAY_ADDRESS)") from None
-        remote = ray.remote(num_cpus=0, max_restarts=0)(ClientActor)
-        self.actors = [remote.options(**p.options()).remote(config, f"ray {k} [{p}]") for k, p in enumerate(self.placements)]
+        self._remote, self._config = ray.remote(num_cpus=0, max_restarts=0)(ClientActor), config
+        self.lost: set[int] = set()  # actors that ended mid-point: started again before the next
+        self.actors = [self._start(k) for k in range(len(self.placements))]
         try:
             ready, waiting = ray.wait([a.describe.remote() for a in self.actors], num_returns=len(self.actors),
                                       timeout=START_TIMEOUT_S)
@@ -184,8 +185,16 @@ class RayWorkers:
             self.measured[k] = best
             self.offsets[k] = 0.0 if mine and self.where[k].get("boot_id") == mine else best[0]
 
+    def _start(self, k: int) -> Any:
+        p = self.placements[k]
+        return self._remote.options(**p.options()).remote(self._config, f"ray {k} [{p}]")
+
     def run(self, jobs: Sequence[Job]) -> tuple[list[WorkerResult | None], list[str]]:
         ray = _ray()
+        for k in sorted(self.lost):  # an actor lost in the point before: a fresh one in its place
+            self.actors[k] = self._start(k)
+            self.where[k] = ray.get(self.actors[k].describe.remote(), timeout=START_TIMEOUT_S)
+        self.lost.clear()
         lost: dict[int, str] = {}
         loads = {k: self.actors[k].load.remote(job) for k, job in enumerate(jobs)}
         for k, ref in loads.items():
@@ -210,6 +219,7 @@ class RayWorkers:
         return results, [lost[k] for k in sorted(lost)]
 
     def _lost(self, k: int, e: Exception, job: Job) -> str:
+        self.lost.add(k)
         where = self.where[k] if k < len(getattr(self, "where", [])) else {}
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         return (f"client Ray actor {k} [{self.placements[k]}] (host {where.get('host', '?')}, pid {where.get('pid', '?')}) "

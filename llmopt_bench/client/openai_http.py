@@ -247,7 +247,7 @@ class OpenAIClient:
         limit = self._max_connections or 0
         self._http = aiohttp.ClientSession(
             headers=headers, connector=aiohttp.TCPConnector(limit=limit, socket_factory=rx_clock.socket_factory if e.kernel_clock else None),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=e.connect_timeout_s), auto_decompress=False)
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=e.connect_timeout_s))
         self._lag.start()
         return self
 

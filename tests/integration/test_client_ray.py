@@ -97,3 +97,26 @@ def test_a_point_runs_on_actors_placed_on_both_nodes(cluster, server):
         assert "2 Ray actors (loadgen_a, loadgen_b)" in eng.describe()
     finally:
         eng.close()
+
+
+def test_an_actor_killed_mid_point_is_named_and_a_fresh_one_takes_its_place(cluster, server):
+    import threading
+
+    from llmopt_bench.client.cluster import Placement, RayWorkers
+    from llmopt_bench.client.workers import WorkerConfig, WorkerLost
+
+    ep = Endpoint(server, MODEL)
+    pool = RayWorkers(cluster, [Placement.parse("loadgen_a"), Placement.parse("loadgen_b")], WorkerConfig((ep,)))
+    eng = HTTPLoad(ep, watch_server=False, cluster=pool)
+    requests = [Request(id=f"k{i}", prompt_id="k", token_ids=(1, 2, 3)) for i in range(4)]
+    try:
+        victim = pool.actors[1]
+        threading.Timer(1.5, ray.kill, (victim,)).start()
+        with pytest.raises(WorkerLost) as e:
+            run_point(eng, LoadPoint(rate=10.0, duration_s=4.0), cycled(requests), 30, expected_tokens=30)
+        assert "client Ray actor 1 [loadgen_b]" in e.value.message and "ended mid-point" in e.value.message
+        assert eng.samples and {s.request_id.split(".")[0] for s in eng.samples} == {"k0", "k2"}  # actor 0's share, kept
+        again = run_point(eng, LoadPoint(concurrency=2, num_requests=8), cycled(requests), 10, expected_tokens=10)
+        assert again.failed == 0 and eng.dealt == 2 and pool.actors[1] is not victim
+    finally:
+        eng.close()
