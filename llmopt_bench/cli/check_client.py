@@ -58,8 +58,10 @@ def _measure(endpoints, tokens: int, point_s: float, warmup_s: float, workers: i
         res = run_point(engine, point, cycled(requests), tokens, expected_tokens=tokens)
         health = engine.health({s.request_id for s in res.samples})
         late = [(server_stats(e.base_url) or {}).get("late_p99_s") for e in endpoints]
-        tokens_s = res.output_tok_s
-        return RatePoint(rate=rate, requests=res.sent, completed_rps=res.completion_rps, events_per_s=tokens_s,
+        ok = [s for s in res.samples if s.ok]
+        # the events a second the rate asked of the client: every request's tokens at the schedule's rate
+        events = rate * sum(s.output_tokens for s in ok) / len(ok) if ok else None
+        return RatePoint(rate=rate, requests=res.sent, completed_rps=res.completion_rps, events_per_s=events,
                          send_delay_p99_s=res.send_delay_s.p99 if res.send_delay_s else None,
                          read_delay_p99_s=health.read_delay_p99_s if health else None,
                          loop_lag_p99_s=max((w.loop_lag_p99_s or 0.0) for w in (health.workers or [health])) if health else None,

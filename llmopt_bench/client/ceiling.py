@@ -45,10 +45,10 @@ class Bounds:
 class RatePoint:
     """One rate measured on one configuration (times in seconds)."""
 
-    rate: float
+    rate: float  # asked: held, every request sent within the bound and complete, it is what the client delivered
     requests: int
-    completed_rps: float | None
-    events_per_s: float | None
+    completed_rps: float | None  # answers a second over the window's later half (a short point's drain lowers it)
+    events_per_s: float | None  # the rate times each request's events
     send_delay_p99_s: float | None
     read_delay_p99_s: float | None
     loop_lag_p99_s: float | None
@@ -141,7 +141,7 @@ def table(ceilings: Sequence[Ceiling], bounds: Bounds) -> str:
             first = c.points[0] if c.points else None
             lines.append(f"| {c.config} | none held | - | - | - | - | {first.why if first else 'not measured'} |")
             continue
-        lines.append(f"| {c.config} | {_num(b.completed_rps)} | {_num(b.events_per_s)} | {_ms(b.send_delay_p99_s)} | "
+        lines.append(f"| {c.config} | {_num(b.rate)} | {_num(b.events_per_s)} | {_ms(b.send_delay_p99_s)} | "
                      f"{_ms(b.read_delay_p99_s)} | {_ms(b.loop_lag_p99_s)} | {c.stopped_by or 'the highest rate asked (max_rps)'} |")
     return "\n".join(lines)
 

@@ -193,7 +193,11 @@ class HTTPLoad:
         gc.collect()
         gc.freeze()
         try:
-            asyncio.run(self._drive(dispatcher))
+            # asyncio's own loop, whatever the process's policy: uvloop (which Ray installs in its
+            # workers where it is importable) reads sockets in C, past rx_clock's StampedSocket,
+            # and the kernel's receive times would be lost without a word
+            with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+                runner.run(self._drive(dispatcher))
         finally:
             gc.unfreeze()
 

@@ -117,6 +117,21 @@ def test_a_worker_killed_mid_point_is_named_and_the_others_records_are_kept(serv
         eng.close()
 
 
+def test_the_kernel_clock_stays_under_a_uvloop_policy(servers):
+    """uvloop reads sockets in C, past the kernel clock's socket: a process whose policy is uvloop's
+    (Ray sets it in its workers) still times every chunk by the kernel (the client runs asyncio's loop)."""
+    uvloop = pytest.importorskip("uvloop")
+    import asyncio
+
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    try:
+        eng = engine(servers[0])
+        run(eng, LoadPoint(concurrency=2, num_requests=6))
+    finally:
+        asyncio.set_event_loop_policy(None)
+    assert eng.health().kernel_clock_share == 1.0
+
+
 def test_requests_go_round_robin_over_replicas_and_each_ones_clock_is_read(servers):
     for n in (1, 2):
         for url in servers:
