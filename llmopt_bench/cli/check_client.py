@@ -202,6 +202,7 @@ def _saturated(ep, own_server: bool, s_cpus, tokens: int, concurrency: int, toke
 def _saturate(ep, tokens: int, concurrency: int, tokenizer: str | None, cpus, server: str, rounds: int) -> dict:
     """The two clients in alternating rounds (a shared host's load moves between them): each
     round's requests a second, and their medians."""
+    import resource
     from statistics import median
 
     from llmopt_bench.client.http_load import HTTPLoad
@@ -215,9 +216,13 @@ def _saturate(ep, tokens: int, concurrency: int, tokenizer: str | None, cpus, se
     engine = HTTPLoad(ep, watch_server=False)
     ours, theirs = [], []
     for k in range(rounds):
+        before = resource.getrusage(resource.RUSAGE_SELF)
         res = run_point(engine, LoadPoint(concurrency=concurrency, num_requests=n, warmup_requests=concurrency),
                         cycled(requests), tokens, expected_tokens=tokens)
-        ours.append({"req_s": res.qps, "tok_s": res.output_tok_s, "failed": res.failed})
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        ours.append({"req_s": res.qps, "tok_s": res.output_tok_s, "failed": res.failed,
+                     "req_per_cpu_s": res.completed / cpu if cpu > 0 else None})
         _say(f"round {k + 1}: llmopt, 1 process, concurrency {concurrency}: {res.qps or 0:.0f} req/s")
         theirs.append(_vllm_bench(ep, tokens, concurrency, n, tokenizer))
         if theirs[-1].get("error"):
@@ -227,8 +232,11 @@ def _saturate(ep, tokens: int, concurrency: int, tokenizer: str | None, cpus, se
         ok = [r for r in runs if r.get("req_s")]
         if not ok:
             return runs[-1] if runs else {"error": "not run"}
+        per_cpu = [r["req_per_cpu_s"] for r in ok if r.get("req_per_cpu_s")]
         return {"req_s": median(r["req_s"] for r in ok), "tok_s": median(r["tok_s"] for r in ok),
-                "failed": sum(r.get("failed", 0) for r in ok), "rounds": [round(r["req_s"], 1) for r in ok]}
+                "req_per_cpu_s": median(per_cpu) if per_cpu else None,
+                "failed": sum(r.get("failed", 0) for r in ok), "rounds": [round(r["req_s"], 1) for r in ok],
+                "rounds_per_cpu_s": [round(x) for x in per_cpu]}
     return {"concurrency": concurrency, "requests": n, "cores": list(cpus) if cpus else None, "server": server,
             "llmopt": {**summary(ours), "record": "kernel receive times" if ep.kernel_clock else "times on read (--no-kernel-clock)"},
             "vllm": summary(theirs)}
@@ -241,11 +249,14 @@ def _vllm_bench(ep, tokens: int, concurrency: int, n: int, tokenizer: str | None
     import tempfile
     from pathlib import Path
 
-    from llmopt_bench.engines.vllm.server import vllm_cli_works, vllm_python
+    from llmopt_bench.engines.vllm.server import vllm_python
+    from llmopt_bench.procs.interpreters import look
     from llmopt_bench.procs.spawn import child_env
-    from llmopt_bench.scenarios.peer import bench_serve_argv, bench_serve_random_command
+    from llmopt_bench.scenarios.peer import bench_serve_random_command
 
     python = vllm_python()
+    if "vllm" not in look(python, ("vllm",)).modules:
+        return {"error": f"no vLLM in {python}: set LLMOPT_VLLM_PYTHON to vLLM's interpreter, or pass --no-vllm"}
     if tokenizer is None:
         from llmopt_bench.checkpoints.prepare import prepare
         from llmopt_bench.core.models import parse_model
@@ -255,10 +266,27 @@ def _vllm_bench(ep, tokens: int, concurrency: int, n: int, tokenizer: str | None
         args = bench_serve_random_command(ep.base_url, ep.model, PROMPT_TOKENS, tokens, n, tokenizer=tokenizer,
                                           concurrency=concurrency, result_dir=Path(d))
         _say(f"vllm bench serve, concurrency {concurrency}, {n} requests")
-        done = subprocess.run(bench_serve_argv(python, args, vllm_cli_works(python)), capture_output=True, text=True,
+        done = subprocess.run([python, "-c", CPU_TIMED_BENCH, *args[2:]], capture_output=True, text=True,
                               env=child_env(), timeout=1800)
         files = list(Path(d).glob("*.json"))
         if done.returncode != 0 or not files:
             return {"error": f"vllm bench serve exited {done.returncode}: {(done.stdout + done.stderr).strip()[-300:]}"}
         r = json.loads(files[0].read_text())
-    return {"req_s": r.get("request_throughput"), "tok_s": r.get("output_throughput"), "failed": n - int(r.get("completed") or 0)}
+    cpu = re.search(r"^LLMOPT-CPU-S (\S+)$", done.stdout, re.M)
+    completed = int(r.get("completed") or 0)
+    return {"req_s": r.get("request_throughput"), "tok_s": r.get("output_throughput"), "failed": n - completed,
+            "req_per_cpu_s": completed / float(cpu.group(1)) if cpu and float(cpu.group(1)) > 0 else None}
+
+
+# `vllm bench serve` (its parser and main, as scenarios/peer.BENCH_SERVE_MAIN calls them) with the
+# CPU time of its benchmark() alone: its start-up, imports and prompt making left out, as llmopt's
+# own CPU time is read around its load point only
+CPU_TIMED_BENCH = (
+    "import resource, sys\nimport vllm.benchmarks.serve as S\n"
+    "try:\n    from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "except ImportError:  # older vLLM\n    from vllm.utils import FlexibleArgumentParser\n"
+    "inner = S.benchmark\n"
+    "async def timed(*a, **k):\n    r0 = resource.getrusage(resource.RUSAGE_SELF)\n    out = await inner(*a, **k)\n"
+    "    r1 = resource.getrusage(resource.RUSAGE_SELF)\n"
+    "    print('LLMOPT-CPU-S', r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime, flush=True)\n    return out\n"
+    "S.benchmark = timed\np = FlexibleArgumentParser(); S.add_cli_args(p); S.main(p.parse_args(sys.argv[1:]))\n")

@@ -191,15 +191,17 @@ def saturated_table(s: Json) -> str:
     """llmopt's one process beside `vllm bench serve`, saturating the test server at one concurrency."""
     def row(name: str, r: Json) -> str:
         if r.get("error"):
-            return f"| {name} | - | - | {r['error']} |"
+            return f"| {name} | - | - | - | {r['error']} |"
         each = f"; rounds {', '.join(f'{x:,.0f}' for x in r['rounds'])} req/s" if r.get("rounds") else ""
-        return f"| {name} | {_num(r.get('req_s'))} | {_num(r.get('tok_s'))} | {r.get('failed', 0)} failed{each} |"
+        each += f", {', '.join(f'{x:,.0f}' for x in r['rounds_per_cpu_s'])} per CPU-s" if r.get("rounds_per_cpu_s") else ""
+        return (f"| {name} | {_num(r.get('req_s'))} | {_num(r.get('req_per_cpu_s'))} | {_num(r.get('tok_s'))} | "
+                f"{r.get('failed', 0)} failed{each} |")
     ratio = None
-    if (s.get("llmopt") or {}).get("req_s") and (s.get("vllm") or {}).get("req_s"):
-        ratio = s["vllm"]["req_s"] / s["llmopt"]["req_s"]
+    if (s.get("llmopt") or {}).get("req_per_cpu_s") and (s.get("vllm") or {}).get("req_per_cpu_s"):
+        ratio = s["vllm"]["req_per_cpu_s"] / s["llmopt"]["req_per_cpu_s"]
     cores = f" on cores {','.join(map(str, s['cores']))}" if s.get("cores") else ""
     return "\n".join([f"Saturated, concurrency {s['concurrency']}, {s['requests']} requests{cores}, {s.get('server', '')}"
-                      + (f": vllm bench serve / llmopt = {ratio:.2f}x (medians)" if ratio else ""),
-                      "| client | req/s (median) | events/s | |", "| --- | ---: | ---: | --- |",
+                      + (f": vllm bench serve / llmopt = {ratio:.2f}x requests per CPU-second (medians)" if ratio else ""),
+                      "| client | req/s | req per CPU-second | events/s | |", "| --- | ---: | ---: | ---: | --- |",
                       row(f"llmopt, 1 process ({(s.get('llmopt') or {}).get('record', '')})", s.get("llmopt") or {}),
                       row("vllm bench serve", s.get("vllm") or {})])

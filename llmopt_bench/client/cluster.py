@@ -140,7 +140,8 @@ class RayWorkers:
                              "pass client_cluster (ray://HEAD:10001, HEAD:6379 or auto), or export RAY_ADDRESS")
         self.address, self.placements = address, list(placements)
         root = str(Path(__file__).resolve().parents[2])
-        if not ray.is_initialized():
+        self.joined = not ray.is_initialized()
+        if self.joined:
             try:  # the actors import llmopt_bench: installed on every node, or (one host) this checkout
                 ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": root}}, logging_level="ERROR",
                          log_to_driver=False)
@@ -226,6 +227,7 @@ class RayWorkers:
                 f"ended mid-point ({type(e).__name__}: {first}): the records of its {len(job.prompts)} requests are lost")
 
     def close(self) -> None:
+        """Kill the actors, and leave the cluster where this pool joined it (its driver's threads stop)."""
         ray = _ray()
         for a in getattr(self, "actors", []):
             try:
@@ -233,3 +235,6 @@ class RayWorkers:
             except Exception:  # noqa: BLE001 - an actor already gone
                 pass
         self.actors = []
+        if getattr(self, "joined", False):
+            ray.shutdown()
+            self.joined = False
