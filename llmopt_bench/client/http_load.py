@@ -84,7 +84,7 @@ class ClientView:
     """What one client process kept of a point: its requests' clocks, its loop's lag, each
     request's send delay (sent minus due), and its clock's offset from the parent's (a Ray actor)."""
 
-    name: str
+    name: str | None  # None: the one process of a client that is not dealt out
     clocks: list[RequestClock]
     lag: list[float]
     send_delays: dict[str, float]
@@ -244,7 +244,7 @@ class HTTPLoad:
                 if start is not None:
                     start(self.start_at)
             await drive_async(dispatcher, send)
-            self.views = [ClientView("main", [c for cl in clients for c in cl.clocks], clients[0].lag_samples, delays,
+            self.views = [ClientView(None, [c for cl in clients for c in cl.clocks], clients[0].lag_samples, delays,
                                      start_skew_s=skew)]
 
     def health(self, request_ids: Collection[str] | None = None) -> ClientHealth | None:
@@ -255,10 +255,10 @@ class HTTPLoad:
         if len(self.views) == 1:
             return self.views[0].health(request_ids)
         each = [v.health(request_ids) for v in self.views]
-        merged = ClientView("all", [c for v in self.views for c in v.clocks], [x for v in self.views for x in v.lag],
+        merged = ClientView(None, [c for v in self.views for c in v.clocks], [x for v in self.views for x in v.lag],
                             {r: d for v in self.views for r, d in v.send_delays.items()})
         whole = merged.health(request_ids)
-        return replace(whole, worker=None, start_skew_s=max((w.start_skew_s or 0.0) for w in each), workers=each)
+        return replace(whole, start_skew_s=max((w.start_skew_s or 0.0) for w in each), workers=each)
 
     # --- dealt to several processes -------------------------------------------------------
 
