@@ -61,7 +61,7 @@ def register_commands() -> None:
     """Every command on the app: each module registers its own on import. Here, not at the top:
     the commands import llmopt_bench.cli.app, which runs this package's __init__ first (a cycle),
     and `import llmopt_bench.cli.X` alone would load every command."""
-    from llmopt_bench.cli import bench, check, compare, doctor, history, recommend, report, stages, tune  # noqa: F401
+    from llmopt_bench.cli import bench, check, check_client, compare, doctor, history, recommend, report, stages, tune  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,9 +52,10 @@ SUMMARIES = {"bench": "Run the journey's stages on one model and workload.",
              "history add": "Append runs to the history.",
              "history show": "A metric per stage across the history's runs.",
              "history check": "Sustained shifts in each stage's series; exit 5 on a regression.",
-             "check": "llmopt beside vLLM's own client (vllm bench serve) on one server.",
+             "check": "llmopt's measurement checked: beside vllm bench serve, and the client's own ceiling.",
              "check peer": "The same load from llmopt and vllm bench serve: do their figures agree?",
-             "check capacity": "llmopt's capacity under the SLO, confirmed by vllm bench serve."}
+             "check capacity": "llmopt's capacity under the SLO, confirmed by vllm bench serve.",
+             "check client": "The load client's own ceiling: requests a second before it, not the server, sets the latency."}
 
 
 def slo_option(help: str) -> Any:

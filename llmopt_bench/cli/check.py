@@ -19,8 +19,9 @@ from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.freeform import Kwargs
 from llmopt_bench.core.slo import SLO
 
-check_app = typer.Typer(help="llmopt beside vLLM's own client (vllm bench serve) on one vLLM server: the peer check "
-                             "(the same load from both clients) and the capacity check (llmopt's capacity confirmed by vLLM's).",
+check_app = typer.Typer(help="Checks of llmopt's own measurement: beside vLLM's client (vllm bench serve) on one vLLM server, "
+                             "the peer check (the same load from both clients) and the capacity check (llmopt's capacity confirmed "
+                             "by vLLM's); and the load client's own ceiling (check client).",
                         no_args_is_help=True)
 app.add_typer(check_app, name="check")
 

@@ -4,6 +4,7 @@ them, and the fix for each (client/openai_http.py's client uses them)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import TYPE_CHECKING
 
@@ -55,19 +56,17 @@ def error_message(body: str) -> str | None:
 
 def transport_error(e: Exception, endpoint: Endpoint) -> RequestFailed:
     import aiohttp
-    import httpx
 
     chain = _chain(e)
-    # httpx-aiohttp maps aiohttp's ClientConnectorError (refused, unreachable) to ConnectTimeout,
-    # so a refused connection is found in the chain, not by httpx's class; the reason is the OS
-    # error at its end ("All connection attempts failed" hides "refused")
-    if isinstance(e, httpx.ConnectError) or any(isinstance(x, aiohttp.ClientConnectorError) for x in chain):
+    # a refused or unreachable host is aiohttp's ClientConnectorError, found in the chain; the
+    # reason is the OS error at its end ("Cannot connect to host" hides "refused")
+    if any(isinstance(x, (aiohttp.ClientConnectorError, ConnectionRefusedError)) for x in chain):
         cause = chain[-1]
         reason = "connection refused" if isinstance(cause, ConnectionRefusedError) else str(cause) or type(cause).__name__
         return RequestFailed("connection", f"cannot connect to {endpoint.base_url}: {reason}")
-    if isinstance(e, httpx.TimeoutException):
+    if isinstance(e, (aiohttp.ServerTimeoutError, asyncio.TimeoutError)):
         return RequestFailed("timeout", f"{type(e).__name__} after the client's limit ({endpoint.request_timeout_s:g} s)")
-    if isinstance(e, (httpx.RemoteProtocolError, httpx.ReadError)):
+    if isinstance(e, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError, ConnectionError)):
         return RequestFailed("protocol", f"the connection broke mid-answer: {e or type(e).__name__}")
     return RequestFailed("protocol", f"{type(e).__name__}: {e}")
 

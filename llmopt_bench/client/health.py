@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from llmopt_bench.core.distribution import percentile
 from llmopt_bench.core.freeform import Json
@@ -82,6 +82,13 @@ class RequestClock:
         if self.stamped and not self.stamped[-1] and self.timed[-1] != self.read[-1]:
             self.stamped[-1], self.piled[-1] = True, False
 
+    def shifted(self, d: float) -> RequestClock:
+        """This clock's times on a clock `d` seconds ahead (a worker on another host's records)."""
+        def move(xs: list[float]) -> list[float]:
+            return [x + d for x in xs]
+        return replace(self, timed=move(self.timed), read=move(self.read), since=[x + d if x is not None else None for x in self.since],
+                       sent=self.sent + d if self.sent is not None else None)
+
     @property
     def read_delays(self) -> list[float]:
         """Read minus own kernel receive time, for the chunks that have one."""
@@ -109,6 +116,19 @@ class ClientHealth:
     burst_share_read: float | None  # requests whose chunks the process read in one burst
     burst_share: float | None  # requests whose chunks, as timed, came in one burst the client may have caused
     edge_lost_share: float | None  # requests whose first or last token lost its own receive time (TTFT, TPOT)
+    # the send delay (sent minus due) of the requests this client sent: its own share of the schedule's lateness
+    send_delay_p50_s: float | None = None
+    send_delay_p99_s: float | None = None
+    send_delay_max_s: float | None = None
+    # a client of several processes (client/workers.py, client/cluster.py): who this one is, its
+    # clock's offset from the parent's (a Ray actor's, measured; its records moved by it), and,
+    # for the whole client, every worker's own health (each judged as one loop: could_not_time)
+    worker: str | None = None
+    clock_offset_s: float | None = None  # applied to its records
+    clock_offset_measured_s: float | None = None  # as read (0 applied on this host's one monotonic clock)
+    clock_offset_within_s: float | None = None  # half the round trip of that reading
+    start_skew_s: float | None = None  # how late its part started after the agreed instant
+    workers: list[ClientHealth] | None = None
 
     def as_dict(self) -> Json:  # written out as it is: `llmopt check peer`'s rounds file
         return asdict(self)
@@ -181,7 +201,10 @@ def _p(values: list[float], q: float) -> float | None:
     return percentile(values, q) if values else None
 
 
-def health_of(clocks: list[RequestClock], lag: list[float]) -> ClientHealth:
+def health_of(clocks: list[RequestClock], lag: list[float], send_delays: list[float] | None = None, *,
+              worker: str | None = None, clock_offset_s: float | None = None,
+              clock_offset_measured: tuple[float, float] | None = None, start_skew_s: float | None = None,
+              workers: list[ClientHealth] | None = None) -> ClientHealth:
     chunks = sum(len(c.timed) for c in clocks)
     delays = [d for c in clocks for d in c.read_delays]
     sends = [c.send_s for c in clocks if c.send_s is not None]
@@ -196,19 +219,48 @@ def health_of(clocks: list[RequestClock], lag: list[float]) -> ClientHealth:
         loop_lag_samples=len(lag),
         burst_share_read=sum(bursty(c.read) for c in judged) / len(judged) if judged else None,
         burst_share=sum(client_burst(c) for c in judged) / len(judged) if judged else None,
-        edge_lost_share=sum(edge_lost(c) for c in clocks) / len(clocks) if clocks else None)
+        edge_lost_share=sum(edge_lost(c) for c in clocks) / len(clocks) if clocks else None,
+        send_delay_p50_s=_p(send_delays or [], 50), send_delay_p99_s=_p(send_delays or [], 99),
+        send_delay_max_s=max(send_delays) if send_delays else None,
+        worker=worker, clock_offset_s=clock_offset_s,
+        clock_offset_measured_s=clock_offset_measured[0] if clock_offset_measured else None,
+        clock_offset_within_s=clock_offset_measured[1] if clock_offset_measured else None,
+        start_skew_s=start_skew_s, workers=workers)
 
 
 def could_not_time(health: ClientHealth | None, ttft_p50_s: float | None) -> str | None:
     """Why the point's latencies (or its ITL alone) are the client's rather than the server's;
-    None when the client could time them."""
+    None when the client could time them. A client of several processes is judged as a whole
+    and each worker as one loop: one worker that could not time its requests is enough."""
     if health is None or not health.chunks:
         return None
+    lost, itl = _reasons(health, ttft_p50_s)
+    for w in health.workers or []:
+        if not w.chunks:
+            continue
+        w_lost, w_itl = _reasons(w, ttft_p50_s)
+        lost += [f"worker {w.worker}: {r}" for r in w_lost]
+        itl += [f"worker {w.worker}: {r}" for r in w_itl]
+    if lost:
+        head = "the client could not time this point: " + "; ".join(lost)
+    elif itl:
+        head = ("the client could not time this point's ITL (its TTFT and TPOT hold: first and last tokens kept their "
+                "kernel receive times): " + "; ".join(itl) + ", read with segments piled up unread")
+    else:
+        return None
+    return head + (". Give the client a CPU of its own: fewer busy processes on the host, or the client in the "
+                   "server's session (one scheduling group)" + (", or more client processes (client_workers)"
+                                                                if health.workers is None else ""))
+
+
+def _reasons(health: ClientHealth, ttft_p50_s: float | None) -> tuple[list[str], list[str]]:
+    """What one client (or one worker) lost: its latencies, or its ITL alone."""
     kernel = (health.kernel_clock_share or 0.0) >= KERNEL_SHARE_MIN
     bursts = health.burst_share is not None and health.burst_share > BURST_SHARE_MAX
     burst = (f"{health.burst_share or 0:.0%} of its requests' tokens came in one burst (chunks a median "
              f"{BURST_GAP_S * 1e6:.0f} us apart or less; limit {BURST_SHARE_MAX:.0%})")
-    lost, itl = [], []
+    lost: list[str] = []
+    itl: list[str] = []
     if kernel:
         if (health.edge_lost_share or 0.0) > BURST_SHARE_MAX:
             lost.append(f"{health.edge_lost_share:.0%} of its requests' first or last token was read with others piled "
@@ -223,12 +275,4 @@ def could_not_time(health: ClientHealth | None, ttft_p50_s: float | None) -> str
         if lag is not None and ttft_p50_s and lag > LAG_SHARE_MAX * ttft_p50_s:
             lost.append(f"its tokens were timed on its own clock (no kernel receive times) and its event loop ran "
                         f"{lag * 1e3:.3g} ms late (p99), over {LAG_SHARE_MAX:.0%} of the {ttft_p50_s * 1e3:.3g} ms TTFT p50")
-    if lost:
-        head = "the client could not time this point: " + "; ".join(lost)
-    elif itl:
-        head = ("the client could not time this point's ITL (its TTFT and TPOT hold: first and last tokens kept their "
-                "kernel receive times): " + "; ".join(itl) + ", read with segments piled up unread")
-    else:
-        return None
-    return head + (". Give the client a CPU of its own: fewer busy processes on the host, or the client in the "
-                   "server's session (one scheduling group)")
+    return lost, itl

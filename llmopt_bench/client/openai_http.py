@@ -1,6 +1,6 @@
 """A streaming client for an OpenAI-compatible /v1/completions endpoint, timed on the client.
 
-Each request streams (server-sent events, parsed by httpx-sse, carried by aiohttp); a chunk is
+Each request streams (server-sent events over aiohttp, split by SSEEvents); a chunk is
 timed when it reached the host, by the kernel's receive clock (client/rx_clock.py), else when
 the client read it, and a chunk that carries k tokens gives its time to each of them, as the
 in-process vLLM engine does (engines/vllm/offline.py serve()). The client watches its own punctuality
@@ -51,6 +51,9 @@ class Endpoint:
     force_length: bool = True
     return_token_ids: bool = True
     sampling: Sampling = field(default_factory=Sampling)  # greedy unless the stage says otherwise
+    # each chunk timed by the kernel's receive clock (client/rx_clock.py); False: the cheaper record,
+    # each chunk timed when the client read it (~20% less of the client's CPU a request: docs/serving.md)
+    kernel_clock: bool = True
 
     @property
     def api_root(self) -> str:
@@ -85,6 +88,21 @@ class Tally:
     prompt_off_worst: float = 0.0  # the largest |counted / asked - 1| of one request
     texts_made_sending: int = 0  # text prompts made while the point ran (not prepared before it)
 
+    def add(self, other: Tally) -> None:
+        """Another client's tally (a worker's) counted in this one."""
+        for how, n in other.counted_by.items():
+            self.counted_by[how] = self.counted_by.get(how, 0) + n
+        self.usage_agreed += other.usage_agreed
+        self.usage_missing += other.usage_missing
+        self.usage_mismatch += other.usage_mismatch
+        self.short += other.short
+        self.prompt_checked += other.prompt_checked
+        self.prompt_asked += other.prompt_asked
+        self.prompt_counted += other.prompt_counted
+        self.prompt_off += other.prompt_off
+        self.prompt_off_worst = max(self.prompt_off_worst, other.prompt_off_worst)
+        self.texts_made_sending += other.texts_made_sending
+
     def check_prompt(self, request_id: str, asked: int | None, counted: int | None) -> None:
         if asked is None or counted is None:
             return
@@ -94,6 +112,17 @@ class Tally:
         if counted != asked:
             self.prompt_off.append((request_id, asked, counted))
             self.prompt_off_worst = max(self.prompt_off_worst, abs(counted / asked - 1) if asked else 1.0)
+
+
+class TokenCounter:
+    """A chunk's text counted by a tokenizer (OpenAIClient's count_text), picklable: a client worker
+    process counts with it too."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+
+    def __call__(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 @dataclass
@@ -148,12 +177,44 @@ def _keep_answer(data: Json, state: _Stream) -> None:
     """What a multi-turn workload needs of a chunk: the answer's token ids (a next turn carries
     them) and the prompt tokens the server served from its prefix cache (OpenAI's usage field;
     vLLM's with --enable-prompt-tokens-details)."""
-    choices = data.get("choices") or []
-    if choices and isinstance(choices[0].get("token_ids"), list):
-        state.answer_ids.extend(int(i) for i in choices[0]["token_ids"])
-    details = (data.get("usage") or {}).get("prompt_tokens_details") or {}
+    choices = data.get("choices")
+    if choices:
+        ids = choices[0].get("token_ids")
+        if isinstance(ids, list):
+            state.answer_ids.extend(ids)  # JSON's integers, as they came (a generator of int() cost 5% of the client's CPU)
+    usage = data.get("usage")
+    details = usage.get("prompt_tokens_details") if usage else None
     if isinstance(details, dict) and details.get("cached_tokens") is not None:
         state.cached_tokens = int(details["cached_tokens"])
+
+
+class SSEEvents:
+    """Server-sent events from a stream's bytes as they arrive: each event's data (its data: lines
+    joined by newlines; comments, event names, ids and retries dropped, as are events without
+    data). Lines end with LF, CRLF or CR (the SSE spec's three)."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[str]:
+        buf = self._buf + data
+        if b"\r" in buf:
+            if buf.endswith(b"\r") and not buf.endswith(b"\r\r"):  # a CR that a LF may follow: wait for the next read
+                self._buf = buf
+                return []
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        *blocks, self._buf = buf.split(b"\n\n")
+        out = []
+        for block in blocks:
+            if block.startswith(b"data: ") and b"\n" not in block:  # the usual event: one data line
+                out.append(block[6:].decode())
+                continue
+            lines = [ln[5:] for ln in block.split(b"\n") if ln.startswith(b"data:")]
+            if lines:
+                out.append(b"\n".join(ln[1:] if ln.startswith(b" ") else ln for ln in lines).decode())
+        return out
 
 
 class OpenAIClient:
@@ -169,32 +230,35 @@ class OpenAIClient:
         self._http: Any = None
         self.clocks: list[RequestClock] = []  # every finished request's, in order
         self._lag = LoopLag()
-        rx_clock.keep_stamping()
+        if endpoint.kernel_clock:
+            rx_clock.keep_stamping()
 
     async def __aenter__(self) -> OpenAIClient:
         import aiohttp
-        import httpx
-        from httpx_aiohttp import AiohttpTransport
 
         e = self.endpoint
         headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
-        # httpx's API over aiohttp's transport: httpx's own transport spent ~2 ms sending each
-        # request on a busy host against ~0.5 ms for aiohttp (scripts/client-overhead.py), and that
-        # showed as TTFT beside vllm bench serve (an aiohttp client). No pool limit by default
-        # (limit=0): a request waiting for a free connection would count the client's queue as
-        # the server's latency. Reads wait up to the request's own timeout.
+        # aiohttp itself, as vLLM's client: httpx's own transport spent ~2 ms sending each request
+        # on a busy host against ~0.5 ms for aiohttp (scripts/client-overhead.py), and httpx's API
+        # over aiohttp with httpx-sse's parser still cost the client half its requests a second
+        # (issue 47). No pool limit by default (limit=0): a request waiting for a free connection
+        # would count the client's queue as the server's latency. Reads wait up to the request's
+        # own timeout (complete()'s).
         limit = self._max_connections or 0
-        transport = AiohttpTransport(client=lambda: aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=limit, socket_factory=rx_clock.socket_factory)))
-        self._http = httpx.AsyncClient(
-            headers=headers, transport=transport,
-            timeout=httpx.Timeout(e.request_timeout_s, connect=e.connect_timeout_s, pool=None))
+        self._http = aiohttp.ClientSession(
+            headers=headers, connector=aiohttp.TCPConnector(limit=limit, socket_factory=rx_clock.socket_factory if e.kernel_clock else None),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=e.connect_timeout_s))
         self._lag.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self._lag.stop()
-        await self._http.aclose()
+        await self._http.close()
+
+    @property
+    def lag_samples(self) -> list[float]:
+        """How late its loop's lag monitor woke, each time (client/health.LoopLag)."""
+        return self._lag.samples
 
     def health(self, request_ids: Collection[str] | None = None) -> ClientHealth:
         """The client's punctuality since it opened: its loop's lag, and its requests' clocks
@@ -248,25 +312,26 @@ class OpenAIClient:
                              cached_tokens=state.cached_tokens)
 
     async def _stream(self, prompt: str | Sequence[int], max_tokens: int, state: _Stream) -> None:
-        from httpx_sse import SSEError, aconnect_sse
-
         url = self.endpoint.api_root + "/completions"
         sending = rx_clock.track()  # this coroutine runs as its own task (wait_for): the mark stays with it
-        async with aconnect_sse(self._http, "POST", url, json=self.payload(prompt, max_tokens)) as source:
-            response = source.response
-            if response.status_code != 200:
-                body = (await response.aread()).decode(errors="replace")
-                raise classify_status(response.status_code, body, self.endpoint.model)
+        async with self._http.post(url, json=self.payload(prompt, max_tokens)) as response:
+            if response.status != 200:
+                body = (await response.read()).decode(errors="replace")
+                raise classify_status(response.status, body, self.endpoint.model)
+            ctype = response.headers.get("content-type", "?")
+            if not ctype.startswith("text/event-stream"):
+                raise RequestFailed("not_streaming", f"the server answered {ctype}, not an event stream")
             sock = sending.sock
             if sending.sent_at is not None:
                 state.clock.send_s = sending.sent_at - state.t_submit
-            try:
-                last = None  # the end of the last token-carrying event
-                async for event in source.aiter_sse():
-                    t = now()
-                    end = rx_clock.arrival(sock, event.data, state.t_submit, t) if sock is not None else None
-                    done = event.data.strip() == "[DONE]"
-                    if not done and self._on_chunk(event.data, t, state, end):
+            last = None  # the end of the last token-carrying event
+            events = SSEEvents()
+            async for data in response.content.iter_any():
+                t = now()
+                for event in events.feed(data):
+                    end = rx_clock.arrival(sock, event, state.t_submit, t) if sock is not None else None
+                    done = event.strip() == "[DONE]"
+                    if not done and self._on_chunk(event, t, state, end):
                         last = end
                     elif state.finished and last is not None and end is not None and last.read == end.read:
                         # the last token read with the answer's tokenless tail (usage, [DONE], after
@@ -274,9 +339,6 @@ class OpenAIClient:
                         state.clock.trust_last()
                     if done:
                         return
-            except SSEError as e:
-                ctype = response.headers.get("content-type", "?")
-                raise RequestFailed("not_streaming", f"the server answered {ctype}, not an event stream ({e})") from None
         if not state.finished:
             raise RequestFailed("protocol", f"the stream ended after {len(state.times)} tokens without a finish_reason")
 
@@ -316,21 +378,23 @@ class OpenAIClient:
 
     async def models(self) -> list[str]:
         """The model names the endpoint serves (GET /v1/models); a UsageError says what is wrong."""
-        import httpx
+        import aiohttp
 
         url = self.endpoint.api_root + "/models"
         try:
-            r = await self._http.get(url)
-        except httpx.HTTPError as e:
+            async with self._http.get(url, timeout=aiohttp.ClientTimeout(total=self.endpoint.request_timeout_s,
+                                                                          sock_connect=self.endpoint.connect_timeout_s)) as r:
+                status, text = r.status, await r.text(errors="replace")
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             err = transport_error(e, self.endpoint)
             raise UsageError(err.detail, fix_for(err.kind, self.endpoint)) from None
-        if r.status_code != 200:
-            err = classify_status(r.status_code, r.text, self.endpoint.model)
+        if status != 200:
+            err = classify_status(status, text, self.endpoint.model)
             raise UsageError(f"GET {url}: {err.detail}", fix_for(err.kind, self.endpoint))
         try:
-            return [m["id"] for m in r.json()["data"]]
+            return [m["id"] for m in json.loads(text)["data"]]
         except (ValueError, KeyError, TypeError):
-            raise UsageError(f"GET {url} did not answer an OpenAI model list: {r.text[:120]!r}",
+            raise UsageError(f"GET {url} did not answer an OpenAI model list: {text[:120]!r}",
                              "point --endpoint at an OpenAI-compatible server (its /v1/models lists the models)") from None
 
     async def check_model(self) -> list[str]:

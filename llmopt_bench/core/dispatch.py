@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from llmopt_bench.core.records import RequestSample
 
@@ -57,4 +57,27 @@ class Dispatcher(Protocol):
 
     def finished(self) -> bool:
         """Nothing left to release and nothing in flight."""
+        ...
+
+
+class Splittable(Protocol):
+    """A dispatcher whose schedule can be dealt to several client processes (client/workers.py,
+    client/cluster.py): each part a Dispatcher of its own, picklable, that a worker drives
+    whole; the parts' records joined back into this one, so that every figure is computed over
+    all the point's requests as if one client had sent them."""
+
+    def split_reason(self) -> str | None:
+        """Why this dispatcher cannot be dealt out (None: it can)."""
+        ...
+
+    def split(self, n: int) -> list[Any]:
+        """At most n parts (fewer where there is less to deal: a closed loop's users), not
+        started: every worker starts its part with part.start(t0) at one agreed instant t0 (its
+        own clock's), so that a worker that starts late shows it as its requests' send delay. A
+        part lists its requests (id, token ids) by planned(), so that their prompts go with it."""
+        ...
+
+    def join(self, parts: Sequence[Any], shifts: Sequence[float] | None = None) -> None:
+        """The parts' records as this dispatcher's, each part's times moved by its shift (a
+        worker on another host's clock: minus its offset); a part that never came back is left out."""
         ...

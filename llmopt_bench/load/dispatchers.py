@@ -21,6 +21,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from llmopt_bench.core.dispatch import Send
 from llmopt_bench.core.records import RequestSample
@@ -28,6 +29,17 @@ from llmopt_bench.core.workload import Request
 from llmopt_bench.measure.timing import now as clock
 
 RequestSource = Callable[[int], Request]
+
+
+class Listed:
+    """A source of the given requests in order (picklable: a part of a split loop carries it to
+    its worker process)."""
+
+    def __init__(self, requests: Sequence[Request]):
+        self.requests = list(requests)
+
+    def __call__(self, i: int) -> Request:
+        return self.requests[i]
 
 
 def cycled(requests: Sequence[Request]) -> RequestSource:
@@ -93,6 +105,48 @@ class _Loop:
     def in_flight(self) -> int:
         return len(self._live)
 
+    # --- dealt to several client processes (core/dispatch.Splittable) ---------------------
+
+    def planned(self) -> list[tuple[str, tuple[int, ...]]]:
+        """A part's requests (id, token ids), all known before it starts (its source is Listed)."""
+        assert isinstance(self.source, Listed), "planned() is a split part's"
+        return [(r.id, r.token_ids) for r in self.source.requests]
+
+    def join(self, parts: Sequence[_Loop], shifts: Sequence[float] | None = None) -> None:
+        self.t0, self.timelines, self.answered = joined(parts, shifts, self.t0)
+        self._live = {}
+
+
+def joined(parts: Sequence[Any], shifts: Sequence[float] | None, t0: float | None) -> tuple[float | None, list[Timeline], int]:
+    """The parts' start, timelines and answers as one loop's (core/dispatch.Splittable.join): the
+    timelines in arrival order (ties: in part order), indexed again, so that a closed loop's ramp
+    (every user's first request, at the start) stays the first ones; the start the earliest part's."""
+    merged: list[Timeline] = []
+    starts = []
+    for k, part in enumerate(parts):
+        d = shifts[k] if shifts else 0.0
+        merged += [shifted(t, d) for t in part.timelines] if d else part.timelines
+        if part.t0 is not None:
+            starts.append(part.t0 + d)
+    merged.sort(key=lambda t: t.arrival)  # stable: ties keep each part's own order
+    for i, t in enumerate(merged):
+        t.index = i
+    return (min(starts) if starts else t0), merged, sum(p.answered for p in parts)
+
+
+def shifted(t: Timeline, d: float) -> Timeline:
+    """A timeline (and its sample) on a clock `d` seconds ahead of the one it was kept on."""
+    s = t.sample
+    if s is not None:
+        s = s.model_copy(update={"t_submit": s.t_submit + d, "t_first": s.t_first + d, "t_done": s.t_done + d,
+                                 "token_times": [x + d for x in s.token_times]})
+    return Timeline(t.index, t.arrival + d, t.sent + d, t.answered + d, s, t.output_len)
+
+
+def deal(n: int, parts: int) -> list[int]:
+    """n things dealt to `parts` as evenly as can be, the first ones one more."""
+    return [n // parts + (k < n % parts) for k in range(parts)]
+
 
 class OpenLoop(_Loop):
     """Arrivals at t0 + offsets[i] (t0: the first call to due()); offsets sorted."""
@@ -112,9 +166,14 @@ class OpenLoop(_Loop):
     def _room(self) -> bool:
         return self.max_concurrency is None or self.in_flight < self.max_concurrency
 
+    def start(self, t0: float) -> None:
+        """Start the schedule at t0 (default: the first due()): a dealt part starts at the instant its workers agreed."""
+        self.t0 = t0
+
     def due(self, now: float) -> list[Send]:
         if self.t0 is None:
-            self.t0 = now
+            self.start(now)
+        assert self.t0 is not None
         out = []
         while len(self.timelines) < len(self.offsets) and self._room():
             arrival = self.t0 + self.offsets[len(self.timelines)]
@@ -132,6 +191,23 @@ class OpenLoop(_Loop):
 
     def finished(self) -> bool:
         return len(self.timelines) >= len(self.offsets) and not self._live
+
+    def split_reason(self) -> str | None:
+        return "the open loop has started" if self.t0 is not None else None
+
+    def split(self, n: int) -> list[OpenLoop]:
+        """Arrival i to part i mod n (merged, the parts' arrivals are this schedule, exactly,
+        each part's moved by how far its start missed the others'); max_concurrency dealt to the
+        parts (each holds its share in flight)."""
+        n = max(1, min(n, len(self.offsets)))
+        caps: list[int | None] = [max(1, c) for c in deal(self.max_concurrency, n)] if self.max_concurrency is not None \
+            else [None] * n
+        parts = []
+        for k in range(n):
+            mine = range(k, len(self.offsets), n)
+            parts.append(OpenLoop([self.offsets[i] for i in mine], Listed([self.source(i) for i in mine]), self.output_len,
+                                  max_concurrency=caps[k], repeat=self.repeat))
+        return parts
 
 
 class ClosedLoop(_Loop):
@@ -151,10 +227,14 @@ class ClosedLoop(_Loop):
         return (self.num_requests is None or len(self.timelines) < self.num_requests) and \
             (self.duration_s is None or arrival - self.t0 < self.duration_s)
 
+    def start(self, t0: float) -> None:
+        """Every user free at t0 (default: the first due()): a dealt part starts at the instant its workers agreed."""
+        self.t0 = t0
+        self._free.extend([t0] * self.users)
+
     def due(self, now: float) -> list[Send]:
         if self.t0 is None:
-            self.t0 = now
-            self._free.extend([now] * self.users)
+            self.start(now)
         out = []
         while self._free and self._free[0] <= now and self._more(self._free[0]):
             out.append(self._release(self._free.popleft(), now))
@@ -170,3 +250,24 @@ class ClosedLoop(_Loop):
 
     def finished(self) -> bool:
         return self.t0 is not None and not self._live and self.wake_at() is None
+
+    def split_reason(self) -> str | None:
+        if self.t0 is not None:
+            return "the closed loop has started"
+        if self.num_requests is None:
+            return "a closed loop bound by its duration alone has no list of requests to deal out"
+        return None
+
+    def split(self, n: int) -> list[ClosedLoop]:
+        """User u to part u mod n, with the requests the one loop would have given its users in
+        turn (request i is user i mod users' turn): each part sends its users' share of
+        num_requests."""
+        assert self.num_requests is not None
+        n = max(1, min(n, self.users))
+        parts = []
+        for k in range(n):
+            users = len(range(k, self.users, n))
+            mine = [i for i in range(self.num_requests) if (i % self.users) % n == k]
+            parts.append(ClosedLoop(users, Listed([self.source(i) for i in mine]), self.output_len, num_requests=len(mine),
+                                    duration_s=self.duration_s, repeat=self.repeat))
+        return parts

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.records import PlanRecord
@@ -26,10 +26,14 @@ from llmopt_bench.load.arrivals import arrival_offsets
 from llmopt_bench.load.conversations import ConversationLoop
 from llmopt_bench.load.dispatchers import ClosedLoop, OpenLoop
 from llmopt_bench.load.point import LoadPoint
-from llmopt_bench.workloads.plan import Plan
+from llmopt_bench.workloads.plan import Conversation, Plan
 
 WARMUP_START = 1_000_000  # a generated plan's warm-up requests: far past any measured index, never sent measured
 Loop = OpenLoop | ClosedLoop | ConversationLoop
+
+
+def _conversation_at(plan: Plan, start: int, i: int) -> Conversation:
+    return plan.conversation(start + i)
 
 
 @dataclass
@@ -102,9 +106,7 @@ class PlanLoad:
 
     def _conversations(self, point: LoadPoint, repeat: int, on_answer: Callable[[int], None] | None) -> ConversationLoop:
         plan = self.plan
-
-        def conv(i: int):
-            return plan.conversation(self.start + i)
+        conv = partial(_conversation_at, plan, self.start)  # picklable: a dealt part carries it to a client worker
         if point.concurrency is not None:
             return ConversationLoop(conv, plan.filler, users=point.concurrency, num_requests=point.num_requests,
                                     duration_s=point.duration_s, repeat=repeat, on_answer=on_answer)

@@ -11,14 +11,17 @@ the stage is skipped with the reason and the fix; a request that fails later fai
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
+from llmopt_bench.client.cluster import client_processes
 from llmopt_bench.client.errors import error_kind, fix_for
 from llmopt_bench.client.http_load import HTTPLoad
-from llmopt_bench.client.openai_http import Endpoint, OpenAIClient
+from llmopt_bench.client.openai_http import Endpoint, OpenAIClient, TokenCounter
+from llmopt_bench.client.workers import WorkerConfig
 from llmopt_bench.core.contract import Stage, StageContext, StageSkipped
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.records import Block, LoadInfo, QualityRecord, StageRun
@@ -40,6 +43,7 @@ class EndpointParams(ServingParams):
     force_length: bool = True  # send ignore_eos + min_tokens (vLLM, SGLang); off for servers that refuse unknown fields
     return_token_ids: bool = True  # ask for token ids in the stream (vLLM): exact counts
     prompt_format: Literal["text", "tokens"] = "text"  # text: any server tokenizes it; tokens: servers that take ids
+    replicas: list[str] = Field(default_factory=list)  # more base URLs serving the same model: requests round-robin over all
 
 
 class OpenAIEndpointStage(Stage):
@@ -67,7 +71,8 @@ class OpenAIEndpointStage(Stage):
                          "lengths are approximate, the server's usage field gives the counted ones")
         self.endpoint = Endpoint(params.endpoint, params.model, api_key_env=params.api_key_env,
                                  request_timeout_s=params.request_timeout_s, force_length=params.force_length,
-                                 return_token_ids=params.return_token_ids, sampling=params.sampling())
+                                 return_token_ids=params.return_token_ids, sampling=params.sampling(),
+                                 kernel_clock=params.kernel_clock)
         served = self._check(ctx)
         return LoadInfo(implementation={"engine": "openai-endpoint", "url": params.endpoint, "model": params.model,
                                         "served_models": served, "api_key_env": params.api_key_env,
@@ -91,21 +96,25 @@ class OpenAIEndpointStage(Stage):
             raise StageSkipped(f"{self.params.endpoint}: the first request failed: {sample.error}", fix_for(kind, self.endpoint))
         return served
 
-    def count_text(self, text: str) -> int:
-        return len(self.tok(text, add_special_tokens=False)["input_ids"])
-
     def run(self, workload: WorkloadConfig, ctx: StageContext) -> StageRun:
         p = self.params
         encode = lambda text: self.tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
         plan, tp_plan = serving_plans(workload, self.tok, None, encode, None, p)
         # text of the asked length on this tokenizer: exact where it is the server's (the rows' prompt_count say)
         texts = PromptTexts(self.tok, workload.seed) if p.prompt_format == "text" else None
-        client = HTTPLoad(self.endpoint, texts=texts, count_text=self.count_text if p.tokenizer else None)
+        replicas = [replace(self.endpoint, base_url=url) for url in p.replicas]
+        count = TokenCounter(self.tok) if p.tokenizer else None
+        processes = client_processes(p.client_workers, p.client_cluster, p.client_nodes,
+                                     WorkerConfig((self.endpoint, *replicas), texts=texts, count_text=count))
+        client = HTTPLoad(self.endpoint, texts=texts, count_text=count, replicas=replicas, **processes)
         target = {"kind": "OpenAI-compatible endpoint (not started by llmopt)", "url": p.endpoint, "model": p.model,
-                  "api_key_env": p.api_key_env}
+                  "api_key_env": p.api_key_env, **({"replicas": ", ".join(p.replicas)} if p.replicas else {})}
         serving = ServingRun(client, target, p, PlanLoad(plan), PlanLoad(tp_plan), ctx, workload.seed,
                              expected_tokens=p.force_length and p.return_token_ids)
-        samples, extra, facts = serving.run()
+        try:
+            samples, extra, facts = serving.run()
+        finally:
+            client.close()
         facts.workload = None if workload.from_prompt_file else plan.record()
         extra.owns_device = False
         quality = QualityRecord(perplexity_meaningful=False, perplexity_note=NO_QUALITY, agreement_note=NO_QUALITY,

@@ -15,8 +15,10 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
+from llmopt_bench.client.cluster import client_processes
 from llmopt_bench.client.http_load import HTTPLoad
 from llmopt_bench.client.openai_http import Endpoint
+from llmopt_bench.client.workers import WorkerConfig
 from llmopt_bench.core.contract import Requirements, Stage, StageContext
 from llmopt_bench.core.records import Block, Claim, LoadInfo, QualityRecord, StageRun
 from llmopt_bench.core.workload import WorkloadConfig
@@ -74,7 +76,7 @@ class VLLMServeStage(Stage):
     def endpoint(self, timeout_s: float = 600.0) -> Endpoint:
         assert self.server is not None
         return Endpoint(self.server.base_url, self.server.served_model_name, api_key_env=self.params.api_key_env,
-                        request_timeout_s=timeout_s, sampling=self.params.sampling())
+                        request_timeout_s=timeout_s, sampling=self.params.sampling(), kernel_clock=self.params.kernel_clock)
 
     def texts(self, workload: WorkloadConfig) -> PromptTexts | None:
         """The prompts as text of their asked length on the server's tokenizer (None: token ids)."""
@@ -111,12 +113,16 @@ class VLLMServeStage(Stage):
         load, tp_load = self.loads(workload)
         assert self.server is not None and self.served is not None
         caching = self.served.params.enable_prefix_caching
-        client = HTTPLoad(self.endpoint(p.request_timeout_s), texts=self.texts(workload), reset_cache_each_point=caching,
-                          watch_cache=True)
+        endpoint, texts = self.endpoint(p.request_timeout_s), self.texts(workload)
+        processes = client_processes(p.client_workers, p.client_cluster, p.client_nodes, WorkerConfig((endpoint,), texts=texts))
+        client = HTTPLoad(endpoint, texts=texts, reset_cache_each_point=caching, watch_cache=True, **processes)
         target = {"kind": "vllm serve (started by llmopt)", "url": self.server.base_url, "model": self.server.served_model_name,
                   "command": self.server.reproduce(), "entry": " ".join(self.server.entry)}
         serving = ServingRun(client, target, p, load, tp_load, ctx, workload.seed)
-        samples, extra, facts = serving.run()
+        try:
+            samples, extra, facts = serving.run()
+        finally:
+            client.close()
         facts.workload = None if workload.from_prompt_file else load.record
         quality = self.quality(ctx) if p.quality else None
         facts.devices = worker_ranks(self.served.params)

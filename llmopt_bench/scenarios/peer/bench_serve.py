@@ -102,11 +102,27 @@ def saved_result(run_dir: Path) -> dict | None:
 
 # Runs in vLLM's interpreter (which may not have llmopt): vLLM's `vllm bench serve` is this parser
 # and this main (entrypoints/cli/benchmark/serve.py), called once a line of stdin, each call's
-# output into the log it names; "ready" and "done CODE" on the event pipe (argv[1]).
+# output into the log it names; "ready" and "done CODE CPU_S" on the event pipe (argv[1]), CPU_S
+# the process's CPU seconds inside vLLM's benchmark() alone (its load, without its start-up and
+# prompt making: what `llmopt check client` sets beside llmopt's own CPU time over its load point).
 DRIVER = r"""
-import json, os, sys, traceback
+import json, os, resource, sys, traceback
 events = os.fdopen(int(sys.argv[1]), "w", buffering=1)
+import vllm.benchmarks.serve as serve
 from vllm.benchmarks.serve import add_cli_args, main
+cpu = [0.0]
+inner = getattr(serve, "benchmark", None)  # a vLLM without it: no CPU figure ("-")
+def cpu_s():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+async def timed(*a, **k):
+    t = cpu_s()
+    try:
+        return await inner(*a, **k)
+    finally:
+        cpu[0] += cpu_s() - t
+if inner is not None:
+    serve.benchmark = timed
 try:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 except ImportError:  # older vLLM
@@ -115,7 +131,7 @@ events.write("ready\n")
 out, err = os.dup(1), os.dup(2)
 for line in sys.stdin:
     call = json.loads(line)
-    code = 1
+    code, cpu[0] = 1, 0.0
     with open(call["log"], "w") as log:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
@@ -131,7 +147,7 @@ for line in sys.stdin:
             sys.stderr.flush()
             os.dup2(out, 1)
             os.dup2(err, 2)
-    events.write(f"done {code}\n")
+    events.write(f"done {code} {cpu[0]:.4f}\n" if inner is not None else f"done {code} -\n")
 """
 
 
@@ -144,6 +160,7 @@ class BenchRun:
     result: dict | None
     error: str | None = None
     server_clock: ServerClock | None = None
+    cpu_s: float | None = None  # its process's CPU seconds inside its benchmark() (the load alone)
 
 
 class BenchServe:
@@ -222,15 +239,17 @@ class BenchServe:
             self.close(kill=True)
             error = (f"vllm bench serve ran past {timeout_s:g} s" if time.monotonic() - t0 >= timeout_s else
                      f"vllm bench serve's process ended: see {self.log_path}")
-        elif said != "done 0":
+        elif not said.startswith("done 0"):
             error = f"vllm bench serve failed: see {out / 'stdout.log'}"
+        words = (said or "").split()
+        cpu = float(words[2]) if len(words) == 3 and words[2] != "-" else None
         result = saved_result(out) if save and error is None else None
         if save and error is None and result is None:
             error = f"vllm bench serve saved no result in {out}: see {out / 'stdout.log'}"
         clock = None
         if watch:
             clock, _ = watch.stop(bench_samples(result) if result else [], **({} if result else {"settle_s": 0}))
-        return BenchRun(command=command, result=result, error=error, server_clock=clock)
+        return BenchRun(command=command, result=result, error=error, server_clock=clock, cpu_s=cpu)
 
     def close(self, kill: bool = False) -> None:
         """End the process (its stdin closed, it finishes; killed whole when `kill` or when it

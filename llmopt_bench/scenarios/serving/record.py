@@ -34,6 +34,14 @@ class ServingParams(SearchParams, Sampling):
     # text: what users send, of the asked length on the server's tokenizer (workloads/text.py);
     # tokens: the ids themselves, which skip the server's tokenization (docs/serving.md)
     prompt_format: Literal["text", "tokens"] = "text"
+    # the client past one process (docs/serving.md, "The client past one process"): each point's
+    # schedule dealt to client_workers processes on this host, or to Ray actors (client_cluster:
+    # ray://HEAD:10001, HEAD:6379, auto, or "env" for RAY_ADDRESS), one on each of client_nodes
+    # (a node's custom resource, or node:ID); every figure from the merged records
+    client_workers: int = Field(1, ge=1)
+    client_cluster: str | None = None
+    client_nodes: list[str] = Field(default_factory=list)
+    kernel_clock: bool = True  # False: the cheaper record, chunks timed when read (client/openai_http.Endpoint)
 
     def sampling(self) -> Sampling:
         return Sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
@@ -66,6 +74,7 @@ class ServingSettings(TypedDict, total=False):
     prompt_format: str
     sampling: dict[str, float | int | None]  # core/workload.Sampling's fields, dumped
     server_metrics: bool | None  # read the server's /metrics around each point (None: the engine has no such switch)
+    client: str  # the client's processes (client/http_load.HTTPLoad.describe): one, workers, Ray actors, and why a point was not dealt
     workload: str  # the canonical spec (workloads/spec.py)
     prompts: int | None  # distinct prompts sent
     input_tokens: list[int] | None  # [shortest, longest]
@@ -105,6 +114,7 @@ class LoadRow(PointRow):
     client_untimed: str | None = None  # why the client could not time this point (its latencies are not the server's)
     prompt_count: PromptCount | None = None  # the prompts' lengths as asked and as the server counted them
     server_clock: AsBuilt[ServerClock] | None = None  # the server's own figures beside the client's (client/server_clock.server_clock)
+    replica_clocks: list[AsBuilt[ServerClock] | None] | None = None  # several replicas: each one's clock, in the endpoints' order
 
 
 class ClientTally(StrictModel):

@@ -30,6 +30,7 @@ from typing import Any
 
 from llmopt_bench.analysis.slo import Verdict, client_late
 from llmopt_bench.client.health import could_not_time
+from llmopt_bench.client.workers import WorkerLost
 from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.errors import LlmoptError, UsageError
 from llmopt_bench.core.records import RequestSample, SLOPoint, StageFacts
@@ -111,7 +112,7 @@ class ServingRun:
             with self.ctx.meter.window(key) as window:
                 res = run_plan(self.engine, point, load, forced=self.forced)
                 window.tokens = res.all_output_tokens
-        except UsageError as e:  # a point that cannot run (every arrival in the warm-up): a row that says so
+        except (UsageError, WorkerLost) as e:  # a point that cannot run (every arrival in the warm-up), a client worker lost: a row that says so
             row = LoadRow(phase=phase, mode="open" if point.rate else "closed", concurrency=point.concurrency,
                           rate_rps=point.rate, requests=0, completed=0, error=e.message)
             self.rows.append(row)
@@ -131,7 +132,8 @@ class ServingRun:
                        energy=self.ctx.meter.per_key().get(key),
                        cache=with_requests(getattr(self.engine, "last_cache", None), res.samples),
                        prompt_count=prompt_count(getattr(self.engine, "tally", None)),
-                       server_clock=getattr(self.engine, "last_server", None))
+                       server_clock=getattr(self.engine, "last_server", None),
+                       replica_clocks=getattr(self.engine, "last_servers", None) or None)
 
     def _client_check(self, row: LoadRow, res: PointResult) -> None:
         """The client's own punctuality over the point's measured requests, and whether it could
@@ -245,6 +247,7 @@ class ServingRun:
                 "output_len": self.load.lengths()[1], "prompt_format": self.p.prompt_format,
                 "sampling": self.p.sampling().model_dump(),
                 "server_metrics": getattr(self.engine, "watch_server", None),  # read the server's /metrics around each point
+                "client": describe() if (describe := getattr(self.engine, "describe", None)) else "one process",
                 "workload": self.load.plan.spec, "prompts": self.load.distinct_prompts(),
                 "input_tokens": [min(lengths), max(lengths)] if lengths else None,
                 "closed_loop_warmup": "each user's first request (the ramp)",
