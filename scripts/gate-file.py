@@ -9,7 +9,7 @@ repeats pooled with other runs of the same device, model, workload and stage par
 
 writes results/baselines/nvidia-h200-synthetic-llama2-7b.gate.toml (--output FILE elsewhere; --check
 only says whether the committed file is what the runs give: exit 1 when it is not). The nightly's
-fewest repeats of a fixed-workload stage come from the standard preset (--preset)."""
+repeats of a fixed-workload stage are what the standard preset's stopping rule takes (--preset)."""
 
 from __future__ import annotations
 
@@ -25,12 +25,14 @@ from llmopt_bench.core.results import load_run  # noqa: E402
 from llmopt_bench.run.registry import resolve_preset  # noqa: E402
 
 
-def text_for(baseline: Path, runs: list[Path], preset: str) -> str:
+def text_for(baseline: Path, runs: list[Path], preset: str, name: str | None = None) -> str:
     run = load_run(baseline)
-    fewest = int(resolve_preset(preset, cuda=not str(run.env.device or "").startswith("cpu"))[1]["repeats"])
-    entries = gate_file.derive(run, [load_run(p) for p in runs], fewest)
+    rule = resolve_preset(preset, cuda=not str(run.env.device or "").startswith("cpu"))[1]
+    entries = gate_file.derive(run, [load_run(p) for p in runs], rule)
     names = [str(p.resolve().relative_to(ROOT)) if p.resolve().is_relative_to(ROOT) else str(p) for p in (baseline, *runs)]
-    return gate_file.to_toml(baseline.name, entries, names, fewest)
+    said = (f"the {preset} preset's stopping rule ({rule['repeats']} to {rule['max_repeats']}, within "
+            f"+-{rule['stop_within']}%, {rule['repeat_budget_s']} s)")
+    return gate_file.to_toml(name or baseline.name, entries, names, said)
 
 
 def main() -> int:
@@ -38,12 +40,14 @@ def main() -> int:
     ap.add_argument("baseline", type=Path, help="the baseline file (results/baselines/<gpu>-<model>.json)")
     ap.add_argument("--runs", type=Path, action="append", default=[], help="another run of the same device, model and "
                     "workload whose repeats join the spread (repeatable; a run of other stage params adds nothing)")
-    ap.add_argument("--preset", default="standard", help="the nightly's preset (its fewest repeats; default standard)")
+    ap.add_argument("--preset", default="standard", help="the nightly's preset (its stopping rule; default standard)")
     ap.add_argument("--output", type=Path, help="default: beside the baseline, <name>.gate.toml")
+    ap.add_argument("--name", help="the baseline file's name the gate file belongs to (default: BASELINE's own; a run's "
+                    "run.json that will be committed as results/baselines/<gpu>-<model>.json: that name)")
     ap.add_argument("--check", action="store_true", help="exit 1 when the file differs from what the runs give")
     args = ap.parse_args()
     out = args.output or args.baseline.with_name(args.baseline.stem + gate_file.SUFFIX)
-    text = text_for(args.baseline, args.runs, args.preset)
+    text = text_for(args.baseline, args.runs, args.preset, args.name)
     if args.check:
         same = out.is_file() and out.read_text() == text
         print(f"{out}: {'as the runs give it' if same else 'differs from what the runs give: regenerate it'}")

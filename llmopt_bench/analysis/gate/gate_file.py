@@ -8,32 +8,34 @@ Why: compare passes a gated figure only when its interval lies wholly within the
 figure whose repeats spread by more than the threshold allows (H200 hf-fp16's TPOT: 21.3 / 32.7
 / 24.0 ms) then fails every night, the baseline against its own run included, and a gate that
 is never green gets switched off. So each figure's threshold is chosen, once and in review, from
-its noise, with the same interval compare computes:
+its noise, with the interval compare computes:
 
 - sigma: the spread of log(the figure) between repeats, pooled over the baseline and the other
-  runs given with its device, model, workload and stage params (their repeats' variance
-  weighted by degrees of freedom); SE = sigma x sqrt(1/R_b + 1/R_n), R_b the baseline's repeats,
-  R_n the fewest a nightly takes (the stopping rule's minimum for a fixed-workload stage, the
-  stage's own count for one that measures its own workload); t on Welch's degrees of freedom;
-- a pair of runs of the same code settles (its interval wholly within +-T) in all but
-  ~0.3% of pairs when ln(1 + T) >= (t + 3) x SE: the threshold is the class's default (5% for a
-  GPU-bound stage, 10% for a host-bound one), raised to that where the noise needs more: ~20
-  gated figures a night then leave a nightly of the same code green ~95% of the time;
-- at that threshold a slowdown is caught 90% of the time from (1 + T) x exp((t + z0.9) x SE) - 1;
-  where that is no more than what the gate must catch (10% GPU-bound, 20% host-bound: issue 46),
-  the figure is **gated** at T; otherwise it is **watched**: judged at the class's threshold, a
-  regression of it still exits 5, its inconclusive verdict does not fail, and `llmopt history
-  check` watches it across nights.
+  runs given with its device, model, workload and stage params (their repeats' variance weighted
+  by degrees of freedom), and the spread of whole runs beyond what their repeats explain (where
+  two runs or more say it); R_b the baseline's repeats, R_n what the nightly's stopping rule
+  takes of such a stage (its minimum to maximum, within its target and time budget: a stage
+  measuring its own workload keeps its own count);
+- DRAWS pairs of runs of the same code are simulated from that noise and put through compare's
+  own interval (each side's repeats' variance over R, t on Welch's degrees of freedom: with 2
+  repeats a side it is t on ~1-2 df, whose tail no closed form with a typical SE shows);
+- the threshold is the class's default (5% for a GPU-bound stage, 10% for a host-bound one), raised
+  to where those pairs settle (their interval wholly within +-T) in all but ALARM (0.3%: ~20 gated
+  figures a night leave a nightly of the same code green ~94% of the time);
+- at that threshold, where a slowdown of what the gate must catch (10% GPU-bound, 20% host-bound:
+  issue 46) moved onto the same pairs regresses in at least 90% of them, the figure is **gated**
+  at T; otherwise it is **watched**: judged at the least threshold (the default at least) where
+  pairs of the same code regress in at most ALARM, so that a regression of it still exits 5, its
+  inconclusive verdict does not fail, and `llmopt history check` watches it across nights.
 
 Pure functions over RunResult; numpy is imported inside (through noise)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import NormalDist
 
 import tomllib
 
@@ -50,9 +52,10 @@ SUFFIX = ".gate.toml"
 NOISY = tuple(k for k, m in METRICS.items() if m.gated and m.needs_noise)
 CLASS_THRESHOLD = {True: 0.10, False: 0.05}  # host-bound / GPU-bound (compare's defaults)
 MUST_CATCH = {True: 0.20, False: 0.10}  # the slowdown the gate must catch 90% of the time (issue 46)
-Z_SETTLE = 3.0  # a pair of the same code unsettled in ~0.3% of pairs: 1 - 20 x 0.27% ~ 95% green nights
-Z_CATCH = NormalDist().inv_cdf(0.9)
+ALARM = 0.003  # pairs of the same code left unsettled (or regressed): ~20 gated figures a night, 1 - 20 x 0.3% ~ 94% green
+CATCH = 0.90  # the share of slowdowns of MUST_CATCH a gated figure must catch
 CONFIDENCE = 0.95  # compare's default interval
+DRAWS = 20_000  # simulated pairs a figure (seeded: the same runs give the same file)
 DECISIONS = ("gated", "watched")
 FIELDS = ("stage", "metric", "decision", "max_regression", "why")
 
@@ -131,32 +134,80 @@ def load(path: Path, baseline: Path | None = None) -> GateFile:
 
 @dataclass(frozen=True)
 class Spread:
-    """A figure's between-repeat spread in log space, pooled over runs."""
+    """A figure's spread in log space: between repeats, pooled over runs, and between whole runs
+    beyond what their repeats explain (0 where fewer than two runs, or none beyond)."""
     var: float
     df: int
     repeats: int  # in all
     runs: int
+    run_var: float = 0.0
 
 
 def pooled_spread(stages: Sequence[StageResult], key: str) -> Spread | None:
     """The variance of log(one repeat's figure), pooled over the stages' runs by degrees of
-    freedom; each stage's disturbed repeats set aside first, as compare does."""
-    ss, df, n, runs = 0.0, 0, 0, 0
-    for stage in stages:
-        values = noise.repeat_values(*noise_groups(kept_repeats(stage)[0], key))
-        if len(values) < 2:
-            continue
-        logs = [math.log(v) for v in values]
-        mean = sum(logs) / len(logs)
-        ss += sum((x - mean) ** 2 for x in logs)
-        df, n, runs = df + len(logs) - 1, n + len(logs), runs + 1
-    return Spread(ss / df, df, n, runs) if df else None
+    freedom (each stage's disturbed repeats set aside first, as compare does), and the variance
+    of the runs' own values (their mean log) beyond the part their repeats make."""
+    runs = [[math.log(v) for v in noise.repeat_values(*noise_groups(kept_repeats(st)[0], key))] for st in stages]
+    runs = [logs for logs in runs if len(logs) >= 2]
+    df = sum(len(logs) - 1 for logs in runs)
+    if not df:
+        return None
+    means = [sum(logs) / len(logs) for logs in runs]
+    var = sum((x - m) ** 2 for logs, m in zip(runs, means) for x in logs) / df
+    run_var = 0.0
+    if len(means) >= 2:
+        centre = sum(means) / len(means)
+        between = sum((m - centre) ** 2 for m in means) / (len(means) - 1)
+        run_var = max(0.0, between - sum(var / len(logs) for logs in runs) / len(runs))
+    return Spread(var, df, sum(len(logs) for logs in runs), len(runs), run_var)
 
 
-def welch_df(r_base: int, r_new: int) -> float:
-    """Welch-Satterthwaite's degrees of freedom for two sides of one per-repeat variance."""
-    a, b = 1 / r_base, 1 / r_new
-    return (a + b) ** 2 / (a * a / max(r_base - 1, 1) + b * b / max(r_new - 1, 1))
+@dataclass(frozen=True)
+class Pairs:
+    """Simulated pairs of runs of the same code: each one's log(ratio) estimate and its interval's
+    half-width, as compare computes them (noise.combine: each side's repeats' variance over R,
+    t on Welch's degrees of freedom)."""
+    change: object  # numpy arrays
+    half: object
+
+
+def simulate(spread: Spread, r_base: int, r_new: int, draws: int = DRAWS, seed: int = 0) -> Pairs:
+    """`draws` pairs: R_b and R_n repeats of log-normal noise (the repeats' sigma), the new run's
+    whole level moved by the runs' own spread (both runs': twice its variance)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    sigma = math.sqrt(spread.var)
+    b = rng.normal(0.0, sigma, size=(draws, r_base))
+    n = rng.normal(0.0, sigma, size=(draws, r_new)) + rng.normal(0.0, math.sqrt(2 * spread.run_var), size=(draws, 1))
+    vb, vn = b.var(axis=1, ddof=1) / r_base, n.var(axis=1, ddof=1) / r_new
+    var = vb + vn
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df = var ** 2 / (vb ** 2 / (r_base - 1) + vn ** 2 / (r_new - 1))
+    grid = np.arange(1.0, 60.0, 0.05)  # t by df, interpolated (compare takes it at df rounded to 0.01)
+    t_at = np.array([noise.t_quantile(0.5 + CONFIDENCE / 2, float(round(d, 2))) for d in grid])
+    t = np.interp(np.nan_to_num(df, nan=60.0), grid, t_at, left=t_at[0], right=t_at[-1])
+    return Pairs(n.mean(axis=1) - b.mean(axis=1), t * np.sqrt(var))
+
+
+def shares(pairs: Pairs, shift: float, higher_is_better: bool):
+    """Per simulated pair, the new run's level moved by `shift` in log space in the bad direction
+    (0: runs of the same code): the least threshold its interval lies wholly within, and the
+    threshold below which it regresses (numpy arrays)."""
+    import numpy as np
+
+    d = pairs.change + (-shift if higher_is_better else shift)  # type: ignore[operator]
+    lo, hi = d - pairs.half, d + pairs.half  # type: ignore[operator]
+    within = np.maximum(np.exp(hi) - 1, 1 - np.exp(lo))
+    regresses_below = 1 - np.exp(hi) if higher_is_better else np.exp(lo) - 1
+    return within, regresses_below
+
+
+def at_least(values, share: float, floor: float) -> float:
+    """The least threshold (to 0.1%, at least `floor`) that `share` of the values stay under."""
+    import numpy as np
+
+    return max(floor, math.ceil(float(np.quantile(values, share)) * 1000) / 1000)
 
 
 def pct(x: float) -> str:
@@ -169,28 +220,58 @@ def decide(stage: str, key: str, spread: Spread | None, r_base: int, r_new: int,
     kind = "host-bound" if host_bound else "GPU-bound"
     if spread is None or r_base < 2 or r_new < 2:
         return Entry(stage, key, "watched", floor, f"{kind}; one repeat a run: no interval can settle it")
-    sigma = math.sqrt(spread.var)
-    se = sigma * math.sqrt(1 / r_base + 1 / r_new)
-    df = welch_df(r_base, r_new)
-    t = noise.t_quantile(0.5 + CONFIDENCE / 2, round(df, 2))
-    needs = math.exp((t + Z_SETTLE) * se) - 1
-    threshold = max(floor, math.ceil(needs * 1000) / 1000)
-    caught = (1 + threshold) * math.exp((t + Z_CATCH) * se) - 1
-    gated = caught <= must
-    why = (f"{kind}: sigma {pct(sigma)} a repeat ({spread.repeats} repeats in {spread.runs} run(s), {spread.df} df); "
-           f"{r_base} repeats vs {r_new}: SE = sigma x sqrt(1/{r_base} + 1/{r_new}) = {pct(se)}, t({df:.1f} df) = {t:.2f}; "
-           f"a pair of the same code settles from exp((t + {Z_SETTLE:g}) x SE) - 1 = {pct(needs)}"
-           f"{'' if threshold > floor else f', within the {pct(floor)} default'}; "
-           f"at {pct(threshold)} a slowdown is caught 90% of the time from (1 + T) x exp((t + 1.28) x SE) - 1 = {pct(caught)}, "
-           + (f"within the {pct(must)} the gate must catch: gated at {pct(threshold)}" if gated else
-              f"beyond the {pct(must)} the gate must catch: watched at {pct(floor)} (a regression still exits 5)"))
-    return Entry(stage, key, "gated" if gated else "watched", threshold if gated else floor, why)
+    better = METRICS[key].higher_is_better
+    pairs = simulate(spread, r_base, r_new)
+    within, false_below = shares(pairs, 0.0, better)
+    settles = at_least(within, 1 - ALARM, floor)  # pairs of the same code settled in all but ALARM
+    caught = float((shares(pairs, math.log(1 + must), better)[1] > settles).mean()) if settles < 1 else 0.0
+    gated = caught >= CATCH
+    # watched: judged where pairs of the same code regress in at most ALARM (a regression still exits 5)
+    threshold = settles if gated else at_least(false_below, 1 - ALARM, floor)
+    why = (f"{kind}: sigma {pct(math.sqrt(spread.var))} a repeat ({spread.repeats} repeats in {spread.runs} run(s), "
+           f"{spread.df} df), whole runs {pct(math.sqrt(spread.run_var))} beyond it; {r_base} repeats vs {r_new}; "
+           f"{DRAWS} pairs simulated with compare's interval: pairs of the same code settle in {1 - ALARM:.1%} from "
+           f"{pct(settles)}" + (f" (the {pct(floor)} default)" if settles == floor else "")
+           + f", where a {pct(must)} slowdown is caught in {caught:.1%}"
+           + (f": gated at {pct(threshold)}" if gated else
+              f" (under {CATCH:.0%}): watched, judged at {pct(threshold)}, where pairs of the same code regress in at "
+              f"most {ALARM:.1%} (a regression still exits 5)"))
+    return Entry(stage, key, "gated" if gated else "watched", threshold, why)
 
 
-def derive(baseline: RunResult, others: Sequence[RunResult] = (), new_repeats: int = 2) -> list[Entry]:
+def repeat_seconds(stage: StageResult) -> float | None:
+    """A repeat's time, on average: its output tokens over its windowed tok/s."""
+    s, m = stage.samples, stage.metrics
+    rates = m.output_tok_s_repeats if m else []
+    if not s or not rates:
+        return None
+    reps = sorted(set(s.repeat))
+    secs = [sum(t for t, r in zip(s.output_tokens, s.repeat) if r == rep) / rate
+            for rep, rate in zip(reps, rates) if rate and rate > 0]
+    return sum(secs) / len(secs) if secs else None
+
+
+def nightly_repeats(stage: StageResult, spreads: Sequence[Spread | None], preset: Mapping[str, float]) -> int:
+    """The repeats a nightly's stopping rule (analysis/stopping.py) would take of a fixed-workload
+    stage with these spreads, at the preset's minimum, maximum, target and time budget: the first
+    count whose every figure's expected half-width is within the target, within the budget."""
+    low, high = int(preset["repeats"]), int(preset.get("max_repeats") or preset["repeats"])
+    target, budget, secs = float(preset.get("stop_within") or 0) / 100, preset.get("repeat_budget_s"), repeat_seconds(stage)
+    if budget and secs:
+        high = max(low, min(high, int(budget // secs)))
+    for r in range(max(low, 2), high + 1):
+        t = noise.t_quantile(0.5 + CONFIDENCE / 2, r - 1)
+        if all(math.exp(t * math.sqrt(sp.var / r)) - 1 <= target for sp in spreads if sp is not None):
+            return r
+    return high
+
+
+def derive(baseline: RunResult, others: Sequence[RunResult] = (), preset: Mapping[str, float] | None = None) -> list[Entry]:
     """Every ok stage's noisy gated figures of `baseline`, their spread pooled with the same stage
     (same params) of `others` that compare would compare (same device, model and workload);
-    `new_repeats`: the fewest repeats a nightly's fixed-workload stage takes (its preset's minimum)."""
+    `preset`: the nightly's stopping rule (its [preset_workload] table), which sets the repeats of
+    a fixed-workload stage's new run (a stage measuring its own workload, or no preset: as many
+    as the baseline's)."""
     like = [r for r in others if not mismatches(baseline, r)]
     out = []
     for stage in baseline.stages:
@@ -198,10 +279,11 @@ def derive(baseline: RunResult, others: Sequence[RunResult] = (), new_repeats: i
             continue
         same = [stage] + [s for r in like if (s := r.stage(stage.name)) is not None and s.status == "ok"
                           and s.params == stage.params and s.samples]
+        spreads = {key: pooled_spread(same, key) for key in NOISY}
         r_base = repeats_of(stage)
-        r_new = r_base if stage.own_workload else min(r_base, new_repeats)
+        r_new = r_base if stage.own_workload or preset is None else nightly_repeats(stage, list(spreads.values()), preset)
         bound = bool(hostbound.host_bound(stage, baseline).host_bound)
-        out += [decide(stage.name, key, pooled_spread(same, key), r_base, r_new, bound) for key in NOISY]
+        out += [decide(stage.name, key, spreads[key], r_base, r_new, bound) for key in NOISY]
     return out
 
 
@@ -211,7 +293,7 @@ def repeats_of(stage: StageResult) -> int:
     return len(set(kept.samples.repeat)) if kept.samples else 0
 
 
-def to_toml(baseline_name: str, entries: Sequence[Entry], made_from: Sequence[str], new_repeats: int) -> str:
+def to_toml(baseline_name: str, entries: Sequence[Entry], made_from: Sequence[str], preset: str) -> str:
     """The gate file's text: a header that says how it was made, then one [[figure]] per entry."""
     def q(s: str) -> str:
         return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -221,7 +303,7 @@ def to_toml(baseline_name: str, entries: Sequence[Entry], made_from: Sequence[st
         "# noise supports, or watched (judged, a regression still exits 5, an inconclusive verdict does not fail).",
         "# Made by scripts/gate-file.py from the runs below (llmopt_bench/analysis/gate/gate_file.py has the rule;",
         "# docs/regression.md, \"A gate that can pass\"). Regenerate it with the baseline; do not edit by hand.",
-        f"# made from: {', '.join(made_from)}; a nightly's fixed-workload stage takes at least {new_repeats} repeats",
+        f"# made from: {', '.join(made_from)}; the nightly's repeats: {preset}",
         f"baseline = {q(baseline_name)}",
         "",
     ]
