@@ -1,6 +1,6 @@
-"""A baseline's gate file: for each stage and noisy gated figure (TPOT p50, E2E p50, output tok/s),
-gated at the threshold its measured noise supports, or watched, with the arithmetic that decided
-it (docs/regression.md, "A gate that can pass"). It sits beside the baseline
+"""A baseline's gate file: for each stage and figure judged on its repeats (TTFT, TPOT and E2E p50,
+output tok/s), gated at the threshold its measured noise supports, or watched, with the
+arithmetic that decided it (docs/regression.md, "A gate that can pass"). It sits beside the baseline
 (`results/baselines/<gpu>-<model>.gate.toml` beside `<gpu>-<model>.json`) and `llmopt compare`
 reads it there.
 
@@ -43,13 +43,14 @@ from llmopt_bench.analysis import hostbound
 from llmopt_bench.analysis.gate import noise
 from llmopt_bench.analysis.gate.compare import mismatches, noise_groups
 from llmopt_bench.analysis.gate.host_signals import kept_repeats
-from llmopt_bench.analysis.gate.judge import METRICS
+from llmopt_bench.analysis.gate.judge import METRICS, SAMPLE_COLUMNS
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.results import RunResult, StageResult
 
 SUFFIX = ".gate.toml"
-# the figures whose noise decides (peak memory is judged on its value: no noise to weigh)
-NOISY = tuple(k for k, m in METRICS.items() if m.gated and m.needs_noise)
+# the figures judged on their repeats' noise (peak memory on its value, load on its one value a run)
+NOISY = tuple(k for k in METRICS if k in SAMPLE_COLUMNS or k == "output_tok_s")
+MAX_THRESHOLD = 9.99  # a gate file's thresholds stay under 1000% (a noisier figure is judged there)
 CLASS_THRESHOLD = {True: 0.10, False: 0.05}  # host-bound / GPU-bound (compare's defaults)
 MUST_CATCH = {True: 0.20, False: 0.10}  # the slowdown the gate must catch 90% of the time (issue 46)
 ALARM = 0.003  # pairs of the same code left unsettled (or regressed): ~20 gated figures a night, 1 - 20 x 0.3% ~ 94% green
@@ -207,7 +208,7 @@ def at_least(values, share: float, floor: float) -> float:
     """The least threshold (to 0.1%, at least `floor`) that `share` of the values stay under."""
     import numpy as np
 
-    return max(floor, math.ceil(float(np.quantile(values, share)) * 1000) / 1000)
+    return min(MAX_THRESHOLD, max(floor, math.ceil(float(np.quantile(values, share)) * 1000) / 1000))
 
 
 def pct(x: float) -> str:
@@ -235,7 +236,8 @@ def decide(stage: str, key: str, spread: Spread | None, r_base: int, r_new: int,
            + f", where a {pct(must)} slowdown is caught in {caught:.1%}"
            + (f": gated at {pct(threshold)}" if gated else
               f" (under {CATCH:.0%}): watched, judged at {pct(threshold)}, where pairs of the same code regress in at "
-              f"most {ALARM:.1%} (a regression still exits 5)"))
+              f"most {ALARM:.1%} (a regression still exits 5)")
+           + ("" if METRICS[key].gated else f"; {key} is watched unless compare's --gate names it"))
     return Entry(stage, key, "gated" if gated else "watched", threshold, why)
 
 
@@ -281,7 +283,8 @@ def derive(baseline: RunResult, others: Sequence[RunResult] = (), preset: Mappin
                           and s.params == stage.params and s.samples]
         spreads = {key: pooled_spread(same, key) for key in NOISY}
         r_base = repeats_of(stage)
-        r_new = r_base if stage.own_workload or preset is None else nightly_repeats(stage, list(spreads.values()), preset)
+        rule_sees = [sp for key, sp in spreads.items() if METRICS[key].gated]  # the stopping rule's figures
+        r_new = r_base if stage.own_workload or preset is None else nightly_repeats(stage, rule_sees, preset)
         bound = bool(hostbound.host_bound(stage, baseline).host_bound)
         out += [decide(stage.name, key, spreads[key], r_base, r_new, bound) for key in NOISY]
     return out
