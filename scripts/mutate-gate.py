@@ -16,7 +16,8 @@ runs the `--after` tests too, so the report says how many the suite killed befor
 
     scripts/mutate-gate.py --sample 8 --json mutants.json       # 8 mutants a module (seeded), ~40 min here
     scripts/mutate-gate.py --module analysis/gate/judge.py --sample 0   # every mutant of one module
-    scripts/mutate-gate.py --list                                # the mutants, not run"""
+    scripts/mutate-gate.py --list                                # the mutants, not run
+    scripts/mutate-gate.py --rerun mutants.json --json again.json   # the ones left alive, after new tests"""
 
 from __future__ import annotations
 
@@ -128,6 +129,46 @@ def pytest(copy: Path, tests: list[str], timeout: int) -> int:
         return 124  # a mutant that hangs the tests is caught by them (a nightly would time out)
 
 
+def choose(modules: list[str], sample: int, seed: int, rerun: Path | None) -> list[Mutant]:
+    """The mutants to run: a seeded sample of each module's sites, or those a previous run left alive."""
+    if rerun:
+        return [Mutant(**{**m, "status": "not run"}) for m in json.loads(rerun.read_text()) if m["status"] == "alive"]
+    chosen: list[Mutant] = []
+    for module in modules:
+        tree = ast.parse((ROOT / "llmopt_bench" / module).read_text())
+        all_sites = [Mutant(module, i, getattr(n, "lineno", 0), what) for i, (n, what, _) in enumerate(sites(tree))]
+        picked = all_sites if not sample else sorted(random.Random(f"{seed}:{module}").sample(
+            all_sites, min(sample, len(all_sites))), key=lambda m: m.index)
+        chosen += picked
+        print(f"{module}: {len(all_sites)} sites, {len(picked)} chosen", file=sys.stderr)
+    return chosen
+
+
+def run_all(chosen: list[Mutant], timeout: int) -> bool:
+    """Each mutant in a copy of the checkout, the before tests then the after ones; False when the
+    tests fail without any mutant (every mutant would then read as killed)."""
+    with tempfile.TemporaryDirectory(prefix="mutate-gate-") as tmp:
+        copy = Path(tmp) / "tree"
+        shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", ".venv*", "__pycache__", "*.pyc"))
+        for tests in (BEFORE, AFTER):
+            if pytest(copy, tests, timeout) != 0:
+                print(f"error: the tests fail without a mutant: {' '.join(tests)}", file=sys.stderr)
+                return False
+        for n, m in enumerate(chosen, 1):
+            path = copy / "llmopt_bench" / m.module
+            original = path.read_text()
+            start = time.monotonic()
+            try:
+                path.write_text(mutated_source(original, m.index))
+                m.status = ("killed (before)" if pytest(copy, BEFORE, timeout) != 0 else
+                            "killed (after)" if pytest(copy, AFTER, timeout) != 0 else "alive")
+            finally:
+                path.write_text(original)
+            m.seconds = round(time.monotonic() - start, 1)
+            print(f"[{n}/{len(chosen)}] {m.module}:{m.line} {m.what}: {m.status} ({m.seconds:g} s)", flush=True)
+    return True
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--module", action="append", help="only these (paths under llmopt_bench/; repeatable)")
@@ -136,42 +177,15 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=600, help="seconds a test run may take (default 600)")
     ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     ap.add_argument("--json", type=Path, help="write every mutant and its status to FILE")
+    ap.add_argument("--rerun", type=Path, help="run again the mutants a previous --json left alive (after new tests)")
     args = ap.parse_args()
-    chosen: list[Mutant] = []
-    for module in args.module or MODULES:
-        tree = ast.parse((ROOT / "llmopt_bench" / module).read_text())
-        all_sites = [Mutant(module, i, getattr(n, "lineno", 0), what) for i, (n, what, _) in enumerate(sites(tree))]
-        picked = all_sites if not args.sample else sorted(random.Random(f"{args.seed}:{module}").sample(
-            all_sites, min(args.sample, len(all_sites))), key=lambda m: m.index)
-        chosen += picked
-        print(f"{module}: {len(all_sites)} sites, {len(picked)} chosen", file=sys.stderr)
+    chosen = choose(args.module or MODULES, args.sample, args.seed, args.rerun)
     if args.list:
         for m in chosen:
             print(f"{m.module}:{m.line}: {m.what}")
         return 0
-    with tempfile.TemporaryDirectory(prefix="mutate-gate-") as tmp:
-        copy = Path(tmp) / "tree"
-        shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", ".venv*", "__pycache__", "*.pyc"))
-        for tests in (BEFORE, AFTER):  # unmutated, every test passes: else every mutant would read as killed
-            if pytest(copy, tests, args.timeout) != 0:
-                print(f"error: the tests fail without a mutant: {' '.join(tests)}", file=sys.stderr)
-                return 1
-        for n, m in enumerate(chosen, 1):
-            path = copy / "llmopt_bench" / m.module
-            original = path.read_text()
-            start = time.monotonic()
-            try:
-                path.write_text(mutated_source(original, m.index))
-                if pytest(copy, BEFORE, args.timeout) != 0:
-                    m.status = "killed (before)"
-                elif pytest(copy, AFTER, args.timeout) != 0:
-                    m.status = "killed (after)"
-                else:
-                    m.status = "alive"
-            finally:
-                path.write_text(original)
-            m.seconds = round(time.monotonic() - start, 1)
-            print(f"[{n}/{len(chosen)}] {m.module}:{m.line} {m.what}: {m.status} ({m.seconds:g} s)", flush=True)
+    if not run_all(chosen, args.timeout):
+        return 1
     before = sum(m.status == "killed (before)" for m in chosen)
     after = before + sum(m.status == "killed (after)" for m in chosen)
     print(f"\n{len(chosen)} mutants: killed {before} before ({before / len(chosen):.0%}), {after} after "

@@ -214,3 +214,93 @@ def test_compare_watch_of_no_such_stage_exits_2(tmp_path):
                 env={"LLMOPT_HISTORY_DB": str(tmp_path / "none.sqlite")})
     assert r.returncode == 2 and "--watch 'nosuchstage:tpot': no stage 'nosuchstage'" in r.stderr
     assert "continuous-batching" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_history_is_the_baselines_noise_and_the_new_runs_floor(journey):
+    """hf-fp16's repeats spread by 22%; four earlier runs at one level spread by 0.1%. The baseline's
+    noise is the history's (what whole runs do), however noisy its own repeats; the new run keeps
+    its own where that is wider (a disturbed run keeps its noise)."""
+    hf = only_stages(journey, ["hf-fp16"])
+    past = [run(repeats_run(hf, [0, 1, 2], f, run_id=f"night-{i}", created_at=f"2026-11-0{i + 1}T00:00:00+00:00"))
+            for i, f in enumerate((1.0, 1.001, 0.999, 1.0005))]
+    cmp = compare_runs(run(hf), run(hf), history=past)
+    tpot = next(d for d in cmp.stages[0].metrics if d.metric == "tpot_p50")
+    assert tpot.noise == "baseline: 4 runs in the history; new: 3 repeats" and tpot.method == "history"
+
+
+def test_a_stage_only_in_the_new_run_is_no_gap(journey):
+    """A journey that grew a stage since its baseline: the new stage is not compared, and not a gap."""
+    base = copy.deepcopy(journey)
+    base["stages"] = [s for s in base["stages"] if s["name"] != "vllm-attn"]
+    assert gaps(run(base), run(journey)) == []
+    cmp = gated_by_file(run(base), run(journey))
+    assert next(s.state for s in cmp.stages if s.stage == "vllm-attn") == "only in new" and exit_code(cmp) == ExitCode.OK
+
+
+def test_allow_missing_all_accepts_every_gap_the_unfinished_run_included(journey):
+    new = copy.deepcopy(journey)
+    new["stages"] = [s for s in new["stages"] if s["name"] != "vllm"]
+    new["status"] = "interrupted"
+    assert gaps(run(journey), run(new), {"all"}) == []
+    assert exit_code(gated_by_file(run(journey), run(new), allowed={"all"})) == ExitCode.OK
+
+
+@pytest.mark.parametrize("entry, said", [
+    ('baseline = "b.json"\nstage = "vllm"\nparams = ["x"]\nreason = "r"\n', "missing refresh"),  # a field left out
+    ('baseline = "b.json"\nstage = "vllm"\nparams = ["x"]\nreason = "r"\nrefresh = "f"\nwhy = "w"\n', "needs exactly"),  # one more
+])
+def test_a_drift_entry_must_say_exactly_what_why_and_how_to_end_it(tmp_path, entry, said):
+    path = tmp_path / "drift.toml"
+    path.write_text("[[drift]]\n" + entry)
+    with pytest.raises(UsageError, match=said):
+        load_drift(path)
+    path.write_text('[[drift]]\nbaseline = "b.json"\nstage = "vllm"\nparams = ["x"]\nreason = "r"\nrefresh = "f"\n')
+    assert [d.stage for d in load_drift(path)] == ["vllm"]
+
+
+def test_a_repeat_without_the_hosts_index_is_not_normalised_and_nothing_crashes(journey):
+    from llmopt_bench.analysis.gate.host_verdict import normalised, normalised_inputs
+
+    assert normalised([1.0, 2.0], [0, 1], [100.0, None], 100.0, False) is None
+    assert normalised([1.0, 2.0], [0, 1], [100.0, 50.0], 100.0, False) == [1.0, 1.0]
+    assert normalised([1.0, 2.0], [0, 1], [100.0, 50.0], 100.0, True) == [1.0, 4.0]  # a throughput: divided
+    hf = run(journey).stage("hf-fp16")
+    assert normalised_inputs(hf, "output_tok_s", [100.0, 100.0], 100.0) == (None, [])  # 3 repeats, 2 indices
+
+
+def test_on_one_host_the_normalised_figure_is_the_raw_one(journey):
+    """Both runs on hosts of the same index: normalising changes nothing, so the normalised TPOT
+    is the raw one, the median of each repeat's requests (one request per repeat made 5x slower
+    moves the mean, not the median)."""
+    raw = only_stages(journey, ["hf-fp16"])
+    slow_tail = copy.deepcopy(raw)
+    sm = stage_of(slow_tail, "hf-fp16")["samples"]
+    firsts = {r: i for i, r in reversed(list(enumerate(sm["repeat"])))}
+    for c in ("tpot_s", "e2e_s"):
+        sm[c] = [v * 5 if i in firsts.values() else v for i, v in enumerate(sm[c])]
+    base, new = (run(with_index(r, {"hf-fp16": INDEX}, {"hf-fp16": 0.16})) for r in (raw, slow_tail))
+    tpot = next(d for d in compare_runs(base, new).stages[0].metrics if d.metric == "tpot_p50")
+    assert tpot.normalised_ratio == pytest.approx(tpot.ratio, rel=1e-9) and tpot.ratio == pytest.approx(1.0, abs=0.02)
+
+
+def test_preemptions_three_times_the_typical_rate_are_a_busier_host():
+    from llmopt_bench.analysis.gate.host_signals import moved
+
+    def rows(rate: float) -> list[dict]:
+        return [{"involuntary_switches": rate, "wall_s": 1.0, "cpu_share": 1.9} for _ in range(3)]
+
+    assert [(m.signal, m.busier) for m in moved(rows(100), rows(350))] == [("preemptions", "new")]  # beyond 100 + 2 x 100
+    assert moved(rows(100), rows(290)) == []
+
+
+def test_conditions_that_do_not_line_up_with_the_repeats_set_nothing_aside(journey):
+    from llmopt_bench.analysis.gate.host_signals import kept_repeats
+
+    quiet, busy = {"cpu_share": 1.95, "involuntary_switches": 10, "wall_s": 1.0}, {"cpu_share": 0.5, "involuntary_switches": 900, "wall_s": 1.0}
+    raw = only_stages(journey, ["vllm"])
+    stage_of(raw, "vllm")["extra"]["conditions"] = [quiet, quiet, busy, quiet]  # four rows, three repeats
+    stage = run(raw).stage("vllm")
+    assert kept_repeats(stage) == (stage, [])
+    stage_of(raw, "vllm")["extra"]["conditions"] = [quiet, busy, quiet]  # lined up: the busy one is set aside
+    kept, aside = kept_repeats(run(raw).stage("vllm"))
+    assert aside == [1] and sorted(set(kept.samples.repeat)) == [0, 2]
