@@ -304,3 +304,29 @@ def test_conditions_that_do_not_line_up_with_the_repeats_set_nothing_aside(journ
     stage_of(raw, "vllm")["extra"]["conditions"] = [quiet, busy, quiet]  # lined up: the busy one is set aside
     kept, aside = kept_repeats(run(raw).stage("vllm"))
     assert aside == [1] and sorted(set(kept.samples.repeat)) == [0, 2]
+
+
+def test_a_stage_that_failed_in_the_new_run_is_said_so_not_compared(journey):
+    new = copy.deepcopy(journey)
+    stage_of(new, "vllm").update(status="error", reason="EngineDeadError", metrics=None, samples=None)
+    cmp = gated_by_file(run(journey), run(new))
+    vllm = next(s for s in cmp.stages if s.stage == "vllm")
+    assert (vllm.state, vllm.note, vllm.metrics) == ("failed in new", "new: error (EngineDeadError)", [])
+    assert exit_code(cmp) == ExitCode.INCOMPLETE
+
+
+def test_which_stages_are_host_bound_and_how_the_report_says_it(journey):
+    from llmopt_bench.analysis.hostbound import busy_sentence, host_bound
+
+    raw = copy.deepcopy(journey)
+    stage_of(raw, "hf-fp16")["facts"]["gpu_busy_share"] = 0.16
+    stage_of(raw, "vllm")["facts"]["gpu_busy_share"] = 0.93
+    r = run(raw)
+    assert host_bound(r.stage("hf-fp16"), r).host_bound is True and host_bound(r.stage("vllm"), r).host_bound is False
+    assert busy_sentence(r.stage("hf-fp16"), r) == "hf-fp16: GPU busy 16.0% of each token: host-bound"
+    cpu = copy.deepcopy(journey)
+    cpu["env"]["device"] = "cpu"
+    for s in cpu["stages"]:
+        s["load"] = None
+    r = run(cpu)
+    assert host_bound(r.stage("vllm"), r) == host_bound(r.stage("vllm"), r).__class__(True, "a CPU run: the host is the device")

@@ -70,3 +70,17 @@ def test_the_half_width_needs_two_values_and_the_headline_two_tokens():
     assert halfwidth_pct([1.0, 1.0]) == 0 and halfwidth_pct([1.0, 1.1]) == pytest.approx(
         (2.718281828 ** (12.706 * 0.0674 / 2 ** 0.5) - 1) * 100, rel=0.01)
     assert headline_metric(2) == "tpot_p50" and headline_metric(1) == "e2e_p50"
+
+
+def test_the_maximum_holds_even_when_disturbed_repeats_leave_the_minimum_unmet():
+    quiet, busy = {"cpu_share": 1.95, "involuntary_switches": 10, "wall_s": 1.0}, {"cpu_share": 0.5, "involuntary_switches": 900, "wall_s": 1.0}
+    rows = [quiet, quiet, busy, busy, busy, busy]
+    rule = StoppingRule(3, 4, 2.5, "tpot_p50")
+    assert feed(rule, lambda i: STEADY, conditions=lambda i: rows[i]) == 4
+    assert rule.record.set_aside == [2, 3] and rule.record.repeats_run == 4
+
+
+def test_a_figure_a_repeat_could_not_give_is_never_tight():
+    rule = StoppingRule(2, 4, 2.5, "tpot_p50")
+    assert feed(rule, lambda i: {**STEADY, "output_tok_s": None}) == 4 and rule.record.stopped == "max_repeats"
+    assert rule.record.halfwidths_pct["output_tok_s"] is None
