@@ -156,7 +156,7 @@ def test_dummy_awq_weights_report_no_agreement(journey):
 def test_baseline_is_the_committed_journey_and_passes_against_it_by_its_gate_file():
     """The baseline against the run it was copied from: nothing changed. By the baseline's gate file
     (issue 46) every figure its noise lets a pair gate is settled, the GPU-bound stages' at 5%,
-    and the host-bound ones it cannot (hf-fp16, bnb-int8, flash-attn's eager decode) are watched:
+    and the host-bound ones it cannot (hf-fp16, bnb-int8, bnb-nf4, flash-attn's eager decode) are watched:
     exit 0. At the default thresholds, without the file, those cannot settle at 3 repeats: exit 9."""
     import json
 
@@ -173,7 +173,7 @@ def test_baseline_is_the_committed_journey_and_passes_against_it_by_its_gate_fil
     verdicts = {(st["stage"], m["metric"]): m for st in out["stages"] for m in st["metrics"]}
     for s in ("vllm", "vllm-fp8", "vllm-attn", "continuous-batching"):
         assert verdicts[(s, "tpot_p50")]["verdict"] == "unchanged" and verdicts[(s, "tpot_p50")]["threshold"] == 0.05
-    assert not verdicts[("hf-fp16", "tpot_p50")]["gated"] and verdicts[("bnb-nf4", "tpot_p50")]["gated"]
+    assert not verdicts[("hf-fp16", "tpot_p50")]["gated"] and verdicts[("awq-int4", "tpot_p50")]["gated"]
     res = run_cli("compare", str(BASELINE), str(H200_JOURNEY), "--format", "json", "--no-gate-file")
     assert res.returncode == 9, res.stderr
     assert {s for s, _ in json.loads(res.stdout)["inconclusive"]} == {"hf-fp16", "bnb-int8", "bnb-nf4", "flash-attn"}
