@@ -16,7 +16,8 @@
 #
 # Then: commit $DEV/gate-pairs's run.json files under results/h200/gate-pairs, the table into
 # docs/regression.md ("Calibration"), and, once reviewed, $DEV/baseline/run.json over
-# results/baselines/nvidia-h200-synthetic-llama2-7b.json (and drop its entries from
+# results/baselines/nvidia-h200-synthetic-llama2-7b.json with $DEV/baseline.gate.toml beside it as
+# nvidia-h200-synthetic-llama2-7b.gate.toml (and drop its entries from
 # results/baselines/drift.toml: tests/unit/test_baseline_params.py says which).
 # Env: DEV (/tmp/llmopt-gate), MODEL (synthetic:llama2-7b), PY (python3).
 # Dry run on a CPU machine (the CPU preset, synthetic:tiny, 1 round):
@@ -38,6 +39,9 @@ case "${1:-}" in
     force=(); [ "$DRY" = 1 ] && force=(--force)  # a CPU dry run is another device than the H200 baseline's
     llmopt compare results/baselines/nvidia-h200-synthetic-llama2-7b.json "$DEV/baseline" --drift results/baselines/drift.toml \
       --no-history --format md --output "$DEV/compare-committed.md" "${force[@]}" > /dev/null || echo "compare exit $?"
+    # the new baseline's gate file, its noise pooled with the committed baseline's (another machine, same journey)
+    "$PY" scripts/gate-file.py "$DEV/baseline/run.json" --name nvidia-h200-synthetic-llama2-7b.json \
+      --runs results/baselines/nvidia-h200-synthetic-llama2-7b.json --output "$DEV/baseline.gate.toml" || echo "gate file: exit $?"
     ;;
   pairs)
     prompts=4 tokens=100 repeats=6 vllm_runs=4 rounds_hf=3 rounds_nf4=2

@@ -91,6 +91,8 @@ def compare_cmd(
     gate: Optional[List[str]] = typer.Option(None, "--gate", help="Metrics whose inconclusive verdict fails the comparison (exit 9), comma-separated or repeated: tpot, e2e, tok_s, memory (the default), ttft, load, or all. The others are watched: their regression still exits 5."),
     watch: Optional[List[str]] = typer.Option(None, "--watch", help="Stages or STAGE:METRIC pairs (comma-separated or repeated) whose gated metrics are only watched: judged and reported, a regression still exits 5, an inconclusive verdict does not fail (e.g. flash-attn:tpot, a sweep whose eager decode its own 3 repeats cannot settle)."),
     pass_inconclusive: bool = typer.Option(False, "--pass-inconclusive", help="Let a gated metric whose interval reaches across its threshold pass (exit 0), as the gate did before: a comparison then passes without the evidence that nothing changed."),
+    gate_file: Optional[Path] = typer.Option(None, "--gate-file", help="The baseline's gate file: per stage, the figures gated at the threshold their measured noise supports and those only watched, with the arithmetic (scripts/gate-file.py makes it). [default: BASELINE's own X.gate.toml beside X.json, where there is one]"),
+    no_gate_file: bool = typer.Option(False, "--no-gate-file", help="Judge every stage at the default thresholds, even where the baseline has a gate file."),
     host_rule: str = typer.Option("attribute", "--host-rule", help="How a host-bound stage's verdict weighs the host-speed index: attribute (the raw verdict; a change the hosts' speed explains, or hides, is inconclusive (host)) or normalise (judged as if on the baseline's host). docs/regression.md"),
 ) -> None:
     """Compare two runs; exit 5 when a metric regressed beyond its threshold, 6 when the new run is
@@ -100,6 +102,7 @@ def compare_cmd(
     across the threshold), 0 when every gated metric is settled and none regressed."""
     import json
 
+    from llmopt_bench.analysis.gate import gate_file as gates
     from llmopt_bench.analysis.gate.baseline_drift import declared_for, load_drift
     from llmopt_bench.analysis.gate.compare import compare_runs, parse_allowed, parse_gate, parse_thresholds, parse_watch
     from llmopt_bench.analysis.gate.completeness import check_allowed
@@ -112,14 +115,22 @@ def compare_cmd(
     if output is not None:
         output_file(output, "--output", "compare.md")  # a bad path fails before the bootstrap
     thresholds, gated = parse_thresholds(max_regression), parse_gate(gate)
+    if gate_file is not None and no_gate_file:
+        raise UsageError("--gate-file and --no-gate-file together", "pass one of them")
     base_run, new_run = load_run(baseline), load_run(new)
-    allowed = parse_allowed(allow_missing)
-    check_allowed(allowed, known_stages(base_run, new_run))
+    allowed, stages = parse_allowed(allow_missing), known_stages(base_run, new_run)
+    check_allowed(allowed, stages)
+    watched = parse_watch(watch, stages)
     declared = declared_for(load_drift(drift), baseline) if drift is not None else {}
+    found = None if no_gate_file else gate_file or gates.beside(baseline)
+    plan = gates.load(found, baseline) if found is not None else None
+    if plan is not None:  # the user's own --max-regression wins, the file's watched figures join --watch
+        thresholds, watched = plan.merged(thresholds), watched | plan.watched()
     history = [] if no_history else fingerprint_runs(db or default_db(), base_run, new_run)
     cmp = compare_runs(base_run, new_run, thresholds, force=force, resamples=resamples, confidence=confidence,
                        seed=seed, history=history, allowed=allowed, host_rule=host_rule, gate=gated,
-                       pass_inconclusive=pass_inconclusive, drift=declared, watch=parse_watch(watch))
+                       pass_inconclusive=pass_inconclusive, drift=declared, watch=watched)
+    cmp.gate_file = str(found) if found is not None else None
     tune = tune_lines(baseline, new)  # two llmopt tune runs: their held capacities beside each other
     text = json.dumps(comparison_json(cmp), indent=1) + "\n" if fmt == "json" else to_markdown(cmp) + "\n".join(tune)
     if fmt == "table":

@@ -73,6 +73,9 @@ def _header(cmp: Comparison) -> list[str]:
               f"the time; gated (inconclusive fails): {', '.join(cmp.gate) or 'none'}"
               + (f", except the watched {', '.join(cmp.watched)}" if cmp.watched else "")
               + (" (inconclusive passed: --pass-inconclusive)" if cmp.pass_inconclusive else ""))]
+    if cmp.gate_file:
+        lines.append(f"- thresholds and watched figures per stage from the baseline's gate file `{cmp.gate_file}` "
+                     "(each at what its measured noise supports: docs/regression.md)")
     if cmp.history_runs:
         lines.append(f"- baseline noise from the history: {cmp.history_runs} earlier run(s) of this device, model and workload")
     if cmp.mismatches:
@@ -196,6 +199,9 @@ def _summary(cmp: Comparison) -> list[str]:
         lines.append(f"Not compared, accepted by --drift: {stage} {text}.")
     if imps:
         lines.append(f"Improved: {', '.join(f'{s} {m}' for s, m in imps)}.")
+    if watched := cmp.watched_unsettled:
+        lines.append(f"Watched, not settled (their noise is wider than a pair can gate; a regression of theirs still fails): "
+                     f"{', '.join(f'{s} {m}' for s, m in watched)}.")
     return lines
 
 

@@ -59,11 +59,12 @@ HOST_BOUND_MAX_REGRESSION = 0.10
 SAME_MEASUREMENT = ("repeats", "max_repeats", "stop_within", "repeat_budget_s", "notes")
 
 
-def metric_key(name: str) -> str:
+def metric_key(name: str, option: str = "--max-regression") -> str:
     """A judged metric's key from any name the registry knows for it (tpot, tpot_p50_ms, ttft_s.p50)."""
     m = lookup(name)
     if m is None or m.key not in METRICS:
-        raise UsageError(f"unknown metric {name!r}", f"use one of {', '.join(METRICS)} (or ttft, tpot, e2e, tok_s, load, memory)")
+        raise UsageError(f"{option}: unknown metric {name!r}",
+                         f"use one of {', '.join(METRICS)} (or ttft, tpot, e2e, tok_s, load, memory)")
     return m.key
 
 
@@ -72,16 +73,22 @@ def parse_gate(specs: Sequence[str] | None) -> list[str]:
     names = [p.strip() for spec in specs or [] for p in spec.split(",") if p.strip()]
     if not names:
         return list(GATED)
-    return list(METRICS) if "all" in names else list(dict.fromkeys(metric_key(n) for n in names))
+    return list(METRICS) if "all" in names else list(dict.fromkeys(metric_key(n, "--gate") for n in names))
 
 
-def parse_watch(specs: Sequence[str] | None) -> set[tuple[str, str]]:
+def parse_watch(specs: Sequence[str] | None, stages: Collection[str] | None = None) -> set[tuple[str, str]]:
     """--watch flash-attn:tpot,vllm-attn (repeatable) -> {(stage, metric key or "*")}: gated metrics
-    of those stages that are only watched (their inconclusive verdict is reported, does not fail)."""
+    of those stages that are only watched (their inconclusive verdict is reported, does not fail).
+    `stages`: the names a stage may take (the runs' and the registered ones): another is refused,
+    as a typo would otherwise watch nothing, silently."""
     out = set()
     for part in (p.strip() for spec in specs or [] for p in spec.split(",") if p.strip()):
         stage, _, metric = part.partition(":")
-        out.add((stage, metric_key(metric) if metric else "*"))
+        if stages is not None and stage not in stages:
+            raise UsageError(f"--watch {part!r}: no stage {stage!r} in either run",
+                             f"name a stage ({', '.join(sorted(stages)) or 'none'}), or STAGE:METRIC with a metric of "
+                             f"{', '.join(METRICS)} (or ttft, tpot, e2e, tok_s, load, memory)")
+        out.add((stage, metric_key(metric, "--watch") if metric else "*"))
     return out
 
 
@@ -110,10 +117,14 @@ def parse_thresholds(specs: Sequence[str] | None) -> dict[str, float]:
     return out
 
 
-def threshold_for(key: str, thresholds: dict[str, float] | None, host_bound: bool | None = False) -> float:
-    """A metric named explicitly, else its own default (load_s), else the bare value, else 10%
-    for a host-bound stage's timings and 5% otherwise."""
+def threshold_for(key: str, thresholds: dict[str, float] | None, host_bound: bool | None = False,
+                  stage: str | None = None) -> float:
+    """The stage's own for this metric ("stage:metric", a baseline's gate file), else a metric
+    named explicitly, else its own default (load_s), else the bare value, else 10% for a
+    host-bound stage's timings and 5% otherwise."""
     t = thresholds or {}
+    if stage is not None and f"{stage}:{key}" in t:
+        return t[f"{stage}:{key}"]
     if key in t:
         return t[key]
     if key in DEFAULT_THRESHOLDS:
@@ -246,7 +257,7 @@ def compare_stage(base: StageResult | None, new: StageResult | None, thresholds:
     if diff := params_diff(base, new):  # other settings measure other things (history show: "not comparable")
         out.state, out.note = "not comparable", params_note(diff)
         return out
-    out.metrics = [compare_metric(k, base, new, threshold_for(k, thresholds, host_bound), resamples, confidence, seed,
+    out.metrics = [compare_metric(k, base, new, threshold_for(k, thresholds, host_bound, base.name), resamples, confidence, seed,
                                   fingerprint_values(history, base, k)) for k in METRICS]
     for d in out.metrics:
         d.gated = d.metric in gate and not {(base.name, d.metric), (base.name, "*")} & set(watch)
@@ -292,6 +303,7 @@ class Comparison:
     pass_inconclusive: bool = False  # --pass-inconclusive: an unsettled gated metric passes (the gate before issue 33)
     watched: list[str] = field(default_factory=list)  # --watch: "stage:metric" (or "stage") only watched
     accepted_drift: dict[str, str] = field(default_factory=dict)  # stage -> its declared params drift, accepted (--drift)
+    gate_file: str | None = None  # the baseline's gate file whose thresholds and watched figures were applied
 
     @property
     def regressions(self) -> list[tuple[str, str]]:
@@ -310,6 +322,13 @@ class Comparison:
         """Gated metrics the pair could not settle: the comparison does not pass (unless
         pass_inconclusive), and never says "No regression."."""
         return [(s.stage, m) for s in self.stages for m in s.inconclusive]
+
+    @property
+    def watched_unsettled(self) -> list[tuple[str, str]]:
+        """Gated metrics only watched (--watch, the baseline's gate file) that the pair left
+        inconclusive: they do not fail, and no one should read the pass as their evidence."""
+        return [(s.stage, d.metric) for s in self.stages for d in s.metrics
+                if d.verdict == "inconclusive" and not d.gated and d.metric in self.gate]
 
     def to_dict(self) -> dict:
         d = asdict(self)
