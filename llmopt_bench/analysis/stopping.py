@@ -112,7 +112,7 @@ class StoppingRule:
 
     def add_figures(self, figures: dict[str, float | None], seconds: float, conditions: RepeatConditions | dict | None = None) -> bool:
         """Record one repeat's watched figures and its time (what add() reads from its samples;
-        scripts/calibrate-gate.py replays recorded runs through it); True when measuring should stop."""
+        scripts/gate/calibrate-gate.py replays recorded runs through it); True when measuring should stop."""
         rec = self.record
         if conditions is not None:
             self.conditions.append(conditions)

@@ -17,7 +17,7 @@
 #                 against the ceiling, held, vLLM's client at C and 1.1 C and all at once (issue 34)
 #   3. binding    the same with TPOT p99 20 ms (binds before saturation): vLLM's client at C and 1.1 C
 #   4. tune       `llmopt tune` 24 min (issue 35)            } logged as skipped with their minutes
-#   5. gate       scripts/gate-h200.sh baseline, ~26 min      } where the budget is spent (issue 33)
+#   5. gate       scripts/device/gate-h200.sh baseline, ~26 min      } where the budget is spent (issue 33)
 #
 # Env: DEV (/tmp/llmopt-turn), MODEL (synthetic:llama2-7b), BUDGET_S (seconds from `start` the
 # plan may use: the device time left at `start` less a margin for the last call), LLMOPT_COMMIT.
@@ -81,7 +81,7 @@ plan() {
     --vllm-runs capacity --budget-s "$(( $(left) - 20 ))" --out "$DEV/capacity-binding"
   local later=1500; [ "$DRY" = 1 ] && later=99999  # on CPU: logged as skipped, as the device logs them when the budget is spent
   step tune "$later" $PY -m llmopt_bench tune --model "$MODEL" --workload random:in=450,out=100 --budget 24m --output "$DEV/tune"
-  step gate "$(( later + 60 ))" env DEV="$DEV/gate" PY="$PY" bash scripts/gate-h200.sh baseline  # ~26 min; then its `pairs` (~54 min)
+  step gate "$(( later + 60 ))" env DEV="$DEV/gate" PY="$PY" bash scripts/device/gate-h200.sh baseline  # ~26 min; then its `pairs` (~54 min)
   log "plan done"
 }
 

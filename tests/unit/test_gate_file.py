@@ -1,6 +1,6 @@
 """A baseline's gate file (analysis/gate/gate_file.py, issue 46): each noisy gated figure gated at
 the threshold its measured noise supports, or watched, with the arithmetic; the committed one is
-what scripts/gate-file.py derives from the committed runs; compare reads it beside the baseline,
+what scripts/gate/gate-file.py derives from the committed runs; compare reads it beside the baseline,
 and with it the committed H200 baseline against its own run is green, while a 10% slower
 GPU-bound stage and a 20% slower host-bound one it gates still exit 5."""
 
@@ -29,7 +29,7 @@ def spread(sigma: float, repeats: int = 3, runs: int = 1, run_sigma: float = 0.0
 
 
 def test_the_committed_gate_file_is_what_its_runs_give():
-    spec = importlib.util.spec_from_file_location("gate_file_script", ROOT / "scripts" / "gate-file.py")
+    spec = importlib.util.spec_from_file_location("gate_file_script", ROOT / "scripts" / "gate" / "gate-file.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)  # type: ignore[union-attr]
     assert GATE.read_text() == script.text_for(BASELINE, RUNS, "standard")

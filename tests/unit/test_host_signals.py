@@ -81,7 +81,7 @@ def test_a_busy_baseline_cannot_vouch_for_an_unchanged_run():
 
 
 def test_a_repeat_the_host_disturbed_is_flagged_against_its_own_run():
-    """Round 0's first A run of the calibration (scripts/gate-pairs.sh, 10 repeats): a neighbour
+    """Round 0's first A run of the calibration (scripts/gate/gate-pairs.sh, 10 repeats): a neighbour
     came and went; its slow repeats (TPOT 23, 11, 11, 9.5 ms against 2.4) are the ones whose CPU
     share fell, and the ninth, whose share fell to 1.25 (its TPOT 2.55 ms), stands out once those
     four no longer drag the run's typical repeat down."""

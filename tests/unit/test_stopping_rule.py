@@ -1,5 +1,5 @@
 """The stopping rule's decisions from each repeat's figures (analysis/stopping.StoppingRule.add_figures,
-what the fixed workload feeds it and scripts/calibrate-gate.py replays), without an engine: the
+what the fixed workload feeds it and scripts/gate/calibrate-gate.py replays), without an engine: the
 minimum is always measured, every watched figure must be tight, the maximum and the time budget
 end it, a fixed count is fixed, and a repeat the host disturbed is not counted (issue 46: a
 mutation pass found these unpinned outside the engine-running tests of test_stopping.py)."""

@@ -106,10 +106,10 @@ def load(path: Path, baseline: Path | None = None) -> GateFile:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise UsageError(f"gate file not found: {path}", "pass a baseline's .gate.toml (scripts/gate-file.py makes one), "
+        raise UsageError(f"gate file not found: {path}", "pass a baseline's .gate.toml (scripts/gate/gate-file.py makes one), "
                                                          "or drop --gate-file") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path}: not valid TOML ({e})", "regenerate it: scripts/gate-file.py") from None
+        raise UsageError(f"{path}: not valid TOML ({e})", "regenerate it: scripts/gate/gate-file.py") from None
     name = data.get("baseline")
     if not isinstance(name, str) or not name:
         raise UsageError(f"{path}: no baseline = \"<file name>\"", "a gate file names the baseline whose noise it holds")
@@ -120,7 +120,7 @@ def load(path: Path, baseline: Path | None = None) -> GateFile:
     for i, raw in enumerate(data.get("figure", [])):
         where = f"{path}: [[figure]] #{i + 1}"
         if set(raw) != set(FIELDS):
-            raise UsageError(f"{where} needs exactly {', '.join(FIELDS)}", "regenerate it: scripts/gate-file.py")
+            raise UsageError(f"{where} needs exactly {', '.join(FIELDS)}", "regenerate it: scripts/gate/gate-file.py")
         if raw["metric"] not in NOISY or raw["decision"] not in DECISIONS:
             raise UsageError(f"{where}: metric {raw['metric']!r}, decision {raw['decision']!r}",
                              f"metric one of {', '.join(NOISY)}; decision one of {', '.join(DECISIONS)}")
@@ -304,7 +304,7 @@ def to_toml(baseline_name: str, entries: Sequence[Entry], made_from: Sequence[st
     lines = [
         "# What `llmopt compare` gates for this baseline, figure by figure: gated at the threshold its measured",
         "# noise supports, or watched (judged, a regression still exits 5, an inconclusive verdict does not fail).",
-        "# Made by scripts/gate-file.py from the runs below (llmopt_bench/analysis/gate/gate_file.py has the rule;",
+        "# Made by scripts/gate/gate-file.py from the runs below (llmopt_bench/analysis/gate/gate_file.py has the rule;",
         "# docs/regression.md, \"A gate that can pass\"). Regenerate it with the baseline; do not edit by hand.",
         f"# made from: {', '.join(made_from)}; the nightly's repeats: {preset}",
         f"baseline = {q(baseline_name)}",

@@ -10,11 +10,11 @@ direction of a busier host: the new run's host was *busier* (a repeat's CPU shar
 baseline's typical one less a quarter of it, say), or the baseline's was. The busiest repeat on
 one side: on a shared host a neighbour comes and goes within a run, and two busy repeats of ten
 move the run's value by a third (their TPOT 2-10x the others' on the 2-core CPU host,
-scripts/gate-pairs.sh) while its median repeat stays quiet; the typical repeat on the other, so
+scripts/gate/gate-pairs.sh) while its median repeat stays quiet; the typical repeat on the other, so
 that one busy repeat of its own does not widen its quiet level until nothing stands out.
 The tolerances are wider than what a slower build itself does to
 these figures: a build 20% slower per token, its extra work on one thread, moved the 2-core CPU
-host's CPU share from 1.96 to 1.87 and its preemptions not at all (scripts/gate-pairs.sh);
+host's CPU share from 1.96 to 1.87 and its preemptions not at all (scripts/gate/gate-pairs.sh);
 two busy neighbours moved them from 1.99 to 1.00 and from ~100 to ~400 a second (issue 33).
 
 What the gate does with a moved host is analysis/gate/host_verdict.py's: a verdict in the direction

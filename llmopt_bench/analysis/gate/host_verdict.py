@@ -22,7 +22,7 @@ divided by it): the run as if it had run on the baseline's host. Then:
 
 Either way a run on a slower host never passes silently: `inconclusive (host)` exits with its
 own code (errors.ExitCode.HOST_INCONCLUSIVE, 8), neither 0 nor the regression's 5. Which rule
-is the default was decided by the calibration (scripts/calibrate-gate.py, docs/regression.md).
+is the default was decided by the calibration (scripts/gate/calibrate-gate.py, docs/regression.md).
 
 **What else the repeats saw** (analysis/gate/host_signals.py, issue 33): the index need not move when
 a neighbour takes a core (219.7 -> 232.1 kop/s beside two busy loops on the 2-core CPU host,

@@ -2,7 +2,7 @@
 from each side's per-repeat groups (the interval of analysis/gate/noise.py): a regression only when
 the whole interval lies beyond the threshold, "unchanged" only when it lies wholly within it,
 and otherwise "inconclusive", with the change the pair could detect and the repeats that would
-settle it. analysis/gate/compare.py applies it stage by stage; scripts/calibrate-gate.py measures it;
+settle it. analysis/gate/compare.py applies it stage by stage; scripts/gate/calibrate-gate.py measures it;
 analysis/gate/host_verdict.py judges normalised figures with it. Pure functions; numpy is imported
 inside."""
 
@@ -82,7 +82,7 @@ def judge(key: str, b_val: float | None, n_val: float | None, b_groups: list[lis
           history: Sequence[float] = ()) -> MetricDelta:
     """The verdict on one metric from each side's per-repeat groups (noise_groups): each side's
     value is the geometric mean of its repeats' figures (noise.centre), or, without groups, the
-    value given. compare_metric's core, and what scripts/calibrate-gate.py measures."""
+    value given. compare_metric's core, and what scripts/gate/calibrate-gate.py measures."""
     import numpy as np
 
     m = METRICS[key]

@@ -7,7 +7,7 @@
 # accepted), add the run to the history, check the history for sustained shifts, draw the
 # history charts.
 #
-# usage: scripts/nightly.sh [--baseline FILE] [--output DIR] [--model SOURCE] [--stages LIST]
+# usage: scripts/maintainers/nightly.sh [--baseline FILE] [--output DIR] [--model SOURCE] [--stages LIST]
 #                           [--db FILE] [--gpu SLUG] [--max-regression SPEC]... [--allow-missing LIST]
 #                           [--init-baseline] [-- more llmopt bench options]
 #   --baseline FILE   default results/baselines/<gpu-slug>-<model-slug>.json (docs/regression.md)
@@ -28,7 +28,7 @@
 # measured again in place with `llmopt bench --resume DIR --rerun failed`, then run the
 # comparison again.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 LLMOPT=${LLMOPT:-llmopt}
 command -v "$LLMOPT" >/dev/null 2>&1 || LLMOPT=.venv/bin/llmopt
@@ -51,7 +51,7 @@ while [ $# -gt 0 ]; do
     --init-baseline) init=1; shift ;;
     --) shift; bench_args=("$@"); break ;;
     -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
-    *) echo "error: unknown argument $1" >&2; echo "  fix: see scripts/nightly.sh --help" >&2; exit 2 ;;
+    *) echo "error: unknown argument $1" >&2; echo "  fix: see scripts/maintainers/nightly.sh --help" >&2; exit 2 ;;
   esac
 done
 
@@ -92,7 +92,7 @@ if [ ! -f "$baseline" ]; then
   if [ "$init" = 1 ]; then
     mkdir -p "$(dirname "$baseline")"
     cp "$out/run.json" "$baseline"
-    "$PY" scripts/gate-file.py "$baseline" >&2  # what its noise lets the gate gate, beside it
+    "$PY" scripts/gate/gate-file.py "$baseline" >&2  # what its noise lets the gate gate, beside it
     "$LLMOPT" history add "$out"
     echo "nightly: no baseline yet; this run is now the baseline: $baseline and its gate file (review and commit both)" >&2
     exit "$bench_rc"
@@ -104,7 +104,7 @@ if [ ! -f "$baseline" ]; then
 fi
 
 # compare before the run joins the history: the history's earlier runs give the baseline's noise.
-# The baseline's gate file beside it (<baseline>.gate.toml, scripts/gate-file.py) says which figures
+# The baseline's gate file beside it (<baseline>.gate.toml, scripts/gate/gate-file.py) says which figures
 # its measured noise lets a pair gate, and at what threshold; the others (hf-fp16's and bnb-int8's
 # host-bound decode, flash-attn's eager decode) are watched: a regression of theirs still fails.
 # docs/regression.md, "A gate that can pass".

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Real pairs for the regression gate's calibration (docs/regression.md, "Calibration"): rounds of
 # independent runs of one stage on the host as it is, each round the same code (A, twice: an A/A
-# pair per round) and a real slower build of known size (scripts/slower_build.py: every forward
+# pair per round) and a real slower build of known size (scripts/gate/slower_build.py: every forward
 # pass (1 + F) times as long, F = 0.1 and 0.2), one after another in a shuffled order so that the
 # host's drift falls on every kind alike. Each run records 10 repeats: the calibration replays the
 # stopping rule on them (the first k repeats are what a run that stopped at k measured). Only each
 # run's run.json is kept.
 #
-#   scripts/gate-pairs.sh [ROUNDS] [OUT_DIR] [STAGE]          STAGE: hf-fp16 (default) or bnb-nf4
-#   LOCK=/tmp/llmopt-heavy.lock scripts/gate-pairs.sh 8 results/cpu/gate-pairs hf-fp16   # each round under a shared lock
-#   MODEL=synthetic:llama2-7b PROMPTS=8 TOKENS=100 scripts/gate-pairs.sh 4 results/h200/gate-pairs   # the H200 half
+#   scripts/gate/gate-pairs.sh [ROUNDS] [OUT_DIR] [STAGE]          STAGE: hf-fp16 (default) or bnb-nf4
+#   LOCK=/tmp/llmopt-heavy.lock scripts/gate/gate-pairs.sh 8 results/cpu/gate-pairs hf-fp16   # each round under a shared lock
+#   MODEL=synthetic:llama2-7b PROMPTS=8 TOKENS=100 scripts/gate/gate-pairs.sh 4 results/h200/gate-pairs   # the H200 half
 set -euo pipefail
 rounds=${1:-6}
 out=${2:-results/cpu/gate-pairs}
@@ -19,7 +19,7 @@ prompts=${PROMPTS:-4}
 tokens=${TOKENS:-32}
 repeats=${REPEATS:-10}
 python=${PYTHON:-python}
-here=$(cd "$(dirname "$0")/.." && pwd)
+here=$(cd "$(dirname "$0")/../.." && pwd)
 site=$(mktemp -d)
 trap 'rm -rf "$site"' EXIT
 # the slower build is a plugin, registered the way a third party's stage is (docs/architecture.md)
@@ -27,7 +27,7 @@ mkdir -p "$site/slower_build-0.0.dist-info"
 printf 'Metadata-Version: 2.1\nName: slower-build\nVersion: 0.0\n' > "$site/slower_build-0.0.dist-info/METADATA"
 printf '[llmopt.stages]\nhf-fp16-slower = slower_build:SlowerHF\nbnb-nf4-slower = slower_build:SlowerNF4\n' \
   > "$site/slower_build-0.0.dist-info/entry_points.txt"
-cp "$here/scripts/slower_build.py" "$site/"
+cp "$here/scripts/gate/slower_build.py" "$site/"
 case "$stage" in
   hf-fp16) base='name = "hf-fp16"
 params = { dtype = "auto", attn_implementation = "eager", measure_overhead = false, quality = false }'

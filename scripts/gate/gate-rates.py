@@ -13,18 +13,18 @@ no history (what a nightly has before its third run; a history only narrows the 
   (hf-fp16 on synthetic:tiny, 10 repeats each, cut where the standard preset's stopping rule would
   have stopped them), and results/cpu/gate-pairs's runs of the same code (hf-fp16: 14, bnb-nf4: 6;
   cut the same way). The gate file: the committed baseline's for the journey; for the other runs,
-  scripts/gate-file.py's rule on the runs themselves (results/cpu has no committed baseline).
+  scripts/gate/gate-file.py's rule on the runs themselves (results/cpu has no committed baseline).
 - **Detection, real pairs**: the same ordered pairs with the new run's stage slowed as a whole
   (every latency of it times 1.10 for a GPU-bound stage, 1.20 for a host-bound one, its tok/s
   divided by it: tests/gatekit.py, real samples scaled: the regression is injected, the pair is
-  real), and the CPU's real 1.2x slower builds (scripts/slower_build.py) beside them.
+  real), and the CPU's real 1.2x slower builds (scripts/gate/slower_build.py) beside them.
 - **Projected nightlies**: the committed baseline against `--draws` nightlies drawn from real
   repeats (with replacement, as many as the standard preset's stopping rule takes on them): from
   the other H200 machine's run where it has the stage, else from the baseline's own (within-run
   noise only: said in the row), as they are and slowed.
 
-    scripts/gate-rates.py                      # the tables of docs/regression.md (~5 min on 2 shared cores)
-    scripts/gate-rates.py --draws 50 --json rates.json"""
+    scripts/gate/gate-rates.py                      # the tables of docs/regression.md (~5 min on 2 shared cores)
+    scripts/gate/gate-rates.py --draws 50 --json rates.json"""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from gatekit import only_stages, restage  # noqa: E402  (runs built from real runs only)

@@ -3,16 +3,16 @@
 # device, from the checkout root, after the workplace's kit (as scripts/device-turn.sh); each
 # step is one command a lead can also paste into device-turn.sh's plan.
 #
-#   bash scripts/gate-h200.sh baseline   the standard preset cold (the nightly's: the stopping rule
+#   bash scripts/device/gate-h200.sh baseline   the standard preset cold (the nightly's: the stopping rule
 #                                        on): the new baseline, and the journey's time with the rule
 #                                        (~26 min: docs/regression.md, "Time"); then compare of the
 #                                        committed baseline with it (--drift: the declared params)
-#   bash scripts/gate-h200.sh pairs      real pairs for the calibration: 3 rounds of hf-fp16, 2 of
+#   bash scripts/device/gate-h200.sh pairs      real pairs for the calibration: 3 rounds of hf-fp16, 2 of
 #                                        bnb-nf4 (each round: 2 runs of the same code, a 1.1x and a
 #                                        1.2x slower build, 6 repeats of 4 x 100; each run ~110 s and
 #                                        ~160 s with its probe and load: ~22 + ~21 min), and 4 runs of
 #                                        vllm (A/A across engine starts, ~165 s each: ~11 min)
-#   bash scripts/gate-h200.sh table      the calibration table from them (CPU only, ~1 min)
+#   bash scripts/device/gate-h200.sh table      the calibration table from them (CPU only, ~1 min)
 #
 # Then: commit $DEV/gate-pairs's run.json files under results/h200/gate-pairs, the table into
 # docs/regression.md ("Calibration"), and, once reviewed, $DEV/baseline/run.json over
@@ -21,7 +21,7 @@
 # results/baselines/drift.toml: tests/unit/test_baseline_params.py says which).
 # Env: DEV (/tmp/llmopt-gate), MODEL (synthetic:llama2-7b), PY (python3).
 # Dry run on a CPU machine (the CPU preset, synthetic:tiny, 1 round):
-#   DRY=1 DEV=/tmp/gate-dry bash scripts/gate-h200.sh baseline|pairs|table
+#   DRY=1 DEV=/tmp/gate-dry bash scripts/device/gate-h200.sh baseline|pairs|table
 set -euo pipefail
 DEV=${DEV:-/tmp/llmopt-gate}
 PY=${PY:-python3}
@@ -33,14 +33,14 @@ llmopt() { "$PY" -m llmopt_bench "$@"; }
 
 case "${1:-}" in
   baseline)
-    # the nightly's own command (scripts/nightly.sh), cold; run.json's wall_s and each stage's duration_s are the time
+    # the nightly's own command (scripts/maintainers/nightly.sh), cold; run.json's wall_s and each stage's duration_s are the time
     /usr/bin/time -p -o "$DEV/baseline.time" "$PY" -m llmopt_bench bench --preset standard --model "$MODEL" \
       --output "$DEV/baseline" 2>&1 | tail -40 || true
     force=(); [ "$DRY" = 1 ] && force=(--force)  # a CPU dry run is another device than the H200 baseline's
     llmopt compare results/baselines/nvidia-h200-synthetic-llama2-7b.json "$DEV/baseline" --drift results/baselines/drift.toml \
       --no-history --format md --output "$DEV/compare-committed.md" "${force[@]}" > /dev/null || echo "compare exit $?"
     # the new baseline's gate file, its noise pooled with the committed baseline's (another machine, same journey)
-    "$PY" scripts/gate-file.py "$DEV/baseline/run.json" --name nvidia-h200-synthetic-llama2-7b.json \
+    "$PY" scripts/gate/gate-file.py "$DEV/baseline/run.json" --name nvidia-h200-synthetic-llama2-7b.json \
       --runs results/baselines/nvidia-h200-synthetic-llama2-7b.json --output "$DEV/baseline.gate.toml" || echo "gate file: exit $?"
     ;;
   pairs)
@@ -48,7 +48,7 @@ case "${1:-}" in
     if [ "$DRY" = 1 ]; then tokens=32 repeats=4 vllm_runs=2 rounds_hf=1 rounds_nf4=1; fi
     for stage_rounds in "hf-fp16 $rounds_hf" "bnb-nf4 $rounds_nf4"; do
       set -- $stage_rounds
-      MODEL=$MODEL PROMPTS=$prompts TOKENS=$tokens REPEATS=$repeats PYTHON=$PY bash scripts/gate-pairs.sh "$2" "$DEV/gate-pairs" "$1"
+      MODEL=$MODEL PROMPTS=$prompts TOKENS=$tokens REPEATS=$repeats PYTHON=$PY bash scripts/gate/gate-pairs.sh "$2" "$DEV/gate-pairs" "$1"
     done
     for i in $(seq 1 "$vllm_runs"); do  # GPU-bound: no slower build of known size reaches vLLM's engine; A/A across starts
       dir=$DEV/gate-pairs/vllm-round$i-a1 tmp=$DEV/vllm-run-$i
@@ -58,7 +58,7 @@ case "${1:-}" in
     done
     ;;
   table)
-    "$PY" scripts/calibrate-gate.py --real-pairs "$DEV/gate-pairs" --statistics --json "$DEV/gate-pairs/calibration.json" \
+    "$PY" scripts/gate/calibrate-gate.py --real-pairs "$DEV/gate-pairs" --statistics --json "$DEV/gate-pairs/calibration.json" \
       | tee "$DEV/calibration.md"
     ;;
   *) sed -n '2,24p' "$0"; exit 2 ;;

@@ -4,7 +4,7 @@ docs/regression.md, "A gate that can pass"): each stage's noisy gated figures ga
 threshold their measured noise supports, or watched, with the arithmetic, from the baseline's
 repeats pooled with other runs of the same device, model, workload and stage params.
 
-    scripts/gate-file.py results/baselines/nvidia-h200-synthetic-llama2-7b.json \\
+    scripts/gate/gate-file.py results/baselines/nvidia-h200-synthetic-llama2-7b.json \\
         --runs results/h200-20261204/run/run.json --runs results/h200/20261203-batching-vllm-only/run.json
 
 writes results/baselines/nvidia-h200-synthetic-llama2-7b.gate.toml (--output FILE elsewhere; --check
@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from llmopt_bench.analysis.gate import gate_file  # noqa: E402

@@ -14,10 +14,10 @@ Each mutant is written into a copy of the checkout (never the checkout itself) a
 `--before` tests (the suite before this pass's tests were added) with -x; a mutant still alive
 runs the `--after` tests too, so the report says how many the suite killed before and after.
 
-    scripts/mutate-gate.py --sample 8 --json mutants.json       # 8 mutants a module (seeded), ~40 min here
-    scripts/mutate-gate.py --module analysis/gate/judge.py --sample 0   # every mutant of one module
-    scripts/mutate-gate.py --list                                # the mutants, not run
-    scripts/mutate-gate.py --rerun mutants.json --json again.json   # the ones left alive, after new tests"""
+    scripts/gate/mutate-gate.py --sample 8 --json mutants.json       # 8 mutants a module (seeded), ~40 min here
+    scripts/gate/mutate-gate.py --module analysis/gate/judge.py --sample 0   # every mutant of one module
+    scripts/gate/mutate-gate.py --list                                # the mutants, not run
+    scripts/gate/mutate-gate.py --rerun mutants.json --json again.json   # the ones left alive, after new tests"""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODULES = ["analysis/gate/compare.py", "analysis/gate/judge.py", "analysis/gate/noise.py", "analysis/gate/completeness.py",
            "analysis/gate/baseline_drift.py", "analysis/gate/host_verdict.py", "analysis/gate/host_signals.py",
            "analysis/gate/changepoint.py", "analysis/gate/gate_file.py", "analysis/stopping.py", "analysis/hostbound.py",

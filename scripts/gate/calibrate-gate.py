@@ -4,8 +4,8 @@ of the same code (false alarms) and how often it flags a slowdown (detection). T
 docs/regression.md ("Calibration") come from it.
 
 **Real pairs at the nightly preset** (`--real-pairs DIR`, issue 33; the runs of
-scripts/gate-pairs.sh): rounds of independent runs of one stage, two of the same code (A) and two
-of a real slower build of known size (scripts/slower_build.py: every forward pass 1.1x and 1.2x
+scripts/gate/gate-pairs.sh): rounds of independent runs of one stage, two of the same code (A) and two
+of a real slower build of known size (scripts/gate/slower_build.py: every forward pass 1.1x and 1.2x
 as long), each recording 10 repeats. Each run is cut where the standard preset's stopping rule
 would have stopped it (analysis/stopping.py replayed on its recorded repeats, the preset's
 min/max repeats, target and time budget), then every ordered pair of two different A runs (false
@@ -16,15 +16,15 @@ geometric mean, a t interval) beside the one it replaced (the pooled requests' m
 cluster bootstrap) and shorter repeats (each repeat's requests split in two halves), on the same
 real pairs at 3 repeats.
 
-    scripts/calibrate-gate.py --real-pairs results/cpu/gate-pairs --statistics --json results/cpu/gate-pairs/calibration.json
+    scripts/gate/calibrate-gate.py --real-pairs results/cpu/gate-pairs --statistics --json results/cpu/gate-pairs/calibration.json
 
 **Synthetic pairs** (the earlier calibration, kept): a pair is drawn from a pool of real repeats
 and a slowdown of 1.1x, 1.2x and 1.3x is injected as a whole-run factor:
 
-    scripts/calibrate-gate.py                       # the committed runs, default repeats (3)
-    scripts/calibrate-gate.py --pairs 400 --json calibration.json
-    scripts/calibrate-gate.py --ladder 3,5,10,20    # what it takes: detection by repeats per run
-    scripts/calibrate-gate.py --cpu-runs 'my-runs/*/run.json'   # fresh runs of your own
+    scripts/gate/calibrate-gate.py                       # the committed runs, default repeats (3)
+    scripts/gate/calibrate-gate.py --pairs 400 --json calibration.json
+    scripts/gate/calibrate-gate.py --ladder 3,5,10,20    # what it takes: detection by repeats per run
+    scripts/gate/calibrate-gate.py --cpu-runs 'my-runs/*/run.json'   # fresh runs of your own
 
 Pools of repeats, each from real runs (one stage of one device):
 - results/h200/run.json (the H200 journey, = results/baselines/nvidia-h200-synthetic-llama2-7b.json):
@@ -36,7 +36,7 @@ Pools of repeats, each from real runs (one stage of one device):
   the whole-run shift between them is the real one;
 - results/cpu/20261203-smollm2-quantization: one CPU run, as the H200 run.
 
-- results/cpu/host-calibration/run*/run.json (--host-runs; scripts/host-noise-runs.sh): CPU runs
+- results/cpu/host-calibration/run*/run.json (--host-runs; scripts/gate/host-noise-runs.sh): CPU runs
   that recorded the host-speed index per repeat, half of them beside busy processes we started:
   pairs of real runs, as above, on hosts of a known and an unknown change.
 
@@ -63,7 +63,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from llmopt_bench.analysis.gate import changepoint, compare, host_verdict, noise  # noqa: E402
@@ -511,7 +511,7 @@ def main() -> int:
     ap.add_argument("--nights", type=int, default=30, help="nights per series (default 30; the shift starts 10 before the end)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="also write the figures to FILE")
-    ap.add_argument("--real-pairs", default="", help="real runs of scripts/gate-pairs.sh (a directory): compare at the "
+    ap.add_argument("--real-pairs", default="", help="real runs of scripts/gate/gate-pairs.sh (a directory): compare at the "
                     "standard preset's stopping rule on every pair, by exit code (skips the synthetic tables)")
     ap.add_argument("--statistics", action="store_true", help="with --real-pairs: the chosen statistic beside the one it "
                     "replaced and shorter repeats, on the same pairs")

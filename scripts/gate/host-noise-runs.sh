@@ -10,9 +10,9 @@
 # sessions first, and llmopt starts each stage in a session of its own, so busy loops that share
 # one session take one share between them, however many they are.
 #
-#   scripts/host-noise-runs.sh [PAIRS] [OUT_DIR] [extra llmopt bench options...]
-#   scripts/host-noise-runs.sh 8 results/cpu/host-calibration --pin-cpu
-#   MODEL=synthetic:llama2-7b PROMPTS=8 TOKENS=100 HOGS=32 scripts/host-noise-runs.sh 4 results/h200/host-calibration
+#   scripts/gate/host-noise-runs.sh [PAIRS] [OUT_DIR] [extra llmopt bench options...]
+#   scripts/gate/host-noise-runs.sh 8 results/cpu/host-calibration --pin-cpu
+#   MODEL=synthetic:llama2-7b PROMPTS=8 TOKENS=100 HOGS=32 scripts/gate/host-noise-runs.sh 4 results/h200/host-calibration
 set -euo pipefail
 pairs=${1:-8}
 out=${2:-results/cpu/host-calibration}
@@ -22,7 +22,7 @@ model=${MODEL:-synthetic:tiny}
 prompts=${PROMPTS:-8}
 tokens=${TOKENS:-16}
 python=${PYTHON:-python}
-here=$(cd "$(dirname "$0")/.." && pwd)
+here=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$out"
 pids=()
 stop_hogs() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; pids=(); }

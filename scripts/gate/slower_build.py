@@ -1,11 +1,11 @@
-"""A real slower build for the regression gate's calibration (scripts/gate-pairs.sh,
+"""A real slower build for the regression gate's calibration (scripts/gate/gate-pairs.sh,
 docs/regression.md "Calibration"): the transformers stages with `slower_by = F`, which makes
 every forward pass of the model (the prefill and each decode step) take (1 + F) times its own
 time: after the pass, the stage's main thread spins for F times what the pass took. The extra
 is host work, done per token, in proportion to the step: what a build with a slower decode step
 does, of a known size whatever the host's speed at that moment (a fixed extra delay would be a
 different share of a slow and a fast token). Registered as a plugin (entry points
-`hf-fp16-slower`, `bnb-nf4-slower`) by scripts/gate-pairs.sh; nothing in llmopt imports it.
+`hf-fp16-slower`, `bnb-nf4-slower`) by scripts/gate/gate-pairs.sh; nothing in llmopt imports it.
 
 On a GPU the pass returns before its kernels finish: the hooks synchronize the device before
 and after it, so that F scales the whole step, kernels included (transformers' generate() waits
