@@ -2,7 +2,8 @@
 (engines/vllm/offline.py), its KV-cache record (engines/vllm/kv.py) and the server (engines/vllm/server.py):
 where the start-up time went (the time of the lines vLLM prints at each step, 1-second
 resolution, and the durations it prints itself) and the choices it made (attention backend,
-linear kernels, KV-cache size). The engine core runs in its own process, so its log is the only
+linear kernels, KV-cache size), and, for a start that failed, its root cause (root_cause: the
+exception line that says why, not the wrapper the API server raises last). The engine core runs in its own process, so its log is the only
 view of both. Only the last engine start in the log is read (a stage that starts two engines,
 a server log appended to, logs each).
 
@@ -192,3 +193,26 @@ def _phases(text: str) -> dict[str, float]:
     if "compile_s" in phases and (COLD.search(text) or WARM.search(text)):
         phases["compile_cold_s" if COLD.search(text) else "compile_warm_s"] = phases["compile_s"]
     return phases
+
+
+# vLLM's own log prefix: "(EngineCore_DP0 pid=7) ERROR 12-05 20:51:10 [core.py:700] "
+LOG_PREFIX = re.compile(r"^\(\w+ pid=\d+\) \w+ [\d-]+ [\d:.]+ \[[^\]]*\] ")
+# a traceback's last line: the exception's (qualified) name, then its message
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception)(?::\s*(?P<said>.*))?$")
+# what vLLM's processes raise when another process failed: they point at the cause, they are not it
+WRAPPERS = ("See root cause above", "See stack trace for root cause", "an exception in a background process",
+            "Engine core initialization failed")
+
+
+def root_cause(log_text: str) -> str | None:
+    """Why the last engine start in a log failed, in its own words: pydantic's "Value error, ..."
+    (vLLM's config checks) where there is one, else the first exception a traceback ended in that
+    is not a wrapper (the engine core and its workers log theirs before the API server raises
+    "Engine core initialization failed. See root cause above."); the exception's name kept
+    ("RuntimeError: ...") and pydantic's " [type=...]" dropped. None: the log names no exception."""
+    lines = [LOG_PREFIX.sub("", ln).strip() for ln in last_start(log_text).splitlines()]
+    said = next((ln.split("Value error, ", 1)[1] for ln in lines if "Value error, " in ln), None)
+    if said is None:
+        raised = [ln for ln in lines if EXCEPTION_LINE.match(ln) and not any(w in ln for w in WRAPPERS)]
+        said = raised[0] if raised else None
+    return said.split(" [type=")[0][:300] if said else None
