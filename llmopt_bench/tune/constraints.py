@@ -23,7 +23,7 @@ from typing import Any
 MAX_MODEL_LEN = 4096  # VLLMEngineParams' default, where [fixed] does not set it
 
 
-def paired(settings: dict[str, Any], device: str | None) -> dict[str, tuple[Any, str]]:
+def paired(settings: dict[str, Any], device: str | None) -> dict[str, tuple[Any, str]]:  # vLLM settings, any of its params
     """The settings a configuration brings with it: name -> (value, why)."""
     out: dict[str, tuple[Any, str]] = {}
     kv = settings.get("kv_cache_dtype")
@@ -33,7 +33,7 @@ def paired(settings: dict[str, Any], device: str | None) -> dict[str, tuple[Any,
     return out
 
 
-def known_refusal(settings: dict[str, Any], model_max_len: int | None = None) -> str | None:
+def known_refusal(settings: dict[str, Any], model_max_len: int | None = None) -> str | None:  # vLLM settings, free-form
     """Why vLLM refuses these settings at its start (its config checks), None when it is not known to."""
     tokens, seqs = settings.get("max_num_batched_tokens"), settings.get("max_num_seqs")
     max_len = settings.get("max_model_len") or MAX_MODEL_LEN
@@ -56,7 +56,7 @@ class Refusal:
     trials: tuple[int, ...]
 
 
-def items_of(config: dict[str, Any], default: str) -> frozenset[tuple[str, str]]:
+def items_of(config: dict[str, Any], default: str) -> frozenset[tuple[str, str]]:  # a configuration: knob -> any value
     import json
 
     return frozenset((k, json.dumps(v)) for k, v in config.items() if v != default)

@@ -96,7 +96,7 @@ def headline(rec: TuneRecord) -> list[str]:
         if rec.ratio:
             lo = f"{rec.ratio.lo:.2f}" if rec.ratio.lo is not None else "not bounded"
             hi = f"{rec.ratio.hi:.2f}" if rec.ratio.hi is not None else "not bounded"
-            lines.append(f"Held capacity against the defaults': **{rec.ratio.value:.2f}x** (interval {lo} to {hi}x: the "
+            lines.append(f"Held capacity, the winner's over the defaults': **{rec.ratio.value:.2f}x** (interval {lo} to {hi}x: the "
                          "winner's capacity over the defaults' upper end, and the winner's upper end over the defaults' "
                          "capacity).")
         elif d is not None:

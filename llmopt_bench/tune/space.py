@@ -203,10 +203,12 @@ def engine_params(space: Space, config: Config) -> tuple[VLLMEngineParams, bool]
     return VLLMEngineParams(**chosen), awq
 
 
-def label(config: Config) -> str:
-    """A configuration in a few words: the knobs it sets ("vLLM defaults" where none)."""
-    set_ = [f"{k}={v}" for k, v in config.items() if v != DEFAULT]
-    return ", ".join(set_) or "vLLM defaults"
+def label(config: Config, base: Config | None = None) -> str:
+    """A configuration in a few words: the knobs it sets otherwise than base (vLLM's defaults where
+    none is given): "vLLM defaults", or "baseline" where it is a [baseline]."""
+    base = base or {}
+    set_ = [f"{k}={v}" for k, v in config.items() if v != base.get(k, DEFAULT)]
+    return ", ".join(set_) or ("baseline" if any(v != DEFAULT for v in base.values()) else "vLLM defaults")
 
 
 def fp8_weights_problem(device: str) -> str | None:

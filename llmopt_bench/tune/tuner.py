@@ -201,7 +201,7 @@ class Tuner:
             if base_rec is None or base_rec.ceiling_rps is None:
                 self.record.notes.append(f"round {round_}: its base has no ceiling to compare with; the search ends")
                 return
-            where = "vLLM's defaults" if base == space.defaults() else f"trial {base_rec.number} ({base_rec.label})"
+            where = "the defaults" if base == space.defaults() else f"trial {base_rec.number} ({base_rec.label})"
             singles = [self.screen(c, "screen", f"round {round_}: one knob from {where}: "
                                                   f"{', '.join(f'{k}={v}' for k, v in changed(c, base).items())}")
                        for c in neighbours(space, base)]
@@ -233,7 +233,7 @@ class Tuner:
             self.say(f"trial {rec.number} not started ({rec.label}): {refused}")
             self.save()
             return rec
-        self.afford(f"screening {label(config)}", self.trial_s(("ceiling",)))
+        self.afford(f"screening {label(config, self.shared.space.defaults())}", self.trial_s(("ceiling",)))
         return self.run(config, phase, why)
 
     def narrow(self, screened: list[TrialRecord]) -> None:
@@ -293,7 +293,7 @@ class Tuner:
         if number is None:
             number = max((t.number for t in self.record.trials), default=0) + 1
         defaults = phase == "defaults"
-        rec = TrialRecord(number=number, config=config, label=label(config), defaults=defaults, phase=phase, why=why,
+        rec = TrialRecord(number=number, config=config, label=label(config, self.shared.space.defaults()), defaults=defaults, phase=phase, why=why,
                           confirms=confirms, started_at=utcnow(),
                           paired={k: f"{v}: {reason}" for k, (v, reason) in pairs(self.shared.space, config).items()})
         self.record.trials.append(rec)
@@ -351,7 +351,7 @@ class Tuner:
                 rec.decision = "narrowed on its own start: its ceiling is the highest seen, beyond the noise"
                 return None  # the most promising yet: its capacity now, on the server that is up
             if rec.phase in ("screen", "combine"):
-                return f"screened: ceiling {rung.ceiling_rps or 0:.4g} req/s"
+                return "rung 0 only, as planned"
             if rec.defaults or can_win(rung.ceiling_rps, best, s.screen_noise):
                 return None
             return (f"its ceiling on this start ({rung.ceiling_rps or 0:.4g} req/s) is not above the best held capacity "
