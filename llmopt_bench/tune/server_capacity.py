@@ -61,7 +61,7 @@ class ServerCapacity:
         ceiling, how = self.run.ceiling()
         self.search = Search(ceiling, precision, start_rate=None if ceiling else self.start_rps, min_rate=p.search_min_rps,
                              max_rate=p.search_max_rps, ceiling_how=how, saturation=self.run.ceiling)
-        self.search.trials = list(before)  # a copy: `before` counts this rung's points
+        self.search.trials = list(before)  # a copy: `before` stays what the rung started from
         narrow(self.search, self.run.trial, LoadBudget(None, max_trials=probes))
         self.capacity = self.search.result()
         return self._rung(name, self.capacity, precision, len(self.search.trials) - len(before), time.monotonic() - t0)

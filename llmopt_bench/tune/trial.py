@@ -13,7 +13,6 @@ reason from its log; a server that dies under load is "error"."""
 from __future__ import annotations
 
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,28 +71,11 @@ class Measured:
 
 
 def failure(text: str) -> tuple[str, str]:
-    """A server start's failure in a few words, from its log: (kind, the line that says why).
-    The line: the root cause (engines/vllm/startlog.root_cause: pydantic's "Value error, ...", else
-    the first exception that is not a wrapper), else the last line naming an error, else the log's
-    last line."""
-    from llmopt_bench.engines.vllm.startlog import root_cause
+    """A server start's failure in a few words, from its log (or the error that quotes its end):
+    (kind, the line that says why): engines/vllm/startlog.start_failure."""
+    from llmopt_bench.engines.vllm.startlog import start_failure
 
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    said = root_cause(text) or \
-        next((ln for ln in reversed(lines) if re.search(r"(Error|Exception|error:)", ln) and "Traceback" not in ln
-              and "errors.pydantic.dev" not in ln), lines[-1] if lines else "no log")
-    # without vLLM's "(APIServer pid=1) ERROR 12-05 20:51:10 [x.py:12] " and pydantic's " [type=...]"
-    said = re.sub(r"^\(\w+ pid=\d+\) \w+ [\d-]+ [\d:.]+ \[[^\]]*\] ", "", said).split(" [type=")[0][:300]
-    if "not healthy after" in text.lower():
-        return "did not start in time", said
-    for low in (said.lower(), text.lower()):  # the cause's own words first, then the whole log's
-        if "out of memory" in low or "outofmemory" in low or "no available memory for the cache blocks" in low:
-            return "out of memory", said
-        if "notimplementederror" in low or "not supported" in low or "unsupported" in low:
-            return "unsupported here", said
-        if "valueerror" in low or "validationerror" in low or "value error" in low or "invalid" in low:
-            return "invalid combination", said
-    return "failed", said
+    return start_failure(text, timed_out="not healthy after" in text.lower())
 
 
 def run_trial(shared: Shared, rec: TrialRecord, steer: Steer) -> Measured | None:

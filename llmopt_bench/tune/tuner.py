@@ -36,7 +36,7 @@ from llmopt_bench.tune.constraints import Refusal, items_of, known_refusal, lear
 from llmopt_bench.tune.record import TUNE_JSON, Phase, Rung, TrialRecord, TuneRecord
 from llmopt_bench.tune.space import DEFAULT, Config, label, pairs, settings
 from llmopt_bench.tune.study import beats, can_win, changed, combinations, halving, helpers, key, neighbours
-from llmopt_bench.tune.trial import Measured, Shared, estimate, failure, run_trial
+from llmopt_bench.tune.trial import Measured, Shared, estimate, run_trial
 
 START_GUESS_S = {"cuda": 180.0, "cpu": 60.0}  # a server start before one was timed here
 OTHER_GUESS_S = 20.0  # a start's quality check, warm-up and stop, before one was timed
@@ -92,8 +92,8 @@ class Tuner:
 
     def other_s(self) -> float:
         """A start's time besides the server's start and its rungs (quality, warm-up, stop): the longest seen."""
-        seen = [t.seconds - (t.start_s or 0) - sum(r.seconds for r in t.rungs) for t in self.record.trials
-                if t.seconds and t.start_s and t.phase != "confirm"]
+        seen = [t.seconds - (t.start_s or 0) - sum(r.seconds for r in t.rungs) - (self.confirm_s() if t.confirmation else 0)
+                for t in self.record.trials if t.seconds and t.start_s and t.phase != "confirm"]
         return max(max(seen), 0.0) if seen else OTHER_GUESS_S
 
     def rung_s(self, rung: str) -> float:
@@ -334,9 +334,9 @@ class Tuner:
         text = log.read_text(errors="replace") if log is not None and log.is_file() else ""
         if not text:
             return
-        kind, said = failure(text)
-        if (rec.reason or "").startswith("did not start in time"):
-            kind = "did not start in time"
+        from llmopt_bench.engines.vllm.startlog import start_failure
+
+        kind, said = start_failure(text, timed_out=(rec.reason or "").startswith("did not start in time"))
         rec.cause, rec.reason = said, f"{kind}: {said}"
 
     # --- the tuner as a trial sees it -------------------------------------------------------------

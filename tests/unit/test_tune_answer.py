@@ -10,12 +10,12 @@ import pytest
 
 from llmopt_bench.core.records import QualityRecord
 from llmopt_bench.core.slo import parse_slo
+from llmopt_bench.engines.vllm.startlog import start_failure as failure
 from llmopt_bench.tune.answer import ratio
 from llmopt_bench.tune.confirm import judge
 from llmopt_bench.tune.record import Confirmation, Memory, Rung, TrialRecord, TuneRecord
 from llmopt_bench.tune.report import markdown, pareto
 from llmopt_bench.tune.space import Space
-from llmopt_bench.tune.trial import failure
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -27,7 +27,7 @@ def test_the_reason_a_server_did_not_start_is_the_line_of_its_log_that_says_why(
     kind, said = failure("(EngineCore_DP0 pid=7) ERROR 12-05 20:51:10 [core.py:700] torch.OutOfMemoryError: CUDA out of memory. "
                          "Tried to allocate 2.00 GiB\nTraceback (most recent call last):")
     assert kind == "out of memory" and said.startswith("torch.OutOfMemoryError: CUDA out of memory")
-    assert failure("the vLLM server was not healthy after 900 s; its log ends:\nINFO loading")[0] == "did not start in time"
+    assert failure("INFO loading", timed_out=True) == ("did not start in time", "INFO loading")
     assert failure("NotImplementedError: fp8 kv cache is not supported on this device")[0] == "unsupported here"
 
 

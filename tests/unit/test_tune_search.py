@@ -80,11 +80,15 @@ class FakeRun:
         self.clock.t += 10
         return SimpleNamespace(qps=2 * self.true), None, None
 
+    def estimate(self, rate: float, hold_s: float | None) -> float:  # the seconds of load a point takes here
+        return (hold_s or self.p.min_point_s) + self.p.warmup_s
+
     def trial(self, rate: float, hold_s: float | None = None) -> Trial:
         self.points.append(rate)
         hold = bool(hold_s)
-        self.clock.t += (self.p.hold_s if hold else self.p.min_point_s) + self.p.warmup_s
-        return Trial(rate=rate, ok=rate <= self.true, latency_s=rate / self.true, kind="hold" if hold else "probe")
+        cost = self.estimate(rate, self.p.hold_s if hold else None)
+        self.clock.t += cost
+        return Trial(rate=rate, ok=rate <= self.true, latency_s=rate / self.true, kind="hold" if hold else "probe", cost_s=cost)
 
 
 def quality(ppl: float | None, error: str | None = None) -> QualityRecord:

@@ -216,3 +216,30 @@ def root_cause(log_text: str) -> str | None:
         raised = [ln for ln in lines if EXCEPTION_LINE.match(ln) and not any(w in ln for w in WRAPPERS)]
         said = raised[0] if raised else None
     return said.split(" [type=")[0][:300] if said else None
+
+
+# a start that failed: the kinds, each with what says it (checked in this order)
+FAILURE_KINDS = (
+    ("out of memory", ("out of memory", "outofmemory", "no available memory for the cache blocks")),
+    ("unsupported here", ("notimplementederror", "not supported", "unsupported")),
+    ("invalid combination", ("valueerror", "validationerror", "value error", "invalid")),
+)
+
+
+def start_failure(log_text: str, timed_out: bool = False) -> tuple[str, str]:
+    """Why an engine did not start, from its log: (kind, the line that says why). The line: the
+    root cause (root_cause), else the last line naming an error, else the log's last line. The
+    kind: "did not start in time" when the wait ran out, else the first of FAILURE_KINDS the
+    cause's own line shows, else the first the whole start shows, else "failed"."""
+    text = last_start(log_text)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    said = root_cause(log_text) or next((LOG_PREFIX.sub("", ln) for ln in reversed(lines)
+                                         if re.search(r"(Error|Exception|error:)", ln) and "Traceback" not in ln
+                                         and "errors.pydantic.dev" not in ln), lines[-1] if lines else "no log")[:300]
+    if timed_out:
+        return "did not start in time", said
+    for low in (said.lower(), text.lower()):
+        kind = next((k for k, words in FAILURE_KINDS if any(w in low for w in words)), None)
+        if kind:
+            return kind, said
+    return "failed", said
