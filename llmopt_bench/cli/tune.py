@@ -82,15 +82,16 @@ def tune_cmd(
     budget: Optional[str] = typer.Option(None, "--budget", help="Wall time for the whole search, the FP16 reference included: 30m, 1h30m, 90s (1m to 48h; default: 30m; with --resume: the run's own, the time it spent counted). A trial starts only while the time left holds a server start and its first rung."),
     slo: Optional[SLO] = slo_option(help="The latency targets every capacity is judged under, like ttft_p99=2s,tpot_p99=100ms (default: MLPerf's Server limits for Llama-3.1-8B)."),
     hold: Optional[float] = typer.Option(None, "--hold", help="Seconds each configuration that climbs every rung (the defaults, the winner) is held at its capacity, and vLLM's client runs there (default: 60; less on a CPU)."),
-    max_trials: Optional[int] = typer.Option(None, "--max-trials", help="Configurations to try at most (default: as many as the budget allows)."),
+    max_trials: Optional[int] = typer.Option(None, "--max-trials", help="Server starts of the search at most, the winner's confirmation beyond them (default: as many as the budget allows)."),
     min_quality: Optional[str] = typer.Option(None, "--min-quality", help="Quality gate: a configuration whose perplexity exceeds FP16's by more than 1 - Q is no answer, whatever its speed (0.99 or 99%: within 1%; default: 0.99)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run directory, created if missing; never another run's (use --resume). (default: results/tune/<timestamp>)"),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Go on with the interrupted tune run in DIR: its finished trials kept, its settings, the time it spent counted in the budget."),
     **workload,
 ) -> None:
     """Find the vLLM serving configuration with the highest capacity held under the SLO whose outputs pass the
-    quality gate: vLLM's defaults first, then a budgeted search (Optuna: successive halving over short probes,
-    holds for the best), the winner held and confirmed by vllm bench serve, its `vllm serve` line."""
+    quality gate: vLLM's defaults first, every one-knob change screened on its ceiling, the promising searched
+    under the SLO and held, the knobs that helped combined; the winner confirmed by vllm bench serve (its time
+    kept back from the start), its `vllm serve` line."""
     from llmopt_bench.cli.bench import parse_min_quality
 
     given = given_workload(workload)
@@ -163,8 +164,8 @@ def finish(record, out: Path) -> None:
     if w is None or w.held_rung is None:
         raise LlmoptError("no configuration held a capacity under the SLO with its quality kept",
                           f"see {out / 'tune.md'}: each trial's outcome and reason", code=ExitCode.STAGE_FAILED)
-    ratio = f" ({record.ratio.value:.2f}x vLLM's defaults)" if record.ratio and not w.defaults else \
-        " (vLLM's defaults)" if w.defaults else ""
+    ref = record.space.reference_name()
+    ratio = f" ({record.ratio.value:.2f}x {ref})" if record.ratio and not w.defaults else f" ({ref})" if w.defaults else ""
     typer.echo(f"winner: trial {w.number}, {w.label}: {w.held_rung.capacity_rps:.4g} req/s held{ratio}")
     from llmopt_bench.core.models import cache_dir
 

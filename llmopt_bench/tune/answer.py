@@ -1,6 +1,7 @@
 """The answer of a tune run, from its record: the winner (the highest held capacity among the
-trials that pass the quality gate), its ratio to vLLM's defaults with the interval both
-capacities allow, run.json's two results (tune-defaults, tune-winner: what `llmopt recommend`,
+trials that may win: the quality gate passed, and judged where the weights are real and the
+configuration changes their precision), its ratio to the defaults with the interval both
+capacities allow (each known within [capacity, upper end)), run.json's two results (tune-defaults, tune-winner: what `llmopt recommend`,
 `report` and `compare` read), and tune.md with its chart (tune/report.py)."""
 
 from __future__ import annotations
@@ -11,8 +12,36 @@ from pathlib import Path
 from llmopt_bench.core.results import MemoryRecord, StageResult
 from llmopt_bench.run.rundir import RunDir
 from llmopt_bench.tune.record import Ratio, TrialRecord, TuneRecord
-from llmopt_bench.tune.space import DEFAULT
+from llmopt_bench.tune.space import DEFAULT, Config
 from llmopt_bench.tune.trial import Measured
+
+
+def changes_precision(config: Config) -> bool:
+    """Whether a configuration changes the precision of the weights or the KV cache (FP8, AWQ)."""
+    quant, kv = config.get("quantization", DEFAULT), config.get("kv_cache_dtype", DEFAULT)
+    return quant not in (DEFAULT, None) or (isinstance(kv, str) and kv.startswith("fp8"))
+
+
+def quality_allows(t: TrialRecord, real_weights: bool) -> bool:
+    """The quality gate lets this configuration win: it did not fail it, and where the weights are
+    real and their precision or the KV cache's changes (FP8, AWQ), it was judged and passed
+    (random weights: "not judged", speed only)."""
+    if not t.quality_ok:
+        return False
+    if real_weights and changes_precision(t.config):
+        return t.quality is not None and t.quality.quality_regression is False
+    return True
+
+
+def eligible(t: TrialRecord, real_weights: bool) -> bool:
+    """A held capacity the quality gate lets win."""
+    return t.outcome == "held" and t.held_rung is not None and quality_allows(t, real_weights)
+
+
+def winner_of(trials: list[TrialRecord], real_weights: bool) -> TrialRecord | None:
+    """The highest held capacity among the trials that may win (the defaults where tied)."""
+    held = [t for t in trials if eligible(t, real_weights)]
+    return max(held, key=lambda t: (t.held_rung.capacity_rps or 0, t.defaults), default=None)  # type: ignore[union-attr]
 
 
 def stage_result(rec: TrialRecord, m: Measured, name: str) -> StageResult:
@@ -34,8 +63,7 @@ def conclude(out: Path, record: TuneRecord) -> None:
     """The winner, the ratio to the defaults, run.json's two results, tune.md and its chart."""
     from llmopt_bench.tune.report import write_report
 
-    held = [t for t in record.trials if t.outcome == "held" and t.held_rung and t.quality_ok]
-    winner = max(held, key=lambda t: (t.held_rung.capacity_rps or 0, t.defaults), default=None)  # type: ignore[union-attr]
+    winner = winner_of(record.trials, bool(record.settings.real_weights))
     record.winner = winner.number if winner else None
     defaults = record.trial(record.defaults)
     record.ratio = ratio(winner, defaults) if winner and defaults else None
@@ -50,8 +78,8 @@ def ratio(winner: TrialRecord, defaults: TrialRecord) -> Ratio | None:
     w, d = winner.held_rung or winner.last, defaults.held_rung or defaults.last
     if not (w and d and w.capacity_rps and d.capacity_rps):
         return None
-    return Ratio(value=w.capacity_rps / d.capacity_rps, lo=w.capacity_rps / d.failing_rps if d.failing_rps else None,
-                 hi=w.failing_rps / d.capacity_rps if w.failing_rps else None)
+    return Ratio(value=w.capacity_rps / d.capacity_rps, lo=w.capacity_rps / d.top if d.top else None,
+                 hi=w.top / d.capacity_rps if w.top else None)
 
 
 def put_results(out: Path, record: TuneRecord) -> None:

@@ -2,7 +2,9 @@
 
 1. The FP16 quality reference, through the runner (the hf-fp16 stage into run.json, as a journey
    run makes it): every configuration's quality is judged against it, as the stages' is.
-2. The search (tune/tuner.py) over the space fitted to this device (tune/space.for_device).
+2. The search (tune/tuner.py) over the space fitted to this device (tune/space.for_device): the
+   defaults, a screen of every one-knob change on its ceiling, the promising narrowed, the knobs
+   that helped combined, the winner confirmed.
 3. The answer (tune/answer.py): the winner against the defaults, run.json's results, tune.md.
 
 `--resume DIR` goes on where an interrupted run stopped: a server a killed run left behind is
@@ -79,10 +81,11 @@ def shared_of(opts: TuneOptions, model: Any) -> Shared:
                   reference_quality=ref.quality if ref else None, min_quality=opts.min_quality, hold_s=opts.hold_s)
 
 
-def new_record(opts: TuneOptions) -> TuneRecord:
+def new_record(opts: TuneOptions, real_weights: bool | None = None) -> TuneRecord:
     return TuneRecord(command=opts.command, created_at=utcnow(), device=opts.device, model=opts.model, space=opts.space,
                       settings=TuneSettings(slo=opts.slo, hold_s=opts.hold_s, budget_s=opts.budget_s, seed=opts.seed,
-                                            min_quality=opts.min_quality, max_trials=opts.max_trials, workload=opts.workload))
+                                            min_quality=opts.min_quality, max_trials=opts.max_trials, workload=opts.workload,
+                                            real_weights=real_weights))
 
 
 def load_record(out: Path) -> TuneRecord:
@@ -120,7 +123,7 @@ def tune(opts: TuneOptions, record: TuneRecord | None = None) -> TuneRecord:
     model = prepare(parse_model(opts.model))
     if record is None:  # tune.json first, so a run cut short even in its reference can be resumed
         opts.space = for_device(opts.space, model, opts.device)  # fitted to this device and model once
-        record = new_record(opts)
+        record = new_record(opts, bool(model.real_weights))
         atomic_write(opts.out_dir / TUNE_JSON, portable_text(record.model_dump_json(indent=1)))
     else:
         stop_leftovers(opts.out_dir, record, say)

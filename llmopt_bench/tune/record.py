@@ -14,27 +14,39 @@ from llmopt_bench.core.slo import SLO
 from llmopt_bench.core.workload import WorkloadConfig
 from llmopt_bench.tune.space import Config, Space
 
-SCHEMA = 1
 TUNE_JSON = "tune.json"
 
-RungName = Literal["short", "precise", "held"]
-RUNGS: tuple[RungName, ...] = ("short", "precise", "held")
-# running: started, not ended (an interrupted run starts it again); held: it climbed every rung
-# and its capacity held (hold failed: every hold missed the SLO; hold not judged: the client could not
-# deliver or time it); pruned: successive halving
-# stopped it; stopped: the budget did; cannot start: the server refused (its reason); quality: it
-# failed the quality gate; skipped: it could not run here; error: it broke while measured
-Outcome = Literal["running", "held", "hold failed", "hold not judged", "pruned", "stopped", "cannot start", "quality", "skipped", "error"]
+SCHEMA = 2  # 2: the ceiling rung, the phases, the upper ends, the root cause (issue 43)
+RungName = Literal["ceiling", "short", "precise", "held"]
+RUNGS: tuple[RungName, ...] = ("ceiling", "short", "precise", "held")
+# why a server was started (tune/tuner.py): the defaults (every rung: the reference), a screen (the
+# ceiling alone: a single-knob change, or a combination of the knobs that helped), a narrowing (a
+# screened configuration started again for its capacity under the SLO), the winner's confirmation
+Phase = Literal["defaults", "screen", "combine", "narrow", "confirm"]
+# running: started, not ended (an interrupted run starts it again); screened: its ceiling measured,
+# as planned; held: it climbed every rung and its capacity held (hold failed: every hold missed the
+# SLO; hold not judged: the client could not deliver or time it); pruned: it could not beat the
+# best held (its interval says so) or no rate met the SLO; stopped: the budget did; confirmed: a
+# start for the winner's confirmation; cannot start: the server refused (its root cause); not
+# started: vLLM is known to refuse it, or refused the same knobs in another trial (no server
+# started); quality: it failed the quality gate; skipped: it could not run here; error: it broke
+# while measured
+Outcome = Literal["running", "screened", "held", "hold failed", "hold not judged", "pruned", "stopped", "confirmed",
+                  "cannot start", "not started", "quality", "skipped", "error"]
 
 
 class Rung(StrictModel):
     """The capacity one rung found: its interval, its precision, its latency there."""
 
     name: RungName
-    capacity_rps: float | None = None  # the highest rate that met the SLO (held: the rate that held)
+    capacity_rps: float | None = None  # the highest rate that met the SLO (held: the rate that held); None on the ceiling rung
     passing_rps: float | None = None
     failing_rps: float | None = None  # None: it met the SLO at every rate tried
-    precision: float  # asked of the search (failing / passing - 1)
+    # the interval's upper end: the lowest rate that failed, or the highest completion rate measured
+    # (a rate above what the server completes cannot be sustained) where that is lower; None: unbounded
+    upper_rps: float | None = None
+    ceiling_rps: float | None = None  # the highest completion rate measured (the ceiling rung: its all-at-once point's)
+    precision: float = 0.0  # asked of the search (upper / passing - 1)
     converged: bool = False
     held: bool | None = None  # the held rung only: whether the hold met the SLO
     hold_s: float | None = None
@@ -47,9 +59,15 @@ class Rung(StrictModel):
     @property
     def reached(self) -> float | None:
         """The precision reached: the interval's width over its lower end (None: not bracketed)."""
-        if self.passing_rps and self.failing_rps:
-            return self.failing_rps / self.passing_rps - 1
+        top = self.top
+        if self.passing_rps and top:
+            return top / self.passing_rps - 1
         return None
+
+    @property
+    def top(self) -> float | None:
+        """The interval's upper end (records before schema 2 kept only the lowest failure)."""
+        return self.upper_rps or self.failing_rps
 
 
 class Confirmation(StrictModel):
@@ -64,6 +82,7 @@ class Confirmation(StrictModel):
     # free-form: vLLM's own figures as its result JSON names them (completed, failed, request_throughput,
     # duration), llmopt's verdict's p-values for each of the SLO's targets (ttft_p99_ms ...), its steady state (tune/confirm.py)
     figures: Json = Field(default_factory=dict)
+    on_trial: int | None = None  # where it ran on another start of the same configuration (phase confirm)
 
 
 class Memory(StrictModel):
@@ -81,8 +100,14 @@ class TrialRecord(StrictModel):
     config: Config
     label: str
     defaults: bool = False
+    phase: Phase | None = None
+    why: str | None = None  # why the search started it (or did not: outcome "not started")
+    decision: str | None = None  # what the search made of it afterwards: narrowed in trial N, or why not
+    paired: dict[str, str] = Field(default_factory=dict)  # a setting the configuration brings with it -> why (tune/constraints.py)
+    confirms: int | None = None  # phase confirm: the held trial it confirms
     outcome: Outcome = "running"
     reason: str | None = None
+    cause: str | None = None  # cannot start: the root cause, the exception line of the engine's log
     fix: str | None = None
     command: str | None = None  # the `vllm serve` line of this configuration
     started_at: str | None = None
@@ -101,6 +126,11 @@ class TrialRecord(StrictModel):
         return self.rungs[-1] if self.rungs else None
 
     @property
+    def ceiling_rps(self) -> float | None:
+        """The screen's figure: what the server completed a second, all at once."""
+        return next((r.ceiling_rps for r in self.rungs if r.name == "ceiling"), None)
+
+    @property
     def held_rung(self) -> Rung | None:
         return next((r for r in self.rungs if r.name == "held" and r.held), None)
 
@@ -113,8 +143,8 @@ class Ratio(StrictModel):
     """The winner's held capacity over the defaults', with the interval both capacities allow."""
 
     value: float
-    lo: float | None  # winner's capacity / defaults' first failing rate
-    hi: float | None  # winner's first failing rate / defaults' capacity (None: the winner never failed)
+    lo: float | None  # winner's capacity / defaults' upper end (None: the defaults' capacity is not bounded)
+    hi: float | None  # winner's upper end / defaults' capacity (None: the winner's capacity is not bounded)
 
 
 class TuneSettings(StrictModel):
@@ -127,6 +157,7 @@ class TuneSettings(StrictModel):
     min_quality: float
     max_trials: int | None = None
     workload: WorkloadConfig
+    real_weights: bool | None = None  # the model's: FP8 and AWQ must pass the quality gate to win
 
 
 class TuneRecord(StrictModel):

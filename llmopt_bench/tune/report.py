@@ -1,8 +1,9 @@
-"""tune.md and charts/tune_trials.png, from tune.json alone: the winner against vLLM's defaults
-(held capacities, the ratio with its interval, the confirmation by vLLM's client, the `vllm serve`
-line), every trial in a table (its outcome, the rung it reached, its capacity with the interval
-and precision it is known to, p99 TTFT and TPOT there, memory, quality, whether it is on the
-Pareto front), and a chart of capacity against p99 TTFT and TPOT.
+"""tune.md and charts/tune_trials.png, from tune.json alone: the winner against the defaults
+(held capacities, each known within [capacity, upper end), the ratio with its interval, the
+confirmation by vLLM's client, the `vllm serve` line), where the budget went (by phase), every
+trial in a table (why it was started, what came of it, its ceiling, the rung it reached, its
+capacity with the interval and precision it is known to, p99 TTFT and TPOT there, memory,
+quality, whether it is on the Pareto front), and a chart of capacity against p99 TTFT and TPOT.
 
 The Pareto front: the trials that pass the quality gate and that no other such trial beats on
 every one of capacity (higher), p99 TTFT, p99 TPOT and memory (lower) at once; each trial at its
@@ -22,16 +23,19 @@ MEMORY_STEP = 1.05
 
 
 def interval(r: Rung | None) -> str:
-    """[passing, first failing) and the precision reached: what a capacity is known within."""
+    """[passing, upper end) and the precision reached: what a capacity is known within (the upper
+    end: the lowest rate that failed, or the highest completion rate measured where lower)."""
     if r is None or r.capacity_rps is None:
         return "-"
-    hi = num(r.failing_rps) if r.failing_rps else "not found"
+    hi = num(r.top) if r.top else "not bounded"
     reached = f", {r.reached:.0%}" if r.reached is not None else ""
     return f"[{num(r.capacity_rps)}, {hi}){reached}"
 
 
 def capacity_text(r: Rung | None, unit: str = "") -> str:
     """A rung's capacity as the report says it: held, or "~N" (short trials only, or a failed hold)."""
+    if r is not None and r.name == "ceiling" and r.ceiling_rps is not None:
+        return f"ceiling {num(r.ceiling_rps)}{unit}"
     if r is None or r.capacity_rps is None:
         return "-"
     if r.name == "held":
@@ -73,51 +77,76 @@ def pareto(trials: list[TrialRecord]) -> set[int]:
 
 def headline(rec: TuneRecord) -> list[str]:
     w, d = rec.trial(rec.winner), rec.trial(rec.defaults)
-    hold = rec.settings.hold_s
+    hold, ref = rec.settings.hold_s, rec.space.reference_name()
+    Ref = "T" + ref[1:] if ref.startswith("the ") else ref  # noqa: N806 - at a sentence's start
     if w is None:
         return ["**No configuration held a capacity under the SLO with its quality kept**: see the trials below."]
     wr = w.held_rung
     assert wr is not None
     lines = []
     if d is not None and w.number == d.number:
-        lines.append(f"**vLLM's defaults held the most**: {num(wr.capacity_rps)} req/s, held {hold:g} s, known within "
+        lines.append(f"**{Ref} held the most**: {num(wr.capacity_rps)} req/s, held {hold:g} s, known within "
                      f"{interval(wr)}; no configuration tried beat them.")
     else:
         lines.append(f"**Deploy trial {w.number}** ({w.label}): **{num(wr.capacity_rps)} req/s held {hold:g} s**, known within "
                      f"{interval(wr)}.")
         if d is not None and d.last is not None:
-            lines.append(f"vLLM's defaults (trial {d.number}): {capacity_text(d.held_rung or d.last, ' req/s')}, known within "
-                         f"{interval(d.held_rung or d.last)}.")
+            lines.append(f"{Ref} (trial {d.number}): {capacity_text(d.held_rung or d.last, ' req/s')}, known "
+                         f"within {interval(d.held_rung or d.last)}.")
         if rec.ratio:
-            lo = f"{rec.ratio.lo:.2f}" if rec.ratio.lo is not None else "?"
+            lo = f"{rec.ratio.lo:.2f}" if rec.ratio.lo is not None else "not bounded"
             hi = f"{rec.ratio.hi:.2f}" if rec.ratio.hi is not None else "not bounded"
-            lines.append(f"Held capacity against the defaults': **{rec.ratio.value:.2f}x** (interval {lo} to {hi}x: the "
-                         "winner's capacity over the defaults' first failing rate, and the winner's first failing rate over "
-                         "the defaults' capacity).")
+            lines.append(f"Held capacity, the winner's over the defaults': **{rec.ratio.value:.2f}x** (interval {lo} to {hi}x: the "
+                         "winner's capacity over the defaults' upper end, and the winner's upper end over the defaults' "
+                         "capacity).")
         elif d is not None:
             lines.append(f"No ratio to the defaults: their trial ended {d.outcome}" + (f" ({d.reason})" if d.reason else "") + ".")
+    if w.paired:
+        lines.append("It runs with " + "; ".join(f"{k} {v}" for k, v in w.paired.items()) + ".")
     lines.append(f"Quality: {quality_text(w)}.")
     c = w.confirmation
     if c is not None:
         figs = ", ".join(f"{k} {v:.4g}" for k, v in c.figures.items() if isinstance(v, (int, float)))
+        where = f"trial {c.on_trial}, a start of the same configuration" if c.on_trial else "same server"
         lines.append(f"Confirmed by vLLM's client (`vllm bench serve`, {c.num_prompts} Poisson arrivals at {num(c.rate_rps)} req/s, "
-                     f"same server): **{c.verdict}**{' (' + c.why + ')' if c.why else ''}; {figs}.")
+                     f"{where}): **{c.verdict}**{' (' + c.why + ')' if c.why else ''}; {figs}.")
     else:
-        lines.append("Not confirmed by vLLM's client (the budget, or [search] confirm = false).")
+        why = next((n for n in rec.notes if "not confirmed" in n or n.startswith("the winner's confirmation")), None)
+        lines.append("**Not confirmed by vLLM's client**" + (f": {why}" if why else " ([search] confirm = false)") + ".")
     return [" ".join(lines), "", "The `vllm serve` line that deploys it:", "", f"    {w.command}"]
+
+
+
+def spent(rec: TuneRecord) -> list[str]:
+    """Where the budget went: each phase's starts and seconds."""
+    rows = ["| phase | what it does | server starts | not started | seconds |", "| --- | --- | --- | --- | --- |"]
+    what = {"defaults": "every rung of the reference: ceiling, short, precise, held",
+            "screen": "one knob from the base, its ceiling alone (rung 0)",
+            "combine": "the knobs that each helped, together: their ceiling",
+            "narrow": "the promising screened, started again: capacity under the SLO, held where it can win",
+            "confirm": "the winner's confirmation by vLLM's client on a start of its own"}
+    for phase, text in what.items():
+        ts = [t for t in rec.trials if t.phase == phase]
+        if ts:
+            started = [t for t in ts if t.outcome != "not started"]
+            rows.append(f"| {phase} | {text} | {len(started)} | {len(ts) - len(started)} | "
+                        f"{sum(t.seconds or 0 for t in started):.0f} |")
+    return rows
 
 
 def trial_rows(rec: TuneRecord) -> list[str]:
     front = pareto(rec.trials)
-    head = ["trial", "configuration", "outcome", "rung", "capacity req/s", "known within (precision)", "p99 TTFT ms",
-            "p99 TPOT ms", "memory", "KV tokens", "quality", "Pareto", "s"]
+    head = ["trial", "phase", "configuration", "why started", "outcome", "then", "ceiling req/s", "rung", "capacity req/s",
+            "known within (precision)", "p99 TTFT ms", "p99 TPOT ms", "memory", "KV tokens", "quality", "Pareto", "s"]
     rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for t in rec.trials:
         r = t.held_rung or t.last
         name = f"{t.number}" + (" (defaults)" if t.defaults else "") + (" **winner**" if t.number == rec.winner else "")
         outcome = t.outcome + (f": {t.reason}" if t.reason and t.outcome != "held" else "")
-        rows.append("| " + " | ".join([
-            name, t.label, outcome.replace("|", "/"), r.name if r else "-", capacity_text(r), interval(r),
+        config = t.label + "".join(f" (with {k} {v.split(':')[0]})" for k, v in t.paired.items())
+        rows.append("| " + " | ".join(x.replace("|", "/") for x in [
+            name, t.phase or "-", config, t.why or "-", outcome, t.decision or "", num(t.ceiling_rps) if t.ceiling_rps else "-",
+            r.name if r else "-", capacity_text(r) if r and r.name != "ceiling" else "-", interval(r),
             num(ms(r.ttft_p99_s if r else None)), num(ms(r.tpot_p99_s if r else None)), gb_text(t.memory.bytes),
             num(t.memory.kv_cache_tokens) if t.memory.kv_cache_tokens else "-", quality_text(t),
             "yes" if t.number in front else "", f"{t.seconds:.0f}" if t.seconds else "-"]) + " |")
@@ -126,21 +155,30 @@ def trial_rows(rec: TuneRecord) -> list[str]:
 
 def markdown(rec: TuneRecord, chart: Path | None) -> str:
     s = rec.settings
+    starts = sum(1 for t in rec.trials if t.outcome != "not started")
     lines = [f"# llmopt tune: {rec.model} on {rec.device}", "",
-             f"{len(rec.trials)} trials in {rec.wall_s / 60:.1f} min of a {s.budget_s / 60:.0f}-min budget; SLO {s.slo}; "
+             f"{starts} server starts in {rec.wall_s / 60:.1f} min of a {s.budget_s / 60:.0f}-min budget; SLO {s.slo}; "
              f"workload {s.workload.spec}; each capacity the highest Poisson arrival rate whose points met the SLO in steady "
              f"state, the winner and the defaults held {s.hold_s:g} s. Status: {rec.status}.", "", "## The answer", "",
-             *headline(rec), "", "## Every trial", "",
-             "Each trial is one server start: its quality against the FP16 reference, then its capacity rung by rung "
-             "(short: short points, coarse; precise: narrowed; held: run again for the hold), going on only while successive "
-             "halving keeps it. A capacity reads with the interval it is known within: [highest rate that met the SLO, "
-             "lowest that missed), and that interval's width (the precision reached).", "", *trial_rows(rec), ""]
+             *headline(rec), "", "## Where the budget went", "",
+             "The defaults climb every rung; every configuration one knob away is screened on its ceiling alone (what its "
+             "server completes a second, all at once: an upper bound of its capacity); only the screened whose ceiling "
+             "leaves room above the best held capacity are started again for their capacity under the SLO (the best 1/eta "
+             "of a phase at most), and held where they can win; the knobs that each raised the ceiling are combined and "
+             "screened the same way; time for the winner's confirmation by vLLM's client is kept back from the start.", "",
+             *spent(rec), "", "## Every trial", "",
+             "Each trial is one server start: its quality against the FP16 reference, then its rungs (ceiling: one "
+             "all-at-once point; short: short points, coarse; precise: narrowed; held: run again for the hold), going on "
+             "only while it can beat the best held. A capacity reads with the interval it is known within: [highest rate "
+             "that met the SLO, upper end: the lowest that missed, or the ceiling where lower), and that interval's width "
+             "(the precision reached). \"then\": what the search made of a screened configuration, and why.", "",
+             *trial_rows(rec), ""]
     if chart is not None:
         lines += [f"![capacity against p99 TTFT and TPOT, every trial]({chart.as_posix()})", ""]
     lines += ["## The space", ""] + [f"- `{k}`: {', '.join(map(str, v))} ({KNOBS[k]})" for k, v in rec.space.knobs.items()]
     lines += [f"- not tried here: `{k}`: {why}" for k, why in rec.space.removed.items()]
     lines += [f"- every trial: {', '.join(f'{k} = {v}' for k, v in rec.space.fixed.items()) or 'the vllm-serve stage defaults'}",
-              "", *[f"- {n}" for n in rec.notes]]
+              f"- measured against: {rec.space.reference_name()}", "", *[f"- {n}" for n in rec.notes]]
     return "\n".join(lines) + "\n"
 
 

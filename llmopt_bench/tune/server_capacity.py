@@ -84,9 +84,16 @@ class ServerCapacity:
         rung.held, rung.hold_s = self.capacity.held, hold_s
         return rung
 
+    def ceiling_rung(self, seconds: float) -> Rung:
+        """The screen (rung 0): what the server completed a second, all at once (the start's point)."""
+        top, how = self.run.ceiling()
+        return Rung(name="ceiling", ceiling_rps=top, probes=1 if top is not None else 0, seconds=round(seconds, 3),
+                    notes=[f"the ceiling: {how}"] if how else ["no ceiling measured"])
+
     def _rung(self, name: RungName, cap: Capacity, precision: float, probes: int, seconds: float) -> Rung:
         row = self.at(cap.capacity_rps)
         return Rung(name=name, capacity_rps=cap.capacity_rps, passing_rps=cap.passing_rps, failing_rps=cap.failing_rps,
+                    upper_rps=cap.upper_rps, ceiling_rps=self.run.ceiling()[0],
                     precision=precision, converged=cap.converged, probes=probes, seconds=round(seconds, 3),
                     ttft_p99_s=row.ttft_p99_s if row else None, tpot_p99_s=row.tpot_p99_s if row else None, notes=list(cap.notes))
 

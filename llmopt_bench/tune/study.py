@@ -1,72 +1,82 @@
-"""The Optuna study behind `llmopt tune`: which configuration to try next, and whether one goes on
-to its next rung.
+"""Which configurations `llmopt tune` screens, and which of the screened it narrows (tune/tuner.py
+runs them): a plan computed from the record alone, so a resumed run makes the same choices.
 
-- The sampler: every configuration of a small space in a seeded random order, none twice
-  (BruteForceSampler), or, for a larger one, TPE (multivariate: the scheduler's limits act
-  together), which proposes configurations like the best ones so far.
-- The pruner: successive halving (Optuna's SuccessiveHalvingPruner, asynchronous: ASHA). A
-  configuration reports its capacity after each rung, at steps 1 (short points, coarse) and 3
-  (narrowed to the precision); it goes on only while it is among the best 1/eta of the
-  configurations that reached that rung (while fewer than eta have, only the best goes on). The
-  held rung ends the trial. vLLM's defaults are the reference: they climb every rung.
-- The value: the capacity's lower bound (the highest rate that met the SLO) at the trial's last
-  rung, 0 where none did, the configuration was refused, or it failed the quality gate.
-
-The study lives in memory; tune.json is the record. A resumed run rebuilds the study from it
-(each finished trial added with its rung values, where the pruner looks for them)."""
+- **Neighbours**: every configuration that changes one knob from a base (vLLM's defaults in the
+  first round, the round's winner after), in the space file's order.
+- **Helpers**: the neighbours whose ceiling beat the base's by more than the screen's noise, each
+  knob's helping values best first.
+- **Combinations** of the helpers (two knobs or more, each at one of its helping values), most
+  promising first: the product of their gains, the independence guess (two knobs that each add
+  20% make 44% together), larger combinations first where that ties; a combination that cannot
+  start or fails the quality gate leaves the next values of its knobs to try.
+- **Successive halving, rung 0 = the ceiling**: of what a phase screened, at most the best 1/eta
+  by ceiling are narrowed, and only those whose ceiling leaves room above the best held capacity
+  (a capacity under the SLO never exceeds the ceiling: a rate the server does not complete cannot
+  be sustained), so a configuration that cannot win is never searched."""
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
+import json
+import math
+from itertools import combinations as subsets
+from itertools import product
 
-from llmopt_bench.tune.record import TrialRecord
 from llmopt_bench.tune.space import Config, Space
-
-STEPS = {"short": 1, "precise": 3}  # the pruner's steps: min_resource 1 x eta^rung (eta = 3 by default)
-BRUTE_FORCE_MAX = 24  # a space this small is tried whole, in a random order
-
-
-def distributions(space: Space) -> dict[str, Any]:  # knob -> optuna distribution (optuna is imported inside)
-    from optuna.distributions import CategoricalDistribution
-
-    return {k: CategoricalDistribution(values) for k, values in space.knobs.items()}
-
-
-def make_study(space: Space, seed: int, finished: list[TrialRecord]) -> Any:
-    import optuna
-    from optuna.pruners import SuccessiveHalvingPruner
-    from optuna.samplers import BruteForceSampler, TPESampler
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    sampler = BruteForceSampler(seed=seed) if space.size() <= BRUTE_FORCE_MAX else \
-        TPESampler(seed=seed, multivariate=True, n_startup_trials=5)
-    # step 1 is rung 0 (short), step 3 rung 1 (precise) whatever eta: min_resource 1, eta^rung
-    pruner = SuccessiveHalvingPruner(min_resource=1, reduction_factor=space.search.reduction_factor, min_early_stopping_rate=0)
-    study = optuna.create_study(direction="maximize", sampler=sampler, pruner=pruner)
-    dists = distributions(space)
-    for rec in finished:
-        if all(rec.config.get(k) in dists[k].choices for k in dists) and set(rec.config) == set(dists):
-            study.add_trial(frozen(rec, dists))
-    return study
-
-
-def frozen(rec: TrialRecord, dists: dict[str, Any]) -> Any:  # dists: distributions()'s, optuna's types
-    """A finished trial as the study would have it: its params, its rung values at their steps
-    (and where successive halving reads them), pruned or complete."""
-    from optuna.trial import TrialState, create_trial
-
-    values = {STEPS[r.name]: r.capacity_rps or 0.0 for r in rec.rungs if r.name in STEPS}
-    attrs = {f"completed_rung_{i}": v for i, v in enumerate(values.values())}
-    if rec.outcome in ("pruned", "stopped"):
-        return create_trial(state=TrialState.PRUNED, params=rec.config, distributions=dists, intermediate_values=values,
-                            system_attrs=attrs)
-    return create_trial(state=TrialState.COMPLETE, params=rec.config, distributions=dists, value=rec.value or 0.0,
-                        intermediate_values=values, system_attrs=attrs)
 
 
 def key(config: Config) -> str:
-    import json
-
     return json.dumps(config, sort_keys=True)
+
+
+def neighbours(space: Space, base: Config) -> list[Config]:
+    """Every configuration one knob away from base, in the space's order."""
+    return [{**base, knob: v} for knob, values in space.knobs.items() for v in values if v != base.get(knob)]
+
+
+def changed(config: Config, base: Config) -> dict[str, object]:
+    """The knobs config sets otherwise than base."""
+    return {k: v for k, v in config.items() if base.get(k) != v}
+
+
+Helping = dict[str, list[tuple[object, float]]]  # knob -> its helping values and their gains, best first
+
+
+def helpers(base: Config, base_rps: float, screened: list[tuple[Config, float]], noise: float) -> Helping:
+    """The single-knob changes whose ceiling beat the base's by more than the noise, by knob."""
+    out: Helping = {}
+    for config, rps in screened:
+        diff = changed(config, base)
+        if len(diff) == 1 and beats(rps, base_rps, noise):
+            (knob, value), = diff.items()
+            out.setdefault(knob, []).append((value, rps / base_rps))
+    return {k: sorted(v, key=lambda x: -x[1]) for k, v in out.items()}
+
+
+def combinations(base: Config, helping: Helping, limit: int | None = None) -> list[Config]:
+    """The combinations of two or more helping knobs, each at one of its helping values, most
+    promising first (at most `limit`)."""
+    knobs = sorted(helping)
+    out: list[tuple[float, int, Config]] = []
+    for n in range(2, len(knobs) + 1):
+        for chosen in subsets(knobs, n):
+            for values in product(*(helping[k] for k in chosen)):
+                gain = math.prod(g for _, g in values)
+                out.append((gain, n, {**base, **{k: v for k, (v, _) in zip(chosen, values)}}))
+    out.sort(key=lambda x: (-x[0], -x[1]))
+    return [config for _, _, config in out][:limit]
+
+
+def beats(a: float | None, b: float | None, noise: float) -> bool:
+    """a higher than b beyond the noise of one point."""
+    return a is not None and (b is None or a > b * (1 + noise))
+
+
+def can_win(ceiling_rps: float | None, best_held_rps: float | None, noise: float) -> bool:
+    """Whether a configuration whose server completed ceiling_rps all at once could hold more than
+    best_held_rps (its capacity cannot exceed its ceiling; one point's noise allowed for)."""
+    return ceiling_rps is not None and (best_held_rps is None or ceiling_rps * (1 + noise) > best_held_rps)
+
+
+def halving(screened: int, eta: int) -> int:
+    """How many of `screened` configurations a phase may narrow: the best 1/eta, at least one."""
+    return max(1, math.ceil(screened / eta))

