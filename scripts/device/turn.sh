@@ -83,7 +83,7 @@ cmd() {
       [ "$1" = tune-smollm2 ] && model=bundled:smollm2-135m budget=10m
       [ "$DRY" = 1 ] && budget=4m work=random:in=128,out=32
       CMD=(llmopt tune --model "$model" --workload "$work" --budget "$budget" --output "$dir")
-      [ "$1" = tune-smollm2 ] && CMD+=(--space "$DEV/tune-smollm2.toml") ;;
+      if [ "$1" = tune-smollm2 ]; then CMD+=(--space "$DEV/tune-smollm2.toml"); fi ;;
     capacity|capacity-binding)
       local slo=() size=()
       [ "$1" = capacity-binding ] && slo=(--slo "ttft_p99=${TTFT_SLO:-2s},tpot_p99=$(binding_tpot)")
@@ -209,20 +209,21 @@ kit() {  # join this call's part; once all are in: install the kit, .whl/ (with 
 }
 
 start() {
+  local began; began=$(date +%s)  # LEFT was read before this call: its kit install counts in the budget
   kit || { echo "error: the kit did not install (above)" >&2; exit 1; }
   [ "$DRY" = 1 ] || [ -e /tmp/llmsite/.done ] || { echo "error: not every part is here yet: carry the rest first (CALLS.md)" >&2; exit 1; }
   mkdir -p "$DEV/host"
   if [ -e "$DEV/plan.pid" ] && kill -0 "$(cat "$DEV/plan.pid")" 2>/dev/null; then echo "the plan already runs (pid $(cat "$DEV/plan.pid"))"; exit 0; fi
   rm -rf "$CODE" && mkdir -p "$CODE/results"  # this session's code: llmopt_bench, the scripts, the baselines
   cp -a "$HERE/llmopt_bench" "$HERE/scripts" "$CODE/" && cp -a "$HERE/results/baselines" "$CODE/results/"
-  date -u +%Y%m%dT%H%M > "$DEV/session"; date +%s > "$DEV/t0"; : > "$DEV/session.steps"
+  date -u +%Y%m%dT%H%M > "$DEV/session"; echo "$began" > "$DEV/t0"; : > "$DEV/session.steps"
   local up; up=$(cut -d. -f1 /proc/uptime)
   if [ -n "${BUDGET_S:-}" ]; then echo "$BUDGET_S" > "$DEV/budget_s"
   elif [ "$DRY" = 1 ]; then echo 3600 > "$DEV/budget_s"
   else  # the machine goes back 30 min after it started (its uptime, less ~1 min of boot) or when the session's time is out
     local cap=$(( 1800 - up - 60 )); [ -n "${LEFT:-}" ] && [ "$LEFT" -lt "$cap" ] && cap=$LEFT
     [ -n "${LEFT:-}" ] || echo "warning: no LEFT (the session's device seconds left): the plan assumes the machine's 30 minutes"
-    echo $(( cap - 120 )) > "$DEV/budget_s"  # 2 min for the last pack and the call's return
+    echo $(( cap - 150 )) > "$DEV/budget_s"  # for the last step's stop (90 s at most), the last pack and the call's return
   fi
   local s=$(cat "$DEV/session")
   if [ "$DRY" != 1 ]; then
@@ -230,7 +231,7 @@ start() {
     nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm --format=csv > "$DEV/host/gpu-$s.csv" 2>&1
   fi
   cd "$CODE" && llmopt doctor --json > "$DEV/host/doctor-$s.json" 2> "$DEV/host/doctor-$s.err"; echo "doctor exit $?"
-  setsid nohup bash "$SELF" plan > "$DEV/host/plan-$s.console.log" 2>&1 < /dev/null &
+  setsid nohup bash "$CODE/scripts/device/turn.sh" plan > "$DEV/host/plan-$s.console.log" 2>&1 < /dev/null &
   echo $! > "$DEV/plan.pid"
   echo "plan started (pid $!), session $s: $(cat "$DEV/budget_s") s of budget; uptime ${up} s; $(nproc) cores"
   pack
@@ -249,14 +250,14 @@ wait_plan() {
 }
 
 case "${1:-}" in
-  kit) kit ;;
-  start) start ;;
-  wait) wait_plan "${2:?wait SECONDS}" ;;
-  plan) plan ;;
+  kit) kit; exit ;;  # exit: never read on in a file that a later call's sync may rewrite
+  start) start; exit ;;
+  wait) wait_plan "${2:?wait SECONDS}"; exit ;;
+  plan) plan; exit ;;
   step)
     cmd "$2" "$(left)" || exit 2
     [ "$2" = tune-smollm2 ] && [ ! -f "$DEV/tune-smollm2/tune.json" ] && smollm2_space
-    cd "$CODE" && "${CMD[@]}" ;;
+    cd "$CODE" && exec "$PY" -m llmopt_bench "${CMD[@]:1}" ;;  # exec: timeout waits for llmopt itself, not a shell
   cmd) cmd "${2:?cmd STEP}" && echo "${CMD[*]}" ;;
   *) sed -n '2,40p' "$0"; exit 2 ;;
 esac
