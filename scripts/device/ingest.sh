@@ -7,9 +7,10 @@
 # skeleton with each step's command, card, minutes and exit code. Then it prints what to run next.
 #   bash scripts/device/ingest.sh DIR [DEST]       from the checkout root (PY: the venv's python)
 set -euo pipefail
-src=$(cd "${1:?usage: ingest.sh DIR [DEST]}" && pwd)
+[ -f "${1:-}/steps.tsv" ] || { echo "error: no steps.tsv in '${1:-}': not what turn.sh's calls bring home" >&2
+                               echo "  fix: bash scripts/device/ingest.sh .devback (the folder the calls' files were copied into)" >&2; exit 2; }
+src=$(cd "$1" && pwd)
 PY=${PY:-.venv/bin/python}
-[ -f "$src/steps.tsv" ] || { echo "error: no steps.tsv in $src: not what turn.sh's calls bring home" >&2; exit 2; }
 tmp=$(mktemp -d) && trap 'rm -rf "$tmp"' EXIT
 for f in "$src"/*.tgz; do tar xzf "$f" -C "$tmp"; done
 
@@ -26,13 +27,13 @@ print(name or "CPU")
 PY
 )
 case $gpu in *H100*) card=h100 ;; *H200*) card=h200 ;; CPU) card=cpu ;; *) card=$(echo "$gpu" | tr 'A-Z ' 'a-z-') ;; esac
-date=$(awk -F'\t' 'NR == 1 {print substr($1, 1, 8)}' "$src/steps.tsv")
+date=$(awk -F'\t' 'NR == 1 {print substr($1, 1, 8)}' "$src/steps.tsv"); date=${date:-$(date -u +%Y%m%d)}
 dest=${2:-results/$card-$date}
 mkdir -p "$dest"
 
 for d in "$tmp"/*/; do
   step=$(basename "$d")
-  [ "$step" = host ] && { mkdir -p "$dest/host" && cp "$d"/*.json "$d"/*.csv "$dest/host/" 2>/dev/null || true; continue; }
+  [ "$step" = host ] && { mkdir -p "$dest/host" && cp "$d"/*.json "$d"/*.csv "$d"/*.log "$dest/host/" 2>/dev/null || true; continue; }
   rm -rf "${dest:?}/$step" && mkdir -p "$dest/$step"
   tar cf - -C "$d" --exclude='*.pt' --exclude='*.safetensors' --exclude='report.html' --exclude='*.lock' . | tar xf - -C "$dest/$step"
   [ -f "$tmp/$step.log" ] && cp "$tmp/$step.log" "$dest/$step/console.log"

@@ -18,7 +18,8 @@ set -euo pipefail
 back="" smollm2=0 lean=0
 while [ $# -gt 0 ]; do
   case $1 in
-    --back) back=$(cd "$2" && pwd); shift 2 ;;
+    --back) [ -f "${2:-}/steps.tsv" ] || { echo "error: --back ${2:-}: no steps.tsv there" >&2; echo "  fix: pass the folder where the earlier calls' files were copied (.devback)" >&2; exit 2; }
+            back=$(cd "$2" && pwd); shift 2 ;;
     --smollm2) smollm2=1; shift ;;
     --lean) lean=1; shift ;;
     *) sed -n '2,18p' "$0"; exit 2 ;;

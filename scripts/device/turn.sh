@@ -167,7 +167,12 @@ smollm2_space() {  # journeys/tune.toml (tune-cpu.toml on CPU) with the carried 
 plan() {
   log "plan: session $(cat "$DEV/session"), $(left) s of budget, model $MODEL, commit ${LLMOPT_COMMIT:-?}"
   for s in "${STEPS[@]}"; do run_step "$s"; done
-  log "plan done"
+  local rest=() need=0
+  for s in "${STEPS[@]}"; do
+    if ! RERUN= done_before "$s"; then rest+=("$s"); need=$(( need + $(estimate "$s") )); fi
+  done
+  if [ ${#rest[@]} -eq 0 ]; then log "plan done: every step done"
+  else log "plan done; for later sessions: ${rest[*]} (~$(( need / 60 )) min of plan; pack.sh --back .devback)"; fi
 }
 
 # --- packing: $OUT/<step>.tgz per step run this session (its directory, its log and host/: doctor, nvidia-smi,
@@ -218,6 +223,7 @@ start() {
   rm -rf "$CODE" && mkdir -p "$CODE/results"  # this session's code: llmopt_bench, the scripts, the baselines
   cp -a "$HERE/llmopt_bench" "$HERE/scripts" "$CODE/" && cp -a "$HERE/results/baselines" "$CODE/results/"
   date -u +%Y%m%dT%H%M > "$DEV/session"; echo "$began" > "$DEV/t0"; : > "$DEV/session.steps"
+  touch "$DEV/steps.tsv"  # comes back from the first pack on: pack.sh --back and ingest.sh look for it
   local up; up=$(cut -d. -f1 /proc/uptime)
   if [ -n "${BUDGET_S:-}" ]; then echo "$BUDGET_S" > "$DEV/budget_s"
   elif [ "$DRY" = 1 ]; then echo 3600 > "$DEV/budget_s"
@@ -240,6 +246,9 @@ start() {
 
 wait_plan() {
   local limit=$1 t=$SECONDS
+  if [ ! -f "$DEV/plan.pid" ]; then  # a fresh machine: the one that ran the plan was taken back
+    echo "error: no plan was started on this machine (a fresh one?): start again from call 1 (CALLS.md), with pack.sh --back" >&2; exit 3
+  fi
   while kill -0 "$(cat "$DEV/plan.pid")" 2>/dev/null && [ $(( SECONDS - t )) -lt "$limit" ]; do
     sleep 10; [ $(( (SECONDS - t) % 30 )) -lt 10 ] && pack
   done
