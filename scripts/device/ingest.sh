@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Here, after the device sessions: what their calls brought home (DIR: turn.sh's <step>.tgz,
-# host.tgz, plan.log, steps.tsv; the newest of each) made into the results folder to commit,
+# Here, after the device sessions: what their calls brought home (DIR: turn.sh's <step>.tgz, each
+# with host/, plan.log, steps.tsv; the newest of each) made into the results folder to commit,
 # results/<card>-<date>/ (the card from the journey's host record, else doctor's; the date of the
 # first session): each step's directory without tensors, caches or report.html, the journey's
 # report.md and charts rendered here, plan.log, steps.tsv, the host records, and a NOTES.md
