@@ -14,7 +14,7 @@ PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || { echo "error: no $PY to read the tested versions from" >&2; echo "  fix: make (or PY=/path/to/venv/bin/python)" >&2; exit 2; }
 NEED=(httpx-sse httpx-aiohttp plotly optuna alembic colorlog mako sqlalchemy gguf)
 
-rm -rf .whl && mkdir -p .whl
+rm -rf .whl build && mkdir -p .whl  # build/: setuptools would ship a removed module's old copy from there
 "$PY" -m pip wheel -q --no-deps -w .whl . >/dev/null
 pins=()
 for name in "${NEED[@]}"; do pins+=("$name==$("$PY" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$name")"); done
