@@ -19,12 +19,12 @@ case $cmd in
   pack)
     out=.devcarry/$name
     rm -rf "$out" && mkdir -p "$out"
-    args=()  # each PATH is stored under its own name, unpacked as DEST/<name>
+    args=()  # each PATH is stored under its own name, unpacked as DEST/<name>; links followed
     for path in "$@"; do args+=(-C "$(cd "$(dirname "$path")" && pwd)" "$(basename "$path")"); done
-    tar cf - "${args[@]}" | split -b "${CARRY_PART_BYTES:-60000000}" -d -a 2 - "$out/part"
+    tar chf - "${args[@]}" | split -b "${CARRY_PART_BYTES:-60000000}" -d -a 2 - "$out/part"
     cat "$out"/part* | sha256sum | cut -d' ' -f1 >"$out/SHA256"
     ls "$out"/part* | wc -l | tr -d ' ' >"$out/COUNT"
-    grep -qx '/.devcarry/' .git/info/exclude 2>/dev/null || echo '/.devcarry/' >>.git/info/exclude
+    if [ -d .git ]; then grep -qx '/.devcarry/' .git/info/exclude 2>/dev/null || echo '/.devcarry/' >>.git/info/exclude; fi  # a worktree: .gitignore
     echo "$name: $(cat "$out/COUNT") parts in $out; carry one per call with $out/SHA256 and $out/COUNT"
     ;;
   join)

@@ -42,3 +42,23 @@ def test_parts_come_back_whole_one_call_each(tmp_path):
     (tmp_path / "store/blob/part01").write_bytes(b"x" * 4000)
     bad = sh("join", "blob", str(tmp_path / "dest2"), cwd=call_with(parts[0], here, there / "again"), **stores)
     assert bad.returncode == 1 and "do not add up" in bad.stderr and not (tmp_path / "dest2").exists()
+
+
+def test_a_folder_of_links_travels_as_the_files_they_point_to(tmp_path):
+    """pack.sh stages the lead's kit as a folder of links: the parts must hold the bytes, since
+    the links' targets stay behind on this machine."""
+    here, there, kit = tmp_path / "here", tmp_path / "there", tmp_path / "kit"
+    (here / ".git/info").mkdir(parents=True)
+    kit.mkdir()
+    blob = os.urandom(3000)
+    (kit / "p0").write_bytes(blob)
+    staged = here / ".devcarry/src/.device-kit"
+    staged.mkdir(parents=True)
+    (staged / "p0").symlink_to(kit / "p0")
+    assert sh("pack", "blob", str(staged), cwd=here).returncode == 0
+    (kit / "p0").unlink()  # what the links point to is not on the device
+    [part] = sorted((here / ".devcarry/blob").glob("part*"))
+    said = sh("join", "blob", str(tmp_path / "dest"), cwd=call_with(part, here, there), CARRY_STORE=str(tmp_path / "store"))
+    assert said.returncode == 0, said.stderr
+    got = tmp_path / "dest/.device-kit/p0"
+    assert not got.is_symlink() and got.read_bytes() == blob
