@@ -78,10 +78,10 @@ def test_help_keeps_bracketed_words_and_hyphenated_names(read):
 
 
 def test_two_commands_named_check_each_have_their_own_summary(read):
-    """`llmopt check` (vLLM's client beside llmopt) and `llmopt history check` (sustained shifts):
-    the command lists give each its own line."""
+    """`llmopt check` (llmopt's measurement checked: beside vLLM's client, the client's own ceiling)
+    and `llmopt history check` (sustained shifts): the command lists give each its own line."""
     top, history = " ".join(read("-h")), " ".join(read("history", "-h"))
-    assert "check llmopt beside vLLM's own client" in " ".join(top.split())
+    assert "check llmopt's measurement checked: beside vllm bench serve" in " ".join(top.split())
     assert "check Sustained shifts" in " ".join(history.split()) and "vLLM" not in history
 
 
