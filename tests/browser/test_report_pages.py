@@ -1,7 +1,9 @@
 """Every committed run's report.html, and a page of two runs, opened from disk in a real
 Chromium with every request but the file itself blocked: none is attempted, the console stays
-clean, and the charts hold the numbers run.json holds (read here from the raw JSON, not through
-the report's code). The two-run page's changes and verdicts are `llmopt compare --format json`'s."""
+clean, and the charts hold the numbers run.json holds (the load points and requests read here from
+the raw JSON, not through the report's code; each stage's figure is the one every output shows,
+analysis/figures.stage_figure, itself recomputed from run.json's samples in tests/unit/test_figures.py).
+The two-run page's changes and verdicts are `llmopt compare --format json`'s."""
 
 from __future__ import annotations
 
@@ -41,12 +43,16 @@ def ok_stages(raw: dict) -> list[dict]:
     return [s for s in raw["stages"] if s["status"] == "ok" and s.get("metrics")]
 
 
-def check_figures(opened, raw: dict) -> None:
-    """The per-stage charts: one bar an ok stage with the figure, at run.json's value."""
-    for cid, pick in (("figure-ttft_p50", lambda m: (m.get("ttft_s") or {}).get("p50", 0) * 1e3 or None),
-                      ("figure-tpot_p50", lambda m: (m.get("tpot_s") or {}).get("p50", 0) * 1e3 or None),
-                      ("figure-output_tok_s", lambda m: m.get("output_tok_s"))):
-        want = [(s["name"], v) for s in ok_stages(raw) if (v := pick(s["metrics"])) is not None]
+def check_figures(opened, raw: dict, run_dir: Path) -> None:
+    """The per-stage charts: one bar an ok stage with the figure, at the figure's value (the
+    geometric mean of its repeats' own figures: what the report's table and compare show)."""
+    from llmopt_bench.analysis.figures import figure_value
+    from llmopt_bench.core.results import load_run
+
+    run = {s.name: s for s in load_run(run_dir).stages}
+    for cid in ("figure-ttft_p50", "figure-tpot_p50", "figure-output_tok_s"):
+        metric = cid.removeprefix("figure-")
+        want = [(s["name"], v) for s in ok_stages(raw) if (v := figure_value(run[s["name"]], metric)) is not None]
         traces = opened.chart(cid)
         if not want:
             assert traces is None, cid
@@ -106,7 +112,7 @@ def check_page(run_dir: Path, opened) -> int:
         assert not opened.requested, (name(run_dir), opened.requested)
         assert not opened.errors(), (name(run_dir), opened.errors())
         raw = json.loads((run_dir / "run.json").read_text())
-        check_figures(opened, raw)
+        check_figures(opened, raw, run_dir)
         req = run_dir / "requests.jsonl"
         lines = [json.loads(x) for x in req.read_text().splitlines()] if req.is_file() else []
         checked = check_load_points(opened, raw, lines)
@@ -127,10 +133,12 @@ def test_a_table_view_shows_a_charts_numbers(rendered, open_report):
         assert table.is_hidden()
         fig.locator("button.toggle").click()
         assert table.is_visible()
-        raw = json.loads((ROOT / "results/h200/20261203-transformers/run.json").read_text())
-        first = ok_stages(raw)[0]
+        from llmopt_bench.analysis.figures import figure_value
+        from llmopt_bench.core.results import load_run
+
+        first = next(s for s in load_run(ROOT / "results/h200/20261203-transformers").stages if s.status == "ok" and s.metrics)
         cells = table.locator("tbody tr").first.locator("td").all_text_contents()
-        assert cells[0] == first["name"] and float(cells[1]) == pytest.approx(first["metrics"]["tpot_s"]["p50"] * 1e3, rel=1e-3)
+        assert cells[0] == first.name and float(cells[1]) == pytest.approx(figure_value(first, "tpot_p50"), rel=1e-3)
     finally:
         opened.page.close()
 
