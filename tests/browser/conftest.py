@@ -1,5 +1,6 @@
-"""One headless Chromium for the session (Debian's, driven by Playwright; never a browser of
-Playwright's own download), and a page opener that blocks every request that is not the file
+"""One headless Chromium for each test module (Debian's, driven by Playwright; never a browser of
+Playwright's own download; closed with the module: Playwright's sync API keeps an event loop
+running while it is open, and every later test that calls asyncio.run() would fail under it), and a page opener that blocks every request that is not the file
 itself, records the ones attempted and every console message, and waits for the report's
 viewer to say it has drawn. Without Chromium the tests skip loudly, except in CI (CI=true),
 where `make install-test` installs it and a missing browser fails them."""
@@ -25,7 +26,7 @@ def _no_browser(why: str):
     pytest.skip(f"NO BROWSER TESTS: {why} (as root on Linux: make install-test, or apt-get install chromium)")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
     if platform.system() != "Linux":
         _no_browser(f"not Linux ({platform.system()})")
@@ -71,7 +72,7 @@ class Opened:
                                   "d.data.map(t => ({name: t.name, x: Array.from(t.x || []), y: Array.from(t.y || [])})) : null; }", cid)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def open_report(browser):
     opened: list = []
 
