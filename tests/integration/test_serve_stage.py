@@ -187,8 +187,11 @@ def test_the_facts_are_the_rows(served_run):
         assert main.startswith("hold: ")
         at = next(r for r in curve if r["phase"] == "hold" and r["rate_rps"] == f["slo_capacity_rps"])
         assert s["metrics"]["requests"] == at["completed"] and f["goodput_rps"] == at["goodput_rps"]
+    # requests.jsonl keeps every point's requests, each with its point: the headline's are its metrics' requests
     samples = [json.loads(line) for line in (served_run["out"] / "requests.jsonl").read_text().splitlines()]
-    assert sum(1 for r in samples if r["stage"] == "vllm-serve") == s["metrics"]["requests"]
+    mine = [r for r in samples if r["stage"] == "vllm-serve"]
+    assert sum(1 for r in mine if r.get("point") == main) == s["metrics"]["requests"], ({r.get("point") for r in mine}, main)
+    assert len({r["point"] for r in mine}) >= len(curve) - sum(1 for r in curve if not r.get("completed"))
 
 
 def test_rejudging_the_points_under_the_run_s_slo_gives_the_stage_s_verdicts(served_run):

@@ -130,18 +130,8 @@ def test_the_request_states_its_sampling_and_greedy_is_the_default():
     assert (body["temperature"], body["top_p"], body["top_k"]) == (0.8, 0.9, 40)
     assert sampled.bench_serve_args() == ["--temperature", "0.8", "--top-p", "0.9", "--top-k", "40"]
     assert Sampling().bench_serve_args() == ["--temperature", "0", "--top-p", "1"]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError):  # the checks' bad values: tests/cli/test_check_bad_input.py
         Sampling(top_p=0)
-    import argparse
-
-    from llmopt_bench.scenarios import peer
-
-    parser = argparse.ArgumentParser()
-    peer.add_sampling_options(parser)
-    assert peer.sampling_of(parser.parse_args(["--top-k", "20"]), parser) == Sampling(top_k=20)
-    with pytest.raises(SystemExit) as e:  # a peer script's bad value: one line, exit 2
-        peer.sampling_of(parser.parse_args(["--temperature", "9"]), parser)
-    assert e.value.code == 2
 
 
 def _row(**kw) -> LoadRow:
