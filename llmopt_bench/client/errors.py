@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING
 
+from llmopt_bench.client.endpoint import Endpoint
 from llmopt_bench.core.records import RequestSample
-
-if TYPE_CHECKING:
-    from llmopt_bench.client.openai_http import Endpoint
 
 # What can go wrong with one request; RequestSample.error starts with one of these and a colon.
 KINDS = ("connection", "unauthorized", "unknown_model", "http", "not_streaming", "timeout", "protocol", "server",

@@ -22,52 +22,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from llmopt_bench.client import rx_clock
+from llmopt_bench.client.endpoint import Endpoint
 from llmopt_bench.client.errors import RequestFailed, classify_status, error_message, fix_for, transport_error
 from llmopt_bench.client.health import ClientHealth, LoopLag, RequestClock, health_of
 from llmopt_bench.core.errors import UsageError
 from llmopt_bench.core.freeform import Json
 from llmopt_bench.core.records import RequestSample
-from llmopt_bench.core.workload import Sampling
 from llmopt_bench.measure.timing import now
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where to send requests. base_url: "http://host:port" or ".../v1"."""
-
-    base_url: str
-    model: str
-    api_key_env: str | None = None  # the NAME of the variable that holds the key, never the key
-    request_timeout_s: float = 600.0  # one request, first byte to last
-    connect_timeout_s: float = 10.0
-    # vLLM's extensions: ignore_eos + min_tokens force the length, return_token_ids counts
-    # tokens exactly; an endpoint that rejects unknown fields wants these off
-    force_length: bool = True
-    return_token_ids: bool = True
-    sampling: Sampling = field(default_factory=Sampling)  # greedy unless the stage says otherwise
-    # each chunk timed by the kernel's receive clock (client/rx_clock.py); False: the cheaper record,
-    # each chunk timed when the client read it (~20% less of the client's CPU a request: docs/serving.md)
-    kernel_clock: bool = True
-
-    @property
-    def api_root(self) -> str:
-        root = self.base_url.rstrip("/")
-        return root if root.endswith("/v1") else root + "/v1"
-
-    def api_key(self) -> str | None:
-        if not self.api_key_env:
-            return None
-        key = os.environ.get(self.api_key_env)
-        if not key:
-            raise UsageError(f"the API key variable {self.api_key_env} is not set",
-                             f"export {self.api_key_env}=<the server's key>, or leave the key out for a server without one")
-        return key
 
 
 @dataclass

@@ -398,7 +398,9 @@ def compare_runs(base: RunResult, new: RunResult, thresholds: dict[str, float] |
     both = [(s, b, n, bound) for s, (b, n), bound in zip(stages, pairs, bounds) if b is not None and n is not None]
     for s, b, n, bound in both:
         if s.state == "compared" and bound is not None:
-            host_verdict.weigh_host(s, b, n, bound, host_rule, resamples, confidence, seed)
+            s.host_bound, s.host_bound_why = bound.host_bound, bound.why
+            weighed = host_verdict.weigh_host(s.metrics, b, n, bound, host_rule, resamples, confidence, seed)
+            s.host, s.host_moved = weighed.change, weighed.moved
     effective = {k: threshold_for(k, thresholds) for k in METRICS}
     conditions = {s.stage: SidesConditions(conditions_summary(b.extra.get("conditions")), conditions_summary(n.extra.get("conditions")))
                   for s, b, n, _ in both if s.regressions or s.host_inconclusive or s.host_moved}

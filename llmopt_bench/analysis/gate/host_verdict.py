@@ -37,15 +37,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from llmopt_bench.analysis import hostbound
 from llmopt_bench.analysis.gate import host_signals, noise
-from llmopt_bench.analysis.gate.judge import SAMPLE_COLUMNS, judge
+from llmopt_bench.analysis.gate.judge import SAMPLE_COLUMNS, MetricDelta, judge
 from llmopt_bench.core.results import RunResult, StageResult
-
-if TYPE_CHECKING:  # compare imports this module: the type only
-    from llmopt_bench.analysis.gate.compare import StageDelta
 
 HOST_THRESHOLD = 0.05  # a host-speed change smaller than this is the index's own noise
 HOST_INCONCLUSIVE = "inconclusive (host)"
@@ -169,35 +165,43 @@ def boundness(base: StageResult, new: StageResult, base_run: RunResult, new_run:
     return hostbound.host_bound(base, base_run) if bound.host_bound is None else bound
 
 
-def weigh_host(delta: "StageDelta", base: StageResult, new: StageResult, bound: hostbound.Bound,
-               rule: str, resamples: int, confidence: float, seed: int) -> None:
-    """The host's change beside a compared stage: where the stage is host-bound and both runs
-    recorded the index, every metric judged again as if on the baseline's host
+@dataclass(frozen=True)
+class HostWeighing:
+    """What the host did beside a compared stage: its speed's change (None: neither run recorded
+    the index) and the repeats' other signals that moved."""
+
+    change: HostChange | None
+    moved: list[host_signals.Moved]
+
+
+def weigh_host(metrics: list[MetricDelta], base: StageResult, new: StageResult, bound: hostbound.Bound,
+               rule: str, resamples: int, confidence: float, seed: int) -> HostWeighing:
+    """The host's change beside a compared stage's judged metrics: where the stage is host-bound
+    and both runs recorded the index, every metric judged again as if on the baseline's host
     (host_verdict.final_verdict decides); then, for every stage, the repeats' other signals
-    (host_signals.moved): a verdict the moved host explains is inconclusive (host)."""
-    delta.host_bound, delta.host_bound_why = bound.host_bound, bound.why
-    _weigh_index(delta, base, new, rule, resamples, confidence, seed)
+    (host_signals.moved): a verdict the moved host explains is inconclusive (host). The metrics'
+    verdicts are changed in place; the host's part is returned for the stage's delta."""
+    change = _weigh_index(metrics, bool(bound.host_bound), base, new, rule, resamples, confidence, seed)
     moved = host_signals.moved((base.extra or {}).get("conditions"), (new.extra or {}).get("conditions"))
-    delta.host_moved = list(moved)
     busier = {m.busier for m in moved if m.weighs}
-    for d in delta.metrics if busier else []:
+    for d in metrics if busier else []:
         # a watched metric's inconclusive verdict does not fail, nor does the host's version of it
         weighed = d.judged and (d.gated or d.verdict != "inconclusive")
         if weighed and d.metric != "peak_memory" and (verdict := signal_verdict(d.verdict, busier)) != d.verdict:
             d.raw_verdict = d.raw_verdict or d.verdict
             d.verdict = verdict
+    return HostWeighing(change, list(moved))
 
 
-def _weigh_index(delta: "StageDelta", base: StageResult, new: StageResult, rule: str, resamples: int,
-                 confidence: float, seed: int) -> None:
+def _weigh_index(metrics: list[MetricDelta], host_bound: bool, base: StageResult, new: StageResult, rule: str,
+                 resamples: int, confidence: float, seed: int) -> HostChange | None:
     b_index, n_index = hostbound.index_per_repeat(base), hostbound.index_per_repeat(new)
     if not any(b_index) and not any(n_index):
-        return
+        return None
     change = host_change(b_index, n_index, confidence, resamples, seed)
-    delta.host = change
-    if not delta.host_bound or change.baseline_kops is None or change.new_kops is None:
-        return
-    for d in delta.metrics:
+    if not host_bound or change.baseline_kops is None or change.new_kops is None:
+        return change
+    for d in metrics:
         if d.metric not in SAMPLE_COLUMNS and d.metric != "output_tok_s":
             continue  # load and memory: one figure a run, no repeat's host speed to weigh it by
         (b_val, b_groups), (n_val, n_groups) = (normalised_inputs(s, d.metric, idx, change.baseline_kops)
@@ -208,3 +212,4 @@ def _weigh_index(delta: "StageDelta", base: StageResult, new: StageResult, rule:
         normal = judge(d.metric, b_val, n_val, b_groups, n_groups, statistic, d.threshold, resamples, confidence, seed)
         d.raw_verdict, d.normalised_ratio, d.normalised_ci, d.normalised_verdict = d.verdict, normal.ratio, normal.ci, normal.verdict
         d.verdict = final_verdict(d.verdict, normal.verdict, change, rule, worse(d.ratio, d.threshold, d.higher_is_better))
+    return change
