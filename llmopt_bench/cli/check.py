@@ -7,6 +7,7 @@ budget left no room for vLLM's client at the capacity."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from pathlib import Path
@@ -42,24 +43,31 @@ def checked(model: Any, values: Kwargs, command: str) -> Any:
         raise UsageError(f"{option}: {str(x['msg']).lower()} (got {x.get('input')!r})", f"see `{command} --help` for what it takes") from None
 
 
-def cpus(text: str | None, option: str = "--client-cpus") -> set[int] | None:
-    """ "1" or "2-3,5" -> {1} or {2, 3, 5}: CPUs this host lets llmopt run on."""
+def cpus(text: str | None, option: str = "--client-cpus") -> tuple[int, ...] | None:
+    """ "1" or "2-3,5" -> (1,) or (2, 3, 5): CPUs this host lets llmopt run on, in the order written
+    (a client's worker k goes on the k-th), each once. The one parser of every --*-cpus option."""
     import os
 
-    if text is None:
+    if text is None or not text.strip():
         return None
     try:
-        got: set[int] = set()
-        for part in text.split(","):
-            lo, _, hi = part.strip().partition("-")
-            got.update(range(int(lo), int(hi or lo) + 1))
+        got: dict[int, None] = {}
+        for part in re.split(r"[,\s]+", text.strip()):
+            lo, dash, hi = part.partition("-")
+            if (dash and not hi) or int(hi or lo) < int(lo):
+                raise ValueError(part)
+            got.update(dict.fromkeys(range(int(lo), int(hi or lo) + 1)))
     except ValueError:
         raise UsageError(f"{option} {text!r}: not a list of CPUs", f"write it like {option} 1 or {option} 2-3,5") from None
     allowed = os.sched_getaffinity(0)
-    if not got or not got <= allowed:
-        raise UsageError(f"{option} {text}: CPUs {sorted(got - allowed) or 'none'} are not this process's to use",
+    if not got or not set(got) <= allowed:
+        raise UsageError(f"{option} {text}: CPUs {sorted(set(got) - allowed) or 'none'} are not this process's to use",
                          f"choose among {','.join(map(str, sorted(allowed)))}")
-    return got
+    return tuple(got)
+
+
+def _set(cores: tuple[int, ...] | None) -> set[int] | None:
+    return set(cores) if cores else None
 
 
 def sampling(temperature: float, top_p: float, top_k: int) -> Any:
@@ -161,7 +169,7 @@ def capacity_cmd(
         requests_per_point=requests_per_point, precision=precision, search_budget_s=search_budget_s,
         above=1.1 if above is None else above, max_point_s=max_point_s, batch1_prompts=batch1_prompts,
         saturation_requests=saturation_requests, vllm_runs=[r.strip() for r in vllm_runs.split(",") if r.strip()],
-        client_cpus=cpus(client_cpus), seed=seed, budget_s=budget_s, sampling=sampling(temperature, top_p, top_k),
+        client_cpus=_set(cpus(client_cpus)), seed=seed, budget_s=budget_s, sampling=sampling(temperature, top_p, top_k),
         prompt_format=prompt_format, out=out or Path("."), command=command_line(ctx)), "llmopt check capacity")
     if rejudge:
         summary = C.rejudge(c, given_slo=slo is not None, given_above=above is not None)
@@ -240,7 +248,7 @@ def peer_cmd(
         quantization=quantization, rate=parse_rate(rate), concurrency=concurrency, num_prompts=num_prompts, input_len=input_len,
         output_len=output_len, warmups=warmups, rounds=rounds, blocks=blocks, block_warmups=block_warmups, seed=seed,
         sampling=sampling(temperature, top_p, top_k), llmopt_tokens=llmopt_tokens, tolerance=tolerance,
-        server_session=server_session, client_cpus=cpus(client_cpus), out=out or Path("."),
+        server_session=server_session, client_cpus=_set(cpus(client_cpus)), out=out or Path("."),
         command=command_line(ctx)), "llmopt check peer")
     if c.blocks > c.num_prompts:
         raise UsageError(f"--blocks {c.blocks}: more blocks than --num-prompts {c.num_prompts}", "give each block a request at least")

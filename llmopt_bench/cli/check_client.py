@@ -16,26 +16,11 @@ from typing import Optional
 
 import typer
 
-from llmopt_bench.cli.check import check_app
+from llmopt_bench.cli.check import check_app, cpus
 from llmopt_bench.cli.paths import output_file
 from llmopt_bench.core.errors import UsageError
 
 PROMPT_TOKENS = 200  # as the issue's measurement: 200 in, 100 out
-
-
-def _cpus(text: str | None, what: str) -> tuple[int, ...] | None:
-    if not text:
-        return None
-    try:
-        cpus = tuple(int(c) for c in re.split(r"[,\s]+", text.strip()) if c)
-    except ValueError:
-        raise UsageError(f"{what} {text!r}: not a list of core numbers", f"write {what} 0 or {what} 2,3") from None
-    have = os.sched_getaffinity(0)
-    missing = [c for c in cpus if c not in have]
-    if missing or not cpus:
-        raise UsageError(f"{what} {text}: cores {missing or '(none)'} are not among this process's ({sorted(have)})",
-                         f"name cores from {sorted(have)}")
-    return cpus
 
 
 def _measure(endpoints, tokens: int, point_s: float, warmup_s: float, workers: int = 1, cluster=None, cpus=None):
@@ -75,8 +60,8 @@ def client_ceiling(
     endpoint: Optional[str] = typer.Option(None, "--endpoint", help="A running test server (python -m llmopt_bench.client.test_server); default: start one here."),
     interval_ms: float = typer.Option(10.0, "--interval-ms", min=0.0, help="The test server's gap between a stream's events (ms)."),
     tokens: int = typer.Option(100, "--tokens", min=1, help="Events (tokens) each request streams."),
-    server_cpus: Optional[str] = typer.Option(None, "--server-cpus", help="Cores of the test servers started here, one server on each, e.g. 1 or 0,1,2,3 (the client sends round-robin over them)."),
-    client_cpus: Optional[str] = typer.Option(None, "--client-cpus", help="Cores of the client: this process, and worker k on the k-th, e.g. 0 or 2-15 as 2,3,4."),
+    server_cpus: Optional[str] = typer.Option(None, "--server-cpus", help="Cores of the test servers started here, one server on each, e.g. 1 or 0-3 (the client sends round-robin over them)."),
+    client_cpus: Optional[str] = typer.Option(None, "--client-cpus", help="Cores of the client: this process, and worker k on the k-th, e.g. 0 or 2-15 or 2,3,5."),
     workers: int = typer.Option(0, "--workers", min=0, help="Worker processes of the N-workers row (0: one per client core; 1: no such row)."),
     client_cluster: Optional[str] = typer.Option(None, "--client-cluster", help="A Ray cluster for the actors' row (ray://HEAD:10001, HEAD:6379, auto); default: RAY_ADDRESS, else no such row."),
     client_nodes: Optional[str] = typer.Option(None, "--client-nodes", help="Where the Ray actors go, comma-separated: a node's custom resource or node:ID, one actor each."),
@@ -147,7 +132,7 @@ def _check(endpoint, server_cpus, client_cpus, point_s, warmup_s, start_rps, max
         raise UsageError(f"--warmup-s {warmup_s:g} leaves nothing of --point-s {point_s:g}", "make --warmup-s shorter than --point-s")
     if start_rps > max_rps:
         raise UsageError(f"--start-rps {start_rps:g} is above --max-rps {max_rps:g}", "lower --start-rps or raise --max-rps")
-    s_cpus, c_cpus = _cpus(server_cpus, "--server-cpus"), _cpus(client_cpus, "--client-cpus")
+    s_cpus, c_cpus = cpus(server_cpus, "--server-cpus"), cpus(client_cpus, "--client-cpus")
     if endpoint and s_cpus:
         raise UsageError("--server-cpus is for the test server started here, not one at --endpoint", "drop one of them")
     if endpoint and not re.match(r"^https?://", endpoint):
