@@ -115,6 +115,7 @@ def test_no_batch1_fact_from_a_point_the_client_could_not_time(run):
     assert one.client_untimed and one.ttft_p50_s is not None
     assert facts.batch1_ttft_s is None and facts.batch1_tpot_s is None
     text = client_block(extra).text
+    assert text.startswith("Client: one process (client_workers 1; its punctuality below says whether that kept up); "), text
     assert "Tokens timed by the kernel's receive clock: 0.0% at the worst point" in text
     assert "Points it could not time (not the server's latency, not judged): sweep at concurrency 1, search at" in text
 

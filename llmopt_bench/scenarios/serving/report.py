@@ -130,7 +130,10 @@ def client_block(x: ServingExtra) -> Block:
              + (f" (e.g. {t.usage_mismatch[:3]})" if t.usage_mismatch else "") + f", was missing on {t.usage_missing}")
     short = f"; {t.short_count} answers came back shorter than asked" if t.short_count else ""
     errors = ", ".join(f"{k} {v}" for k, v in sorted(x.errors.items()))
-    text = (f"Client: tokens counted from {counted}; {usage}{short}. "
+    processes = x.settings.get("client")  # runs from before it was recorded: not said
+    if processes == "one process":
+        processes += " (client_workers 1; its punctuality below says whether that kept up)"
+    text = (f"Client: {processes + '; ' if processes else ''}tokens counted from {counted}; {usage}{short}. "
             + (f"Failed requests by kind: {errors} (e.g. {x.error_examples[0]})." if errors else "No request failed.")
             + _punctuality(x.curve))
     return Block(text=text)
