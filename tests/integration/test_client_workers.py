@@ -120,8 +120,9 @@ def test_a_worker_killed_mid_point_is_named_and_the_others_records_are_kept(serv
 def test_the_kernel_clock_stays_under_a_uvloop_policy(servers):
     """uvloop reads sockets in C, past the kernel clock's socket: a process whose policy is uvloop's
     (Ray sets it in its workers) still times every chunk by the kernel (the client runs asyncio's loop)."""
-    uvloop = pytest.importorskip("uvloop")
     import asyncio
+
+    import uvloop  # a test dependency (pyproject's [test]): this test runs everywhere the suite does
 
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     try:
