@@ -63,7 +63,7 @@ class CapacityCheck(StrictModel):
     batch1_prompts: int = Field(64, ge=1)
     saturation_requests: int = Field(256, ge=1)
     vllm_runs: list[VLLMRun] = Field(default_factory=lambda: list(VLLM_RUNS), min_length=1)
-    client_cpus: set[int] | None = None
+    client_cpus: tuple[int, ...] | None = None
     seed: int = 0
     budget_s: float = Field(1500.0, gt=0)
     sampling: Sampling = Field(default_factory=Sampling)

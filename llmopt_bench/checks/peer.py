@@ -78,7 +78,7 @@ class PeerCheck(StrictModel):
     llmopt_tokens: bool = False
     tolerance: float = Field(0.05, gt=0, lt=1)
     server_session: Literal["same", "own"] = "same"
-    client_cpus: set[int] | None = None
+    client_cpus: tuple[int, ...] | None = None
     out: Path
     command: str = "llmopt check peer"
 

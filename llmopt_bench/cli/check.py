@@ -66,10 +66,6 @@ def cpus(text: str | None, option: str = "--client-cpus") -> tuple[int, ...] | N
     return tuple(got)
 
 
-def _set(cores: tuple[int, ...] | None) -> set[int] | None:
-    return set(cores) if cores else None
-
-
 def sampling(temperature: float, top_p: float, top_k: int) -> Any:
     """Both clients' sampling; a value out of range is a UsageError naming its option."""
     from pydantic import ValidationError
@@ -169,7 +165,7 @@ def capacity_cmd(
         requests_per_point=requests_per_point, precision=precision, search_budget_s=search_budget_s,
         above=1.1 if above is None else above, max_point_s=max_point_s, batch1_prompts=batch1_prompts,
         saturation_requests=saturation_requests, vllm_runs=[r.strip() for r in vllm_runs.split(",") if r.strip()],
-        client_cpus=_set(cpus(client_cpus)), seed=seed, budget_s=budget_s, sampling=sampling(temperature, top_p, top_k),
+        client_cpus=cpus(client_cpus), seed=seed, budget_s=budget_s, sampling=sampling(temperature, top_p, top_k),
         prompt_format=prompt_format, out=out or Path("."), command=command_line(ctx)), "llmopt check capacity")
     if rejudge:
         summary = C.rejudge(c, given_slo=slo is not None, given_above=above is not None)
@@ -248,7 +244,7 @@ def peer_cmd(
         quantization=quantization, rate=parse_rate(rate), concurrency=concurrency, num_prompts=num_prompts, input_len=input_len,
         output_len=output_len, warmups=warmups, rounds=rounds, blocks=blocks, block_warmups=block_warmups, seed=seed,
         sampling=sampling(temperature, top_p, top_k), llmopt_tokens=llmopt_tokens, tolerance=tolerance,
-        server_session=server_session, client_cpus=_set(cpus(client_cpus)), out=out or Path("."),
+        server_session=server_session, client_cpus=cpus(client_cpus), out=out or Path("."),
         command=command_line(ctx)), "llmopt check peer")
     if c.blocks > c.num_prompts:
         raise UsageError(f"--blocks {c.blocks}: more blocks than --num-prompts {c.num_prompts}", "give each block a request at least")

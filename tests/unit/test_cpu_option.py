@@ -16,7 +16,7 @@ HAVE = sorted(os.sched_getaffinity(0))
 
 def test_a_range_and_a_list_keep_the_order_written():
     a, b = HAVE[0], HAVE[-1]
-    assert cpus(f"{a}-{b}") == tuple(c for c in range(a, b + 1))
+    assert cpus(f"{a}-{b}") == tuple(range(a, b + 1))
     assert cpus(f"{b},{a}") == ((b, a) if a != b else (a,))
     assert cpus(f"{a},{a}-{a}") == (a,)
     assert cpus(None) is None and cpus(" ") is None
