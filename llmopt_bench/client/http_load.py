@@ -27,7 +27,7 @@ from llmopt_bench.client.health import ClientHealth, RequestClock, health_of
 from llmopt_bench.client.openai_http import Endpoint, OpenAIClient, Tally
 from llmopt_bench.client.prefix_cache import cache_record, server_counters
 from llmopt_bench.client.server_clock import MetricsPage, ServerClock, ServerWatch
-from llmopt_bench.client.workers import Job, LocalWorkers, WorkerConfig, WorkerLost, wait_until
+from llmopt_bench.client.workers import ONE_PROCESS, Job, LocalWorkers, WorkerConfig, WorkerLost, wait_until
 from llmopt_bench.core.dispatch import Dispatcher, Send
 from llmopt_bench.core.records import CacheRecord, RequestSample
 from llmopt_bench.measure.timing import now
@@ -328,7 +328,7 @@ class HTTPLoad:
         elif self.workers > 1:
             how = f"{self.workers} worker processes" + (f" on cores {','.join(map(str, self.worker_cpus))}" if self.worker_cpus else "")
         else:
-            how = "one process"
+            how = ONE_PROCESS
         if len(self.endpoints) > 1:
             how += f", requests round-robin over {len(self.endpoints)} endpoints"
         return "; ".join([how, *self.notes])

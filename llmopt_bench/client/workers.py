@@ -43,6 +43,7 @@ from llmopt_bench.core.errors import LlmoptError
 from llmopt_bench.core.records import RequestSample
 from llmopt_bench.measure.timing import now
 
+ONE_PROCESS = "one process"  # the client without workers, as a run states it (settings.client)
 GO_LEAD_S = 0.05  # from "every worker has its part" to the start: the go message's way and a wake-up
 SPIN_S = 0.002  # the start's last stretch is a spin: a sleep wakes up to a millisecond late
 START_TIMEOUT_S = 120.0  # a worker's interpreter up and its imports done (a busy 2-core host: seconds)

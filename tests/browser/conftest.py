@@ -1,9 +1,10 @@
 """One headless Chromium for each test module (Debian's, driven by Playwright; never a browser of
 Playwright's own download; closed with the module: Playwright's sync API keeps an event loop
-running while it is open, and every later test that calls asyncio.run() would fail under it), and a page opener that blocks every request that is not the file
-itself, records the ones attempted and every console message, and waits for the report's
-viewer to say it has drawn. Without Chromium the tests skip loudly, except in CI (CI=true),
-where `make install-test` installs it and a missing browser fails them."""
+running while it is open, and every later test that calls asyncio.run() would fail under it),
+and a page opener that blocks every request that is not the file itself, records the ones
+attempted and every console message, and waits for the report's viewer to say it has drawn.
+Without Chromium the tests skip loudly, except in CI (CI=true), where `make install-test`
+installs it and a missing browser fails them."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from llmopt_bench.analysis.figures import figure_value
 from llmopt_bench.analysis.narrative.claims import claim_verdict, holds
 from llmopt_bench.analysis.selectors import reference
 from llmopt_bench.client.server_clock import HistogramSummary, ServerClock
+from llmopt_bench.client.workers import ONE_PROCESS
 from llmopt_bench.core.fmt import ms, num, pct, times
 from llmopt_bench.core.records import Block, Claim
 from llmopt_bench.core.workload import Sampling
@@ -131,7 +132,7 @@ def client_block(x: ServingExtra) -> Block:
     short = f"; {t.short_count} answers came back shorter than asked" if t.short_count else ""
     errors = ", ".join(f"{k} {v}" for k, v in sorted(x.errors.items()))
     processes = x.settings.get("client")  # runs from before it was recorded: not said
-    if processes == "one process":
+    if processes == ONE_PROCESS:
         processes += " (client_workers 1; its punctuality below says whether that kept up)"
     text = (f"Client: {processes + '; ' if processes else ''}tokens counted from {counted}; {usage}{short}. "
             + (f"Failed requests by kind: {errors} (e.g. {x.error_examples[0]})." if errors else "No request failed.")

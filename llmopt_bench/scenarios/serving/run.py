@@ -30,7 +30,7 @@ from typing import Any
 
 from llmopt_bench.analysis.slo import Verdict, client_late
 from llmopt_bench.client.health import could_not_time
-from llmopt_bench.client.workers import WorkerLost
+from llmopt_bench.client.workers import ONE_PROCESS, WorkerLost
 from llmopt_bench.core.contract import StageContext
 from llmopt_bench.core.errors import LlmoptError, UsageError
 from llmopt_bench.core.records import RequestSample, SLOPoint, StageFacts
@@ -247,7 +247,7 @@ class ServingRun:
                 "output_len": self.load.lengths()[1], "prompt_format": self.p.prompt_format,
                 "sampling": self.p.sampling().model_dump(),
                 "server_metrics": getattr(self.engine, "watch_server", None),  # read the server's /metrics around each point
-                "client": describe() if (describe := getattr(self.engine, "describe", None)) else "one process",
+                "client": describe() if (describe := getattr(self.engine, "describe", None)) else ONE_PROCESS,
                 "workload": self.load.plan.spec, "prompts": self.load.distinct_prompts(),
                 "input_tokens": [min(lengths), max(lengths)] if lengths else None,
                 "closed_loop_warmup": "each user's first request (the ramp)",
